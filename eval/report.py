@@ -1,0 +1,132 @@
+"""Writing a benchmark's outputs: metrics.json, report.md, per_query.csv, runs/*.trec, recall_at_k.png."""
+
+from __future__ import annotations
+
+import json
+import platform
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from indexer.atomic import atomic_directory
+from indexer.errors import ConfigError
+from eval.harness import BenchResult
+
+HIGHER_IS_BETTER = {"latency_ms_p50": False, "latency_ms_p95": False, "build_s": False}
+SIGNIFICANCE_METRICS = ("ndcg@10", "mrr@10", "recall@100")
+_OUR_FILES = {"metrics.json", "report.md", "per_query.csv", "config.json", "recall_at_k.png", "runs"}
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for pkg in ("twostage", "bm25s", "rank-bm25", "ranx", "numpy", "torch", "transformers"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def markdown_table(table: pd.DataFrame, *, digits: int = 3, mark_best: bool = True) -> str:
+    """A markdown table of a numeric DataFrame, the best value of each column in bold."""
+    cols = list(table.columns)
+    lines = ["| " + " | ".join([table.index.name or "", *cols]) + " |", "|" + "---|" * (len(cols) + 1)]
+    best = {}
+    if mark_best and len(table) > 1:
+        for c in cols:
+            values = table[c].astype(float)
+            best[c] = values.max() if HIGHER_IS_BETTER.get(c, True) else values.min()
+    for name, row in table.iterrows():
+        cells = []
+        for c in cols:
+            v = float(row[c])
+            text = f"{v:.{digits}f}" if abs(v) < 1000 else f"{v:.0f}"
+            cells.append(f"**{text}**" if c in best and np.isclose(v, best[c]) else text)
+        lines.append("| " + " | ".join([str(name), *cells]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def render_report(result: BenchResult, config: Mapping[str, Any]) -> str:
+    table = result.table()
+    parts = [
+        f"# {result.dataset} / {result.split.name}: {len(result.split.queries)} queries\n",
+        f"Command: `{config.get('command', '')}`\n",
+        "Metrics are means over queries (trec_eval semantics, computed by ranx); latency is per query, "
+        "one query at a time, in milliseconds; build_s is the time to build the system. "
+        "The best value of each column is in bold.\n",
+        markdown_table(table),
+    ]
+    sig = result.significance("bm25", [m for m in SIGNIFICANCE_METRICS if m in table.columns])
+    if len(sig):
+        parts.append("\n## Against bm25 (paired two-sided t-test over queries)\n")
+        parts.append("`*` marks p < 0.05.\n")
+        lines = ["| system | metric | bm25 | system | delta | p-value |", "|---|---|---|---|---|---|"]
+        for r in sig.itertuples():
+            star = " *" if r.p_value < 0.05 else ""
+            lines.append(f"| {r.system} | {r.metric} | {r.baseline:.3f} | {r.system_mean:.3f} | "
+                         f"{r.delta:+.3f} | {r.p_value:.3g}{star} |")
+        parts.append("\n".join(lines) + "\n")
+    elif len(result.systems) > 1:
+        parts.append("\nNo significance test: `bm25` is not among the systems.\n")
+    notes = result.check.lines()
+    parts.append("\n## Data check\n")
+    parts.append("\n".join(f"- {n}" for n in notes) + "\n" if notes else "Qrels, queries and corpus agree.\n")
+    parts.append("\n## Versions\n")
+    parts.append(", ".join(f"{k} {v}" for k, v in config.get("versions", {}).items()) + "\n")
+    return "\n".join(parts)
+
+
+def plot_recall(result: BenchResult, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ks = np.arange(1, 101)
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+    for name, curve in result.recall_curves(ks).items():
+        ax.plot(ks, curve, label=name)
+    ax.set_xscale("log")
+    ax.set_xlabel("k")
+    ax.set_ylabel("mean recall@k")
+    ax.set_ylim(0, 1)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.set_title(f"{result.dataset} / {result.split.name}: recall@k")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _check_out_dir(out: Path) -> None:
+    if out.exists():
+        if not out.is_dir():
+            raise ConfigError(f"{out}: exists and is not a directory; choose another --out")
+        foreign = [p.name for p in out.iterdir() if p.name not in _OUR_FILES]
+        if foreign:
+            raise ConfigError(f"{out}: holds files that are not benchmark outputs ({', '.join(sorted(foreign)[:3])}); "
+                              "choose an empty or new --out directory")
+
+
+def write_outputs(result: BenchResult, out: str | Path, config: Mapping[str, Any] | None = None) -> Path:
+    """Write every output into ``out``, replacing an earlier benchmark there in one atomic step."""
+    out = Path(out)
+    _check_out_dir(out)
+    config = {**(config or {}), "versions": versions()}
+    table = result.table()
+    metrics = {name: {c: float(v) for c, v in row.items()} for name, row in table.iterrows()}
+    with atomic_directory(out) as tmp:
+        (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n", encoding="utf-8")
+        result.per_query().to_csv(tmp / "per_query.csv", index=False, float_format="%.6f")
+        (tmp / "runs").mkdir()
+        for s in result.systems:
+            s.run.to_trec(tmp / "runs" / f"{s.name}.trec")
+        plot_recall(result, tmp / "recall_at_k.png")
+        (tmp / "report.md").write_text(render_report(result, config), encoding="utf-8")
+    return out

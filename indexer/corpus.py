@@ -1,0 +1,165 @@
+"""Reading corpora: BEIR ``corpus.jsonl``, parquet, CSV/TSV and pandas DataFrames, streamed or in memory."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, overload
+
+from indexer.errors import DataError, DataNotFoundError
+from indexer.jsonl import iter_jsonl, optional_string, require_string_id
+from indexer.records import Document
+
+logger = logging.getLogger(__name__)
+
+ID_KEYS = ("_id", "id", "doc_id", "docid")
+TEXT_KEYS = ("text", "contents", "body")
+_RESERVED = set(ID_KEYS) | set(TEXT_KEYS) | {"title", "metadata"}
+
+CorpusSource = Any  # a path (BEIR dir, .jsonl, .parquet, .csv, .tsv), a DataFrame, or an iterable of Documents
+
+
+def _document(obj: dict[str, Any], where: str) -> Document:
+    doc_id = require_string_id(obj, ID_KEYS, where)
+    where = f"{where} (document {doc_id!r})"
+    text_key = next((k for k in TEXT_KEYS if k in obj), "text")
+    text = optional_string(obj, text_key, where)
+    title = optional_string(obj, "title", where)
+    metadata: dict[str, Any] = {}
+    extra = obj.get("metadata")
+    if isinstance(extra, dict):
+        metadata.update(extra)
+    elif isinstance(extra, str) and extra:
+        try:
+            parsed = json.loads(extra)
+        except json.JSONDecodeError:
+            raise DataError(f"{where}: field 'metadata' is neither an object nor a JSON string") from None
+        if isinstance(parsed, dict):
+            metadata.update(parsed)
+    metadata.update({k: v for k, v in obj.items() if k not in _RESERVED and v is not None})
+    return Document(id=doc_id, text=text, title=title, metadata=metadata)
+
+
+def _iter_rows(frame: Any, name: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    for offset, row in enumerate(frame.to_dict("records")):
+        yield f"{name}: row {offset + 1}", row
+
+
+def _iter_source(source: CorpusSource) -> Iterator[tuple[str, Any]]:
+    """Yield ``(where, record)`` pairs; a record is a dict or already a Document."""
+    import pandas as pd
+
+    if isinstance(source, pd.DataFrame):
+        yield from _iter_rows(source, "DataFrame")
+        return
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        if path.is_dir():
+            path = path / "corpus.jsonl"
+        if not path.exists():
+            raise DataNotFoundError(f"{path}: no such corpus file (expected a BEIR directory, .jsonl, .parquet, .csv or .tsv)")
+        suffix = path.suffix.lower()
+        if suffix in (".jsonl", ".json"):
+            for number, obj in iter_jsonl(path):
+                yield f"{path}:{number}", obj
+        elif suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            row = 0
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
+                for rec in batch.to_pylist():
+                    row += 1
+                    yield f"{path}: row {row}", rec
+        elif suffix in (".csv", ".tsv"):
+            sep = "\t" if suffix == ".tsv" else ","
+            row = 0
+            for chunk in pd.read_csv(path, sep=sep, dtype=str, keep_default_na=False, chunksize=4096):
+                for rec in chunk.to_dict("records"):
+                    row += 1
+                    yield f"{path}: line {row + 1}", rec
+        else:
+            raise DataError(f"{path}: unknown corpus format {suffix!r}; use .jsonl, .parquet, .csv or .tsv")
+        return
+    for number, item in enumerate(source, start=1):
+        yield f"document #{number}", item
+
+
+def iter_documents(source: CorpusSource) -> Iterator[Document]:
+    """Stream the documents of a corpus, checking each one, without holding the corpus in memory.
+
+    Raises :class:`DataError` on a malformed record or a duplicate id (naming both places), and on an
+    empty corpus. Documents with neither title nor text are kept and counted in a warning.
+    """
+    seen: dict[str, str] = {}
+    empty: list[str] = []
+    for where, rec in _iter_source(source):
+        doc = rec if isinstance(rec, Document) else _document(dict(rec), where) if isinstance(rec, dict) else None
+        if doc is None:
+            raise DataError(f"{where}: expected a Document or a mapping, got {type(rec).__name__}")
+        if doc.id in seen:
+            raise DataError(f"{where}: duplicate document id {doc.id!r} (first seen at {seen[doc.id]}); ids must be unique")
+        seen[doc.id] = where
+        if not doc.text.strip() and not doc.title.strip():
+            empty.append(doc.id)
+        yield doc
+    if not seen:
+        raise DataError(f"corpus {source if isinstance(source, (str, Path)) else type(source).__name__} has no documents")
+    if empty:
+        logger.warning("%d documents have neither title nor text (kept; first: %s)", len(empty), ", ".join(empty[:5]))
+
+
+class Corpus(Sequence[Document]):
+    """Documents in memory, in corpus order, with lookup by id. Row ``i`` is the ``i``-th document read."""
+
+    def __init__(self, source: CorpusSource) -> None:
+        self._docs = list(iter_documents(source))
+        self._row = {d.id: i for i, d in enumerate(self._docs)}
+
+    @classmethod
+    def load(cls, source: CorpusSource) -> Corpus:
+        return cls(source)
+
+    @overload
+    def __getitem__(self, i: int) -> Document: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Document]: ...
+    def __getitem__(self, i: int | slice) -> Document | Sequence[Document]:
+        return self._docs[i]
+
+    def __len__(self) -> int:
+        return len(self._docs)
+
+    def __contains__(self, doc_id: object) -> bool:
+        return doc_id in self._row
+
+    @property
+    def ids(self) -> list[str]:
+        return [d.id for d in self._docs]
+
+    def row(self, doc_id: str) -> int:
+        try:
+            return self._row[doc_id]
+        except KeyError:
+            raise KeyError(f"document id {doc_id!r} is not in the corpus") from None
+
+    def get(self, doc_id: str) -> Document:
+        return self._docs[self.row(doc_id)]
+
+    def to_frame(self) -> Any:
+        import pandas as pd
+
+        return pd.DataFrame(
+            {
+                "id": [d.id for d in self._docs],
+                "title": [d.title for d in self._docs],
+                "text": [d.text for d in self._docs],
+                "metadata": [json.dumps(dict(d.metadata), sort_keys=True) for d in self._docs],
+            }
+        )
+
+
+def load_corpus(source: CorpusSource) -> Corpus:
+    """Read a whole corpus into memory (see :func:`iter_documents` for the checks)."""
+    return Corpus.load(source)

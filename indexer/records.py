@@ -1,0 +1,163 @@
+"""Records that travel through every layer: documents, queries, relevance judgments and ranked results."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from indexer.errors import DataError
+
+
+def _check_id(kind: str, value: object) -> None:
+    if not isinstance(value, str) or not value:
+        raise DataError(f"{kind} id must be a non-empty string, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Document:
+    """One document of a corpus. ``metadata`` holds any extra fields (JSON-serialisable values)."""
+
+    id: str
+    text: str
+    title: str = ""
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_id("document", self.id)
+        if not isinstance(self.text, str) or not isinstance(self.title, str):
+            raise DataError(f"document {self.id!r}: title and text must be strings")
+
+    @property
+    def full_text(self) -> str:
+        """Title and text joined the way BEIR systems index them."""
+        if self.title and self.text:
+            return f"{self.title} {self.text}"
+        return self.title or self.text
+
+
+@dataclass(frozen=True)
+class Query:
+    """One query. Its text is never empty or blank."""
+
+    id: str
+    text: str
+
+    def __post_init__(self) -> None:
+        _check_id("query", self.id)
+        if not isinstance(self.text, str) or not self.text.strip():
+            raise DataError(f"query {self.id!r} has empty text; give every query some words")
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One result shown to a user: higher ``score`` is better, ``rank`` starts at 1."""
+
+    doc_id: str
+    score: float
+    rank: int
+    first_stage_score: float | None = None
+    text: str | None = None
+
+
+@dataclass(frozen=True)
+class RankedList:
+    """The ranked result of one query: document ids and scores, best first (scores never increase).
+
+    Ties are already broken (by corpus order) so ``ids`` is the one true order of the list.
+    """
+
+    ids: np.ndarray
+    scores: np.ndarray
+
+    def __post_init__(self) -> None:
+        if len(self.ids) != len(self.scores):
+            raise ValueError(f"RankedList: {len(self.ids)} ids but {len(self.scores)} scores")
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def hits(self) -> list[Hit]:
+        return [Hit(str(d), float(s), r + 1) for r, (d, s) in enumerate(zip(self.ids, self.scores))]
+
+    def truncate(self, k: int) -> RankedList:
+        return RankedList(self.ids[:k], self.scores[:k])
+
+
+@dataclass(frozen=True)
+class Judgment:
+    """One line of a qrels file: how relevant a document is to a query (grade > 0 means relevant)."""
+
+    query_id: str
+    doc_id: str
+    grade: int
+
+
+class Qrels:
+    """Relevance judgments of a set of queries, read-only.
+
+    Build it from :class:`Judgment` records (:meth:`from_judgments`) or read it from a qrels file
+    (``indexer.beir.load_qrels``).
+    """
+
+    def __init__(self, judgments: Iterable[Judgment]) -> None:
+        table: dict[str, dict[str, int]] = {}
+        for j in judgments:
+            table.setdefault(j.query_id, {})[j.doc_id] = int(j.grade)
+        self._table = table
+
+    @classmethod
+    def from_judgments(cls, judgments: Iterable[Judgment]) -> Qrels:
+        return cls(judgments)
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def __contains__(self, query_id: object) -> bool:
+        return query_id in self._table
+
+    def __iter__(self) -> Iterator[Judgment]:
+        for q, docs in self._table.items():
+            for d, g in docs.items():
+                yield Judgment(q, d, g)
+
+    @property
+    def query_ids(self) -> tuple[str, ...]:
+        return tuple(self._table)
+
+    @property
+    def num_judgments(self) -> int:
+        return sum(len(d) for d in self._table.values())
+
+    def grades(self, query_id: str) -> Mapping[str, int]:
+        """All judged documents of a query and their grades (empty when the query has none)."""
+        return dict(self._table.get(query_id, {}))
+
+    def relevant(self, query_id: str) -> frozenset[str]:
+        """Ids of the documents judged relevant (grade > 0) to a query."""
+        return frozenset(d for d, g in self._table.get(query_id, {}).items() if g > 0)
+
+    def subset(self, query_ids: Iterable[str]) -> Qrels:
+        keep = set(query_ids)
+        return Qrels(j for j in self if j.query_id in keep)
+
+    def to_dict(self) -> dict[str, dict[str, int]]:
+        """A plain nested dict copy, the format metric libraries (ranx, pytrec_eval) take."""
+        return {q: dict(d) for q, d in self._table.items()}
+
+    def to_frame(self) -> Any:
+        import pandas as pd
+
+        rows = list(self)
+        return pd.DataFrame(
+            {
+                "query_id": [j.query_id for j in rows],
+                "doc_id": [j.doc_id for j in rows],
+                "grade": np.array([j.grade for j in rows], dtype=np.int64),
+            }
+        )
+
+    def __repr__(self) -> str:
+        return f"Qrels({len(self)} queries, {self.num_judgments} judgments)"

@@ -1,0 +1,179 @@
+"""BM25: the lexical first stage. bm25s by default (sparse, precomputed); rank-bm25 as the reference.
+
+Both engines score with the Lucene BM25 formula and the same :class:`~retriever.analyzer.Analyzer`, so
+they rank a corpus the same way; the scores differ by the constant factor ``k1 + 1`` that Lucene drops.
+
+    idf(t)      = ln(1 + (N - df(t) + 0.5) / (df(t) + 0.5))
+    score(q, d) = sum over query terms t of idf(t) * tf(t, d) / (tf(t, d) + k1 * (1 - b + b * |d| / avgdl))
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from indexer.errors import ConfigError, DataError
+from indexer.records import Document, RankedList
+from indexer.topk import check_k, top_k
+from retriever.analyzer import Analyzer, AnalyzerConfig
+
+logger = logging.getLogger(__name__)
+
+ENGINES = ("bm25s", "rank-bm25")
+
+
+@dataclass(frozen=True)
+class BM25Config:
+    """BM25 parameters (Lucene's defaults) and the engine that computes them."""
+
+    k1: float = 1.5
+    b: float = 0.75
+    engine: str = "bm25s"
+    analyzer: AnalyzerConfig = field(default_factory=AnalyzerConfig)
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ConfigError(f"unknown BM25 engine {self.engine!r}; use one of {', '.join(ENGINES)}")
+        if not (self.k1 >= 0 and 0 <= self.b <= 1):
+            raise ConfigError(f"BM25 needs k1 >= 0 and 0 <= b <= 1, got k1={self.k1}, b={self.b}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"k1": self.k1, "b": self.b, "engine": self.engine, "analyzer": self.analyzer.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BM25Config:
+        return cls(
+            k1=float(d.get("k1", 1.5)),
+            b=float(d.get("b", 0.75)),
+            engine=str(d.get("engine", "bm25s")),
+            analyzer=AnalyzerConfig.from_dict(d.get("analyzer", {})),
+        )
+
+
+class _Engine(Protocol):
+    def scores(self, terms: list[str]) -> np.ndarray: ...
+
+
+class Bm25sEngine:
+    """bm25s: term x document BM25 weights precomputed into a sparse matrix; a query sums a few columns."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    @classmethod
+    def build(cls, doc_terms: list[list[str]], k1: float, b: float, show_progress: bool = False) -> Bm25sEngine:
+        import bm25s
+
+        model = bm25s.BM25(k1=k1, b=b, method="lucene")
+        model.index(doc_terms, show_progress=show_progress)
+        return cls(model)
+
+    def scores(self, terms: list[str]) -> np.ndarray:
+        ids = self.model.get_tokens_ids(terms)
+        if not ids:
+            return np.zeros(self.model.scores["num_docs"], dtype=np.float32)
+        return np.asarray(self.model.get_scores_from_ids(ids), dtype=np.float32)
+
+
+class RankBm25Engine:
+    """rank-bm25's BM25Okapi with Lucene's idf (no negative idf, no epsilon floor): the reference engine."""
+
+    def __init__(self, doc_terms: list[list[str]], k1: float, b: float) -> None:
+        from rank_bm25 import BM25Okapi
+
+        class LuceneBM25Okapi(BM25Okapi):  # type: ignore[misc]
+            def _calc_idf(self, nd: dict[str, int]) -> None:
+                n = self.corpus_size
+                self.idf = {w: math.log(1.0 + (n - df + 0.5) / (df + 0.5)) for w, df in nd.items()}
+
+        # rank-bm25 divides by the mean length; a corpus of empty documents would divide by zero.
+        self.model = LuceneBM25Okapi(doc_terms, k1=k1, b=b)
+        self._scale = 1.0 / (k1 + 1.0)
+
+    def scores(self, terms: list[str]) -> np.ndarray:
+        return (np.asarray(self.model.get_scores(terms)) * self._scale).astype(np.float32)
+
+
+class BM25Retriever:
+    """A BM25 index over a corpus. Build it with :meth:`build`, keep it with :meth:`save` / :meth:`load`.
+
+    >>> bm25 = BM25Retriever.build(corpus)            # any iterable of Documents
+    >>> result = bm25.search("what causes rain", k=10)
+    >>> result.ids, result.scores                     # arrays, best first
+
+    Documents that share no term with the query are not returned, so fewer than ``k`` may come back.
+    """
+
+    def __init__(self, config: BM25Config, doc_ids: Sequence[str], engine: _Engine) -> None:
+        self.config = config
+        self.doc_ids = np.asarray(doc_ids, dtype=object)
+        self.analyzer = Analyzer(config.analyzer)
+        self._engine = engine
+
+    @classmethod
+    def build(
+        cls, documents: Iterable[Document], config: BM25Config | None = None, *, show_progress: bool = False
+    ) -> BM25Retriever:
+        config = config or BM25Config()
+        analyzer = Analyzer(config.analyzer)
+        ids: list[str] = []
+        terms: list[list[str]] = []
+        for doc in documents:
+            ids.append(doc.id)
+            terms.append(analyzer(doc.full_text))
+        if not ids:
+            raise DataError("cannot build a BM25 index over an empty corpus")
+        if not any(terms):
+            raise DataError(f"no document of the {len(ids)} has a single term after analysis; is the corpus text empty?")
+        if config.engine == "bm25s":
+            engine: _Engine = Bm25sEngine.build(terms, config.k1, config.b, show_progress=show_progress)
+        else:
+            engine = RankBm25Engine(terms, config.k1, config.b)
+        logger.info("BM25 (%s) indexed %d documents", config.engine, len(ids))
+        return cls(config, ids, engine)
+
+    def __len__(self) -> int:
+        return len(self.doc_ids)
+
+    def _terms(self, query: str) -> list[str]:
+        if not isinstance(query, str):
+            raise ConfigError(f"a query must be a string, got {type(query).__name__}")
+        if not query.strip():
+            raise ConfigError("the query is empty; give it some words")
+        return self.analyzer(query)
+
+    def scores(self, query: str) -> np.ndarray:
+        """BM25 score of every document for ``query`` (float32, corpus order)."""
+        terms = self._terms(query)
+        if not terms:
+            return np.zeros(len(self), dtype=np.float32)
+        return self._engine.scores(terms)
+
+    def search(self, query: str, k: int = 10) -> RankedList:
+        """The ``k`` best documents for ``query``; equal scores keep corpus order."""
+        k = check_k(k)
+        rows, scores = top_k(self.scores(query), k, positive_only=True)
+        return RankedList(self.doc_ids[rows], scores)
+
+    def search_batch(self, queries: Sequence[str], k: int = 10, *, show_progress: bool = False) -> list[RankedList]:
+        from tqdm.auto import tqdm
+
+        k = check_k(k)
+        return [self.search(q, k) for q in tqdm(queries, desc="bm25", unit="q", disable=not show_progress)]
+
+    def save(self, path: Any) -> None:
+        """Write the index to a directory (atomically); see :mod:`retriever.bm25_store`."""
+        from retriever.bm25_store import save_bm25
+
+        save_bm25(self, path)
+
+    @classmethod
+    def load(cls, path: Any) -> BM25Retriever:
+        from retriever.bm25_store import load_bm25
+
+        return load_bm25(path)

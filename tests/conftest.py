@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared" / "data"
+
+
+@pytest.fixture
+def sample_dir() -> Path:
+    return ROOT / "data" / "sample"
+
+
+def shared_dataset(name: str) -> Path:
+    path = SHARED / name
+    if not (path / "corpus.jsonl").is_file():
+        pytest.skip(f"{path} is not here (the shared data sits beside the repository)")
+    return path
+
+
+@pytest.fixture
+def make_beir(tmp_path: Path):
+    """Write a small BEIR directory: make_beir(corpus=[...], queries=[...], qrels={"test": [(q, d, g)]})."""
+
+    def make(corpus: list[dict], queries: list[dict], qrels: dict[str, list[tuple[str, str, int]]], name: str = "toy") -> Path:
+        root = tmp_path / name
+        (root / "qrels").mkdir(parents=True)
+        (root / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in corpus), encoding="utf-8")
+        (root / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries), encoding="utf-8")
+        for split, rows in qrels.items():
+            lines = ["query-id\tcorpus-id\tscore"] + ["\t".join(map(str, r)) for r in rows]
+            (root / "qrels" / f"{split}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        return root
+
+    return make
+
+
+@pytest.fixture
+def toy(make_beir):
+    corpus = [
+        {"_id": "d1", "title": "Cats", "text": "Cats purr when they are content."},
+        {"_id": "d2", "title": "Dogs", "text": "Dogs pant to cool down on hot days."},
+        {"_id": "d3", "title": "Rain", "text": "Rain forms when water vapour condenses into droplets."},
+        {"_id": "d4", "title": "Snow", "text": "Snowflakes are ice crystals with six arms."},
+    ]
+    queries = [{"_id": "q1", "text": "why do cats purr"}, {"_id": "q2", "text": "how does rain form"},
+               {"_id": "q3", "text": "dogs panting heat"}]
+    return make_beir(corpus, queries, {"test": [("q1", "d1", 1), ("q2", "d3", 2), ("q2", "d4", 1)],
+                                       "train": [("q3", "d2", 1)]})
