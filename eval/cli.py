@@ -19,11 +19,16 @@ def _bench(args: argparse.Namespace) -> int:
     from eval.harness import run_bench
     from eval.report import markdown_table, write_outputs
 
+    from eval.systems import SystemOptions
+
+    options = SystemOptions(retriever_model=args.retriever_model, precision=args.precision,
+                            batch_size=args.batch_size, show_progress=not args.quiet)
     result = run_bench(args.data, args.split, args.systems, k=args.k, ignore_identical_ids=args.ignore_identical_ids,
-                       show_progress=not args.quiet)
+                       options=options, show_progress=not args.quiet)
     config = {"command": args.command_line, "data": str(args.data), "split": args.split,
               "systems": [s.name for s in result.systems], "k": args.k,
-              "ignore_identical_ids": args.ignore_identical_ids}
+              "ignore_identical_ids": args.ignore_identical_ids, "retriever_model": args.retriever_model,
+              "precision": args.precision}
     out = write_outputs(result, args.out, config)
     print(markdown_table(result.table()))
     print(f"wrote {out}/report.md, metrics.json, per_query.csv, runs/, recall_at_k.png")
@@ -41,11 +46,9 @@ def _download(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from eval.harness import run_bench
     from eval.report import markdown_table, write_outputs
-    from eval.systems import SYSTEMS
-
     data = Path(args.data)
     print(f"twostage demo on {data}: every system against BM25 on the test queries\n")
-    result = run_bench(data, "test", list(SYSTEMS), k=100, show_progress=not args.quiet)
+    result = run_bench(data, "test", "all", k=100, show_progress=not args.quiet)
     write_outputs(result, args.out, {"command": args.command_line, "data": str(data), "split": "test"})
     print(markdown_table(result.table()))
     bm25 = next(s for s in result.systems if s.name == "bm25")
@@ -59,6 +62,28 @@ def _demo(args: argparse.Namespace) -> int:
             mark = "*" if doc_id in relevant else " "
             print(f"  {rank}. {mark} [{score:6.2f}] {doc_id}: {corpus.get(doc_id).title}")
     print(f"\n(* = judged relevant)  full report: {args.out}/report.md")
+    return 0
+
+
+def _train_retriever(args: argparse.Namespace) -> int:
+    from eval.metrics import evaluate
+    from retriever.mining import MiningConfig
+    from retriever.recipe import RetrieverRecipe, train_retriever
+    from retriever.trainer import TrainConfig
+
+    recipe = RetrieverRecipe(
+        train=TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed, bf16=args.bf16,
+                          scale=args.scale, symmetric=args.symmetric, mini_batch_size=args.mini_batch_size,
+                          warmup_ratio=args.warmup_ratio),
+        negatives=args.negatives, mine_from=args.mine_from,
+        mining=MiningConfig(depth=args.mine_depth, skip_top=args.mine_skip_top, max_ratio=args.mine_max_ratio,
+                            seed=args.seed),
+        title_pairs=args.title_pairs, dev_fraction=args.dev_fraction, max_length=args.max_length)
+    result = train_retriever(args.data, args.split, args.base, args.out, recipe,
+                             dev_metric=lambda qrels, run: float(evaluate(qrels, run, ["ndcg@10"])["ndcg@10"].mean()),
+                             show_progress=not args.quiet)
+    print(f"trained {result.steps} steps in {result.seconds:.0f} s; model in {result.model_dir}"
+          + (f" (best dev nDCG@10 {result.best_dev:.4f})" if result.best_dev is not None else ""))
     return 0
 
 
@@ -76,7 +101,35 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--k", type=int, default=100, help="depth of every run (default: 100)")
     bench.add_argument("--ignore-identical-ids", action="store_true",
                        help="drop retrieved documents whose id equals the query id (ArguAna, Quora)")
+    bench.add_argument("--retriever-model", default=None, help="bi-encoder name or directory (dense systems)")
+    bench.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "int8"], help="bi-encoder inference precision")
+    bench.add_argument("--batch-size", type=int, default=32, help="encoding batch size")
     bench.set_defaults(func=_bench)
+
+    tr = sub.add_parser("train-retriever", help="fine-tune a bi-encoder with contrastive loss on a BEIR split")
+    tr.add_argument("--data", required=True, type=Path, help="BEIR directory")
+    tr.add_argument("--split", default="train", help="qrels split to train on (default: train)")
+    tr.add_argument("--base", default="all-MiniLM-L6-v2", help="base model name or directory")
+    tr.add_argument("--out", required=True, type=Path, help="where the trained model goes")
+    tr.add_argument("--epochs", type=int, default=3)
+    tr.add_argument("--batch-size", type=int, default=32)
+    tr.add_argument("--lr", type=float, default=3e-5)
+    tr.add_argument("--warmup-ratio", type=float, default=0.1)
+    tr.add_argument("--seed", type=int, default=42)
+    tr.add_argument("--scale", type=float, default=20.0, help="MNRL scale (inverse temperature)")
+    tr.add_argument("--symmetric", action="store_true", help="add the document-to-query InfoNCE term")
+    tr.add_argument("--negatives", type=int, default=1, help="hard negatives per query (0: in-batch only)")
+    tr.add_argument("--mine-from", default="bm25", choices=["bm25", "dense"])
+    tr.add_argument("--mine-depth", type=int, default=50)
+    tr.add_argument("--mine-skip-top", type=int, default=3)
+    tr.add_argument("--mine-max-ratio", type=float, default=0.95, help="false-negative guard: drop candidates "
+                    "scoring above this fraction of the positive's score")
+    tr.add_argument("--title-pairs", type=int, default=0, help="add this many (title, text) pairs of the corpus")
+    tr.add_argument("--mini-batch-size", type=int, default=0, help="GradCache mini-batch (0: off)")
+    tr.add_argument("--dev-fraction", type=float, default=0.0, help="train queries held out to pick the best epoch")
+    tr.add_argument("--max-length", type=int, default=None)
+    tr.add_argument("--bf16", action="store_true", help="bf16 autocast (fp32 weights)")
+    tr.set_defaults(func=_train_retriever)
 
     dl = sub.add_parser("download", help="download a public BEIR dataset zip and unpack it")
     dl.add_argument("name", help="BEIR dataset name, e.g. scifact, nfcorpus, arguana")

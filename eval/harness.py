@@ -16,7 +16,7 @@ from indexer.errors import ConfigError
 from indexer.topk import check_k
 from eval.metrics import DEFAULT_METRICS, evaluate, recall_curve
 from eval.run import Run
-from eval.systems import SYSTEMS, SearchSystem, resolve_systems
+from eval.systems import SYSTEMS, SearchSystem, SystemOptions, resolve_systems
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +118,7 @@ def run_bench(
     k: int = 100,
     metrics: Sequence[str] = DEFAULT_METRICS,
     ignore_identical_ids: bool = False,
+    options: SystemOptions | None = None,
     show_progress: bool = False,
 ) -> BenchResult:
     """Build (or take) each system, run the split's queries, and measure.
@@ -136,13 +137,14 @@ def run_bench(
     if isinstance(systems, Mapping):
         ready = dict(systems)
     else:
-        ready = {name: None for name in resolve_systems(systems)}
+        ready = {name: None for name in resolve_systems(systems, options)}
+    options = options or SystemOptions(show_progress=show_progress)
     results = []
     for name, system in ready.items():
         t0 = time.perf_counter()
         if system is None:
             logger.info("building %s", name)
-            system = SYSTEMS[name](corpus)
+            system = SYSTEMS[name](corpus, options)
         build = time.perf_counter() - t0
         results.append(measure_system(name, system, the_split, k=k, metrics=metrics, build_seconds=build,
                                       ignore_identical_ids=ignore_identical_ids, show_progress=show_progress))

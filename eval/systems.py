@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from indexer.corpus import Corpus
@@ -18,24 +19,51 @@ class SearchSystem(Protocol):
     def search(self, query: str, k: int) -> RankedList: ...
 
 
-SystemFactory = Callable[[Corpus], SearchSystem]
+@dataclass(frozen=True)
+class SystemOptions:
+    """Settings systems need beyond the corpus (models, batch sizes)."""
+
+    retriever_model: str | None = None
+    precision: str = "fp32"
+    batch_size: int = 32
+    show_progress: bool = False
+
+
+def _dense(corpus: Corpus, options: SystemOptions) -> SearchSystem:
+    from retriever.biencoder import BiEncoder
+    from retriever.dense import DenseRetriever
+
+    if not options.retriever_model:
+        raise ConfigError("the dense system needs a model: pass --retriever-model NAME_OR_DIR")
+    encoder = BiEncoder.load(options.retriever_model, precision=options.precision)
+    return DenseRetriever.build(corpus, encoder, batch_size=options.batch_size, show_progress=options.show_progress)
+
+
+SystemFactory = Callable[[Corpus, SystemOptions], SearchSystem]
 
 SYSTEMS: dict[str, SystemFactory] = {
-    "bm25": lambda corpus: BM25Retriever.build(corpus),
-    "rank-bm25": lambda corpus: BM25Retriever.build(corpus, BM25Config(engine="rank-bm25")),
+    "bm25": lambda corpus, options: BM25Retriever.build(corpus),
+    "rank-bm25": lambda corpus, options: BM25Retriever.build(corpus, BM25Config(engine="rank-bm25")),
+    "dense": _dense,
 }
 DESCRIPTIONS = {
     "bm25": "BM25 (Lucene formula, k1=1.5, b=0.75, stemming + stopwords), bm25s engine",
     "rank-bm25": "the same BM25 computed by rank-bm25 (reference engine, slow)",
+    "dense": "bi-encoder (--retriever-model), exact search over the corpus embeddings",
 }
+NEEDS_MODEL = {"dense"}
 
 
-def resolve_systems(spec: str | Sequence[str]) -> list[str]:
-    """``"all"``, ``"bm25,rank-bm25"`` or a list of names -> list of known names, in order, no repeats."""
+def resolve_systems(spec: str | Sequence[str], options: SystemOptions | None = None) -> list[str]:
+    """``"all"``, ``"bm25,rank-bm25"`` or a list of names -> list of known names, in order, no repeats.
+
+    ``all`` means every system that can run with ``options`` (the dense ones need a model).
+    """
     names = [s.strip() for s in spec.split(",")] if isinstance(spec, str) else [str(s).strip() for s in spec]
     names = [n for n in names if n]
     if names == ["all"]:
-        return list(SYSTEMS)
+        have_model = bool(options and options.retriever_model)
+        return [n for n in SYSTEMS if have_model or n not in NEEDS_MODEL]
     unknown = [n for n in names if n not in SYSTEMS]
     if unknown or not names:
         raise ConfigError(f"unknown system(s) {', '.join(unknown) or '(none given)'}; known: all, {', '.join(SYSTEMS)}")

@@ -50,3 +50,38 @@ def toy(make_beir):
                {"_id": "q3", "text": "dogs panting heat"}]
     return make_beir(corpus, queries, {"test": [("q1", "d1", 1), ("q2", "d3", 2), ("q2", "d4", 1)],
                                        "train": [("q3", "d2", 1)]})
+
+
+def build_tiny_bert(path: Path, seed: int = 0) -> Path:
+    """A 2-layer, 32-dim random BERT with a word-level vocabulary from the sample corpus, built offline."""
+    import re
+
+    import torch
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    words = set()
+    for line in (ROOT / "data" / "sample" / "corpus.jsonl").read_text().splitlines():
+        words.update(re.findall(r"[a-z]+", line.lower()))
+    chars = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [str(d) for d in range(10)]
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *(f"##{c}" for c in chars), *sorted(words)]
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "vocab.txt").write_text("\n".join(dict.fromkeys(vocab)) + "\n")
+    tokenizer = BertTokenizerFast(vocab_file=str(path / "vocab.txt"), do_lower_case=True)
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128)
+    BertModel(config).save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(tmp_path_factory) -> Path:
+    return build_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    """Tests never reach a hub; model names resolve from local directories or the wheel cache only."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")

@@ -1,0 +1,252 @@
+"""The bi-encoder: a Hugging Face transformer with pooling that turns texts into vectors.
+
+Saved models use the sentence-transformers layout (``modules.json``, ``1_Pooling/``, ``2_Normalize/``,
+``sentence_bert_config.json``, ``config_sentence_transformers.json``) plus ``twostage.json``, so
+``sentence_transformers.SentenceTransformer(path)`` loads them and gives the same embeddings.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from indexer.atomic import atomic_directory
+from indexer.errors import ConfigError, DataError
+from retriever.pooling import check_pooling, mode_from_st_config, pool, st_pooling_config
+from retriever.weights import ModelNotFoundError, resolve_model
+
+logger = logging.getLogger(__name__)
+
+PRECISIONS = ("fp32", "bf16", "int8")
+KINDS = ("query", "document")
+
+
+@dataclass(frozen=True)
+class BiEncoderConfig:
+    """How texts become vectors. Saved as ``twostage.json`` next to the weights."""
+
+    pooling: str = "mean"
+    normalize: bool = True
+    max_length: int = 256
+    query_prefix: str = ""
+    document_prefix: str = ""
+
+    def __post_init__(self) -> None:
+        check_pooling(self.pooling)
+        if self.max_length < 2:
+            raise ConfigError(f"max_length must be at least 2, got {self.max_length}")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path}: unreadable ({exc})") from None
+
+
+def config_from_directory(path: Path) -> BiEncoderConfig:
+    """The encoder config recorded in a model directory (twostage.json, else sentence-transformers files)."""
+    ours = path / "twostage.json"
+    if ours.is_file():
+        data = _read_json(ours).get("encoder", {})
+        return BiEncoderConfig(**{k: v for k, v in data.items() if k in BiEncoderConfig.__dataclass_fields__})
+    cfg = BiEncoderConfig()
+    modules = path / "modules.json"
+    if modules.is_file():
+        entries = json.loads(modules.read_text())
+        types = [str(e.get("type", "")) for e in entries]
+        normalize = any(t.endswith("Normalize") for t in types)
+        pooling = cfg.pooling
+        for e in entries:
+            if str(e.get("type", "")).endswith("Pooling"):
+                pooling = mode_from_st_config(_read_json(path / e["path"] / "config.json"), str(path / e["path"]))
+        cfg = replace(cfg, pooling=pooling, normalize=normalize)
+    sbert = path / "sentence_bert_config.json"
+    if sbert.is_file() and "max_seq_length" in (data := _read_json(sbert)):
+        cfg = replace(cfg, max_length=int(data["max_seq_length"]))
+    st = path / "config_sentence_transformers.json"
+    if st.is_file():
+        prompts = _read_json(st).get("prompts") or {}
+        cfg = replace(cfg, query_prefix=prompts.get("query", ""), document_prefix=prompts.get("document", ""))
+    return cfg
+
+
+def check_texts(texts: Sequence[str], kind: str, allow_empty: bool = False) -> list[str]:
+    """Texts as a list; None, non-strings and (unless allowed) blank strings are errors naming the item."""
+    if isinstance(texts, str) or not isinstance(texts, Sequence):
+        raise DataError(f"expected a list of {kind} texts, got {type(texts).__name__}")
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise DataError(f"{kind} text #{i} is {type(t).__name__}, not a string")
+        if not allow_empty and not t.strip():
+            raise DataError(f"{kind} text #{i} is empty; give it some words")
+    return list(texts)
+
+
+class BiEncoder(torch.nn.Module):
+    """Transformer + pooling (+ L2 normalisation). ``encode`` for inference, ``forward`` for training.
+
+    >>> enc = BiEncoder.load("all-MiniLM-L6-v2")
+    >>> enc.encode(["a query"], kind="query").shape
+    (1, 384)
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, config: BiEncoderConfig, name: str = "") -> None:
+        super().__init__()
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config
+        self.name = name
+        self.precision = "fp32"
+        self.truncated = 0  # texts cut at max_length by the last encode call
+
+    # ---- loading -----------------------------------------------------------------------------
+    @classmethod
+    def load(cls, name_or_path: str | Path, *, precision: str = "fp32", device: str | None = None,
+             **overrides: Any) -> BiEncoder:
+        """Load a model directory or name (see :func:`retriever.weights.resolve_model`).
+
+        ``overrides`` replace fields of the saved :class:`BiEncoderConfig` (pooling, normalize, max_length,
+        query_prefix, document_prefix).
+        """
+        from transformers import AutoModel, AutoTokenizer
+
+        path = resolve_model(name_or_path)
+        if not list(path.glob("*.safetensors")):
+            if list(path.glob("*.bin")):
+                raise ModelNotFoundError(f"{path}: only pickle-based .bin weights; twostage loads safetensors only "
+                                         "(convert with transformers' save_pretrained(safe_serialization=True))")
+            raise ModelNotFoundError(f"{path}: no model weights (model.safetensors)")
+        if not any((path / f).is_file() for f in ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json")):
+            raise ModelNotFoundError(f"{path}: no tokenizer files (tokenizer.json or vocab.txt)")
+        config = config_from_directory(path)
+        unknown = set(overrides) - set(BiEncoderConfig.__dataclass_fields__)
+        if unknown:
+            raise ConfigError(f"unknown BiEncoder option(s): {', '.join(sorted(unknown))}")
+        config = replace(config, **{k: v for k, v in overrides.items() if v is not None})
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+        model = AutoModel.from_pretrained(path, trust_remote_code=False, use_safetensors=True)
+        encoder = cls(model, tokenizer, config, name=str(name_or_path))
+        if device:
+            encoder.to(device)
+        encoder.eval()
+        return encoder.with_precision(precision)
+
+    def with_precision(self, precision: str) -> BiEncoder:
+        """``fp32``; ``bf16`` (weights in bfloat16); ``int8`` (dynamic int8 Linear layers, CPU only, a copy)."""
+        if precision not in PRECISIONS:
+            raise ConfigError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+        if precision == "bf16":
+            self.model.to(torch.bfloat16)
+        elif precision == "int8":
+            self.model = torch.ao.quantization.quantize_dynamic(self.model, {torch.nn.Linear}, dtype=torch.qint8)
+        self.precision = precision
+        return self
+
+    @property
+    def dim(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # ---- the forward pass --------------------------------------------------------------------
+    def tokenize(self, texts: Sequence[str], kind: str = "document") -> dict[str, torch.Tensor]:
+        prefix = self._prefix(kind)
+        batch = self.tokenizer([prefix + t for t in texts], padding=True, truncation=True,
+                               max_length=self.config.max_length, return_tensors="pt")
+        return {k: v.to(self.device) for k, v in batch.items()}
+
+    def forward(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Token features (from :meth:`tokenize`) -> pooled, optionally normalised embeddings (batch, dim)."""
+        out = self.model(**features).last_hidden_state
+        emb = pool(out, features["attention_mask"], self.config.pooling)
+        if self.config.normalize:
+            emb = torch.nn.functional.normalize(emb.float(), p=2, dim=-1)
+        return emb
+
+    def _prefix(self, kind: str) -> str:
+        if kind not in KINDS:
+            raise ConfigError(f"kind must be 'query' or 'document', got {kind!r}")
+        return self.config.query_prefix if kind == "query" else self.config.document_prefix
+
+    # ---- inference ---------------------------------------------------------------------------
+    def encode(self, texts: Sequence[str], *, kind: str = "document", batch_size: int = 32,
+               show_progress: bool = False, allow_empty: bool = False) -> np.ndarray:
+        """Embeddings of ``texts`` as float32 (n, dim), in input order.
+
+        Batches are formed from texts sorted by length (less padding). Texts longer than ``max_length``
+        tokens are truncated; their number is kept in ``self.truncated`` and logged.
+        """
+        from tqdm.auto import tqdm
+
+        texts = check_texts(texts, kind, allow_empty)
+        if batch_size <= 0:
+            raise ConfigError(f"batch_size must be positive, got {batch_size}")
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        if not texts:
+            return out
+        prefix = self._prefix(kind)
+        lengths = np.array([len(ids) for ids in self.tokenizer([prefix + t for t in texts], add_special_tokens=True,
+                                                                 truncation=False, verbose=False)["input_ids"]])
+        self.truncated = int((lengths > self.config.max_length).sum())
+        if self.truncated:
+            logger.info("%d of %d %s texts are longer than %d tokens and were truncated",
+                        self.truncated, len(texts), kind, self.config.max_length)
+        order = np.argsort(-lengths, kind="stable")
+        was_training = self.training
+        self.eval()
+        with torch.inference_mode():
+            for start in tqdm(range(0, len(texts), batch_size), desc=f"encode {kind}s", unit="batch",
+                              disable=not show_progress):
+                idx = order[start:start + batch_size]
+                emb = self.forward(self.tokenize([texts[i] for i in idx], kind))
+                out[idx] = emb.float().cpu().numpy()
+        self.train(was_training)
+        return out
+
+    def encode_queries(self, queries: Sequence[str], **kw: Any) -> np.ndarray:
+        return self.encode(queries, kind="query", **kw)
+
+    def encode_documents(self, documents: Sequence[str], **kw: Any) -> np.ndarray:
+        return self.encode(documents, kind="document", **kw)
+
+    # ---- saving --------------------------------------------------------------------------------
+    def save(self, path: str | Path, training: dict[str, Any] | None = None) -> Path:
+        """Write the model atomically in the sentence-transformers layout, plus ``twostage.json``."""
+        if self.precision != "fp32":
+            raise ConfigError(f"save an fp32 model; this one runs in {self.precision} (load it again in fp32)")
+        from importlib.metadata import version
+
+        path = Path(path)
+        with atomic_directory(path) as tmp:
+            self.model.save_pretrained(tmp, safe_serialization=True)
+            self.tokenizer.save_pretrained(tmp)
+            modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                       {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+            if self.config.normalize:
+                modules.append({"idx": 2, "name": "2", "path": "2_Normalize",
+                                "type": "sentence_transformers.models.Normalize"})
+                (tmp / "2_Normalize").mkdir()
+                (tmp / "2_Normalize" / "config.json").write_text("{}\n")
+            (tmp / "modules.json").write_text(json.dumps(modules, indent=2) + "\n")
+            (tmp / "1_Pooling").mkdir()
+            (tmp / "1_Pooling" / "config.json").write_text(
+                json.dumps(st_pooling_config(self.config.pooling, self.dim), indent=2) + "\n")
+            (tmp / "sentence_bert_config.json").write_text(
+                json.dumps({"max_seq_length": self.config.max_length, "do_lower_case": False}, indent=2) + "\n")
+            st = {"__version__": {"transformers": version("transformers"), "pytorch": torch.__version__},
+                  "prompts": {"query": self.config.query_prefix, "document": self.config.document_prefix},
+                  "default_prompt_name": None, "similarity_fn_name": "cosine" if self.config.normalize else "dot"}
+            (tmp / "config_sentence_transformers.json").write_text(json.dumps(st, indent=2) + "\n")
+            meta = {"encoder": asdict(self.config), "training": training or {}, "base": self.name}
+            (tmp / "twostage.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+        return path

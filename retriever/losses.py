@@ -1,0 +1,136 @@
+"""Training objectives of the bi-encoder. Each takes embeddings (not texts) and returns a scalar loss.
+
+Notation: ``a``, ``p``, ``n`` are anchor, positive and negative embeddings, one row per example;
+``cos(x, y) = x.y / (|x| |y|)``. Every loss is averaged over the batch.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from indexer.errors import ConfigError
+
+
+def cosine_matrix(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """(n, d), (m, d) -> (n, m) cosine similarities."""
+    return F.normalize(x, dim=-1) @ F.normalize(y, dim=-1).T
+
+
+class MultipleNegativesRankingLoss(torch.nn.Module):
+    """In-batch negatives with optional hard negatives (InfoNCE), as in Sentence-BERT and "1B pairs".
+
+    Input: ``anchors`` (B, d), ``positives`` (B, d), optional ``negatives`` (B, m, d): m hard negatives per
+    anchor (any m >= 0). The candidates of every anchor are all B positives and all B*m negatives of the
+    batch; the right one is its own positive:
+
+        s_ij = scale * cos(a_i, c_j)                   c = [p_1 .. p_B, n_1,1 .. n_B,m]
+        L_a  = -1/B sum_i log( exp(s_ii) / sum_j exp(s_ij) )
+
+    With ``symmetric``, each positive must also find its anchor among all anchors, and the loss is
+    (L_a + L_p) / 2 with L_p = -1/B sum_i log( exp(scale cos(p_i, a_i)) / sum_j exp(scale cos(p_i, a_j)) ).
+    ``scale`` is the inverse temperature (20 = temperature 0.05).
+    """
+
+    def __init__(self, scale: float = 20.0, symmetric: bool = False) -> None:
+        super().__init__()
+        self.scale = scale
+        self.symmetric = symmetric
+
+    def forward(self, anchors: torch.Tensor, positives: torch.Tensor, negatives: torch.Tensor | None = None) -> torch.Tensor:
+        if anchors.shape != positives.shape:
+            raise ConfigError(f"anchors {tuple(anchors.shape)} and positives {tuple(positives.shape)} differ in shape")
+        candidates = positives
+        if negatives is not None and negatives.numel():
+            candidates = torch.cat([positives, negatives.reshape(-1, anchors.shape[-1])], dim=0)
+        scores = self.scale * cosine_matrix(anchors, candidates)
+        target = torch.arange(len(anchors), device=anchors.device)
+        loss = F.cross_entropy(scores, target)
+        if self.symmetric:
+            loss = (loss + F.cross_entropy(scores[:, : len(anchors)].T, target)) / 2
+        return loss
+
+
+class TripletLoss(torch.nn.Module):
+    """Triplet margin loss.
+
+    Input: ``anchors``, ``positives``, ``negatives``, each (B, d).
+
+        L = mean_i max(d(a_i, p_i) - d(a_i, n_i) + margin, 0)
+
+    with ``d`` the Euclidean distance (default, margin 5 as in Sentence-BERT) or the cosine distance
+    ``1 - cos``.
+    """
+
+    def __init__(self, margin: float = 5.0, distance: str = "euclidean") -> None:
+        super().__init__()
+        if distance not in ("euclidean", "cosine"):
+            raise ConfigError(f"distance must be 'euclidean' or 'cosine', got {distance!r}")
+        self.margin = margin
+        self.distance = distance
+
+    def _d(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.distance == "euclidean":
+            return (x - y).norm(dim=-1)
+        return 1 - F.cosine_similarity(x, y, dim=-1)
+
+    def forward(self, anchors: torch.Tensor, positives: torch.Tensor, negatives: torch.Tensor) -> torch.Tensor:
+        return F.relu(self._d(anchors, positives) - self._d(anchors, negatives) + self.margin).mean()
+
+
+class ContrastiveLoss(torch.nn.Module):
+    """Margin contrastive loss on labelled pairs (Hadsell et al. 2006).
+
+    Input: ``u``, ``v`` (B, d) and ``labels`` (B,) with 1 for a similar pair and 0 for a dissimilar one.
+
+        L = mean_i [ y_i d_i^2 + (1 - y_i) max(margin - d_i, 0)^2 ],    d_i = 1 - cos(u_i, v_i)
+
+    (or ``d_i = |u_i - v_i|`` with ``distance="euclidean"``). Similar pairs are pulled together;
+    dissimilar pairs are pushed apart until they are ``margin`` away.
+    """
+
+    def __init__(self, margin: float = 0.5, distance: str = "cosine") -> None:
+        super().__init__()
+        if distance not in ("euclidean", "cosine"):
+            raise ConfigError(f"distance must be 'euclidean' or 'cosine', got {distance!r}")
+        self.margin = margin
+        self.distance = distance
+
+    def forward(self, u: torch.Tensor, v: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        d = (u - v).norm(dim=-1) if self.distance == "euclidean" else 1 - F.cosine_similarity(u, v, dim=-1)
+        y = labels.to(d.dtype)
+        return (y * d.pow(2) + (1 - y) * F.relu(self.margin - d).pow(2)).mean()
+
+
+class SoftmaxLoss(torch.nn.Module):
+    """Sentence-BERT's classification objective (NLI): a linear classifier on (u, v, |u - v|).
+
+    Input: ``u``, ``v`` (B, d) and integer ``labels`` (B,) in [0, num_labels).
+
+        logits = W [u; v; |u - v|] + b,  W in R^{num_labels x 3d}
+        L      = cross_entropy(logits, labels)
+
+    The classifier's weights are trained with the encoder and discarded afterwards.
+    """
+
+    def __init__(self, dim: int, num_labels: int) -> None:
+        super().__init__()
+        if num_labels < 2:
+            raise ConfigError(f"SoftmaxLoss needs at least 2 labels, got {num_labels}")
+        self.classifier = torch.nn.Linear(3 * dim, num_labels)
+
+    def forward(self, u: torch.Tensor, v: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        logits = self.classifier(torch.cat([u, v, (u - v).abs()], dim=-1))
+        return F.cross_entropy(logits, labels.long())
+
+
+class CosineSimilarityLoss(torch.nn.Module):
+    """Regression of the cosine similarity on a gold score (STS).
+
+    Input: ``u``, ``v`` (B, d) and ``scores`` (B,) already scaled to [-1, 1] or [0, 1] (e.g. STS 0-5 / 5).
+
+        L = mean_i (cos(u_i, v_i) - score_i)^2
+    """
+
+    def forward(self, u: torch.Tensor, v: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        return F.mse_loss(F.cosine_similarity(u, v, dim=-1), scores.to(u.dtype))

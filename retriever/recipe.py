@@ -1,0 +1,98 @@
+"""The retriever training recipe: BEIR qrels -> hard negatives -> contrastive training -> a saved model."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from indexer.beir import BeirDataset
+from indexer.errors import ConfigError
+from indexer.records import Qrels, RankedList
+from retriever.biencoder import BiEncoder
+from retriever.bm25 import BM25Retriever
+from retriever.dense import DenseRetriever
+from retriever.mining import MiningConfig, mine_hard_negatives, save_negatives
+from retriever.trainer import TrainConfig, TrainResult, train
+from retriever.training_data import pairs_from_qrels, pairs_from_titles
+
+logger = logging.getLogger(__name__)
+
+DevMetric = Callable[[Qrels, Mapping[str, RankedList]], float]
+
+
+@dataclass(frozen=True)
+class RetrieverRecipe:
+    """What to train on and how. ``negatives`` hard negatives per query are mined from ``mine_from``."""
+
+    train: TrainConfig = field(default_factory=TrainConfig)
+    negatives: int = 1
+    mine_from: str = "bm25"  # "bm25" or "dense" (the base model)
+    mining: MiningConfig = field(default_factory=MiningConfig)
+    title_pairs: int = 0  # add up to this many (title, text) pairs of the corpus as a second training set
+    dev_fraction: float = 0.0  # train queries held out for model selection
+    dev_candidates: int = 30  # dev evaluation ranks the union of each dev query's BM25 top-N and positives
+    max_length: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.mine_from not in ("bm25", "dense"):
+            raise ConfigError(f"mine_from must be 'bm25' or 'dense', got {self.mine_from!r}")
+        if not 0 <= self.dev_fraction < 1:
+            raise ConfigError("dev_fraction must be in [0, 1)")
+
+
+def train_retriever(data: str | Path | BeirDataset, split: str, base: str, out: str | Path,
+                    recipe: RetrieverRecipe = RetrieverRecipe(), *, dev_metric: DevMetric | None = None,
+                    show_progress: bool = False) -> TrainResult:
+    """Fine-tune ``base`` on ``split`` of a BEIR directory and save the model to ``out``."""
+    ds = data if isinstance(data, BeirDataset) else BeirDataset(data)
+    sp = ds.split(split)
+    corpus = ds.corpus
+    model = BiEncoder.load(base, max_length=recipe.max_length)
+    queries = list(sp.queries)
+    dev_queries: list = []
+    if recipe.dev_fraction:
+        order = np.random.default_rng(recipe.train.seed).permutation(len(queries))
+        n_dev = max(1, int(round(recipe.dev_fraction * len(queries))))
+        dev_queries = [queries[i] for i in sorted(order[:n_dev])]
+        queries = [queries[i] for i in sorted(order[n_dev:])]
+    out = Path(out)
+    negatives = None
+    bm25 = BM25Retriever.build(corpus) if recipe.mine_from == "bm25" or dev_queries else None
+    if recipe.negatives:
+        mining = MiningConfig(**{**asdict(recipe.mining), "num_negatives": recipe.negatives})
+        if recipe.mine_from == "bm25":
+            scorer = bm25.scores  # type: ignore[union-attr]
+        else:
+            scorer = DenseRetriever.build(corpus, model, show_progress=show_progress).scores
+        frame = mine_hard_negatives(queries, sp.qrels, corpus.ids, scorer, mining)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        save_negatives(frame, out.parent / f"{out.name}.negatives.parquet")
+        negatives = {q: list(g["doc_id"]) for q, g in frame.groupby("query_id", sort=False)}
+    sets = [pairs_from_qrels(corpus, queries, sp.qrels, negatives=negatives, num_negatives=recipe.negatives,
+                             name=f"{ds.name}/{split}")]
+    if recipe.title_pairs:
+        titles = pairs_from_titles(corpus)
+        pick = np.random.default_rng(recipe.train.seed).permutation(len(titles.examples))[: recipe.title_pairs]
+        sets.append(type(titles)(titles.name, titles.objective, tuple(titles.examples[i] for i in sorted(pick))))
+    dev = None
+    if dev_queries and dev_metric is not None:
+        pool: set[str] = set()
+        for q in dev_queries:
+            pool.update(bm25.search(q.text, recipe.dev_candidates).ids)  # type: ignore[union-attr]
+            pool.update(d for d in sp.qrels.relevant(q.id) if d in corpus)
+        pool_docs = [corpus.get(d) for d in sorted(pool)]
+        dev_qrels = sp.qrels.subset(q.id for q in dev_queries)
+
+        def dev(m: BiEncoder) -> float:
+            retriever = DenseRetriever.build(pool_docs, m)
+            return dev_metric(dev_qrels, dict(zip([q.id for q in dev_queries],
+                                                  retriever.search_batch([q.text for q in dev_queries], 10))))
+
+    info: dict[str, Any] = {"data": str(ds.root), "split": split, "base": base, "recipe": asdict(recipe),
+                            "train_queries": len(queries), "dev_queries": len(dev_queries)}
+    return train(model, sets, recipe.train, out, dev=dev, show_progress=show_progress, info=info)

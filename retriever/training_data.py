@@ -1,0 +1,173 @@
+"""Training examples for the bi-encoder and the batches they are served in.
+
+Builders turn the data users have into examples: BEIR qrels (query, relevant document, mined negatives),
+(title, text) pairs of any corpus, NLI (entailment positive, contradiction hard negative), scored pairs (STS).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from indexer.corpus import Corpus
+from indexer.errors import ConfigError, DataError
+from indexer.jsonl import iter_jsonl
+from indexer.records import Qrels, Query
+
+logger = logging.getLogger(__name__)
+
+OBJECTIVES = ("mnrl", "triplet", "cosine", "contrastive", "softmax")
+
+
+@dataclass(frozen=True)
+class PairExample:
+    """A query (or any anchor), one positive and any number of hard negatives."""
+
+    anchor: str
+    positive: str
+    negatives: tuple[str, ...] = ()
+
+    def texts(self) -> tuple[str, ...]:
+        return (self.anchor, self.positive, *self.negatives)
+
+
+@dataclass(frozen=True)
+class ScoredPair:
+    """Two texts and a label: a similarity in [0, 1] (cosine), 0/1 (contrastive) or a class id (softmax)."""
+
+    text1: str
+    text2: str
+    label: float
+
+    def texts(self) -> tuple[str, ...]:
+        return (self.text1, self.text2)
+
+
+@dataclass(frozen=True)
+class TrainingSet:
+    """Examples trained with one objective; batches are drawn from one set at a time."""
+
+    name: str
+    objective: str
+    examples: tuple[PairExample, ...] | tuple[ScoredPair, ...]
+    num_labels: int = 0  # softmax only
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(f"unknown objective {self.objective!r}; use one of {', '.join(OBJECTIVES)}")
+        if not self.examples:
+            raise DataError(f"training set {self.name!r} is empty")
+        want = PairExample if self.objective in ("mnrl", "triplet") else ScoredPair
+        bad = next((i for i, e in enumerate(self.examples) if not isinstance(e, want)), None)
+        if bad is not None:
+            raise DataError(f"training set {self.name!r}: example #{bad} is not a {want.__name__}")
+        if self.objective == "triplet" and any(not e.negatives for e in self.examples):  # type: ignore[union-attr]
+            raise DataError(f"training set {self.name!r}: the triplet objective needs a negative in every example")
+
+
+def pairs_from_qrels(corpus: Corpus, queries: Sequence[Query], qrels: Qrels, *,
+                     negatives: Mapping[str, Sequence[str]] | None = None, num_negatives: int = 0,
+                     name: str = "qrels") -> TrainingSet:
+    """One (query, relevant document [, hard negatives]) example per relevant judgment.
+
+    Judgments naming documents missing from the corpus are skipped and counted in a warning; a query
+    without enough mined negatives is skipped and counted too.
+    """
+    examples, missing, short = [], 0, 0
+    for q in queries:
+        negs: tuple[str, ...] = ()
+        if num_negatives:
+            ids = [d for d in (negatives or {}).get(q.id, ()) if d in corpus][:num_negatives]
+            if len(ids) < num_negatives:
+                short += 1
+                continue
+            negs = tuple(corpus.get(d).full_text for d in ids)
+        for doc_id in sorted(qrels.relevant(q.id)):
+            if doc_id not in corpus:
+                missing += 1
+                continue
+            examples.append(PairExample(q.text, corpus.get(doc_id).full_text, negs))
+    if missing:
+        logger.warning("%s: %d relevant documents are not in the corpus and were skipped", name, missing)
+    if short:
+        logger.warning("%s: %d queries had fewer than %d mined negatives and were skipped", name, short, num_negatives)
+    if not examples:
+        raise DataError(f"{name}: no training example: the qrels name no known document of the corpus")
+    return TrainingSet(name, "mnrl", tuple(examples))
+
+
+def pairs_from_titles(corpus: Iterable, name: str = "title-text", min_chars: int = 20) -> TrainingSet:
+    """(title, text) pairs of a corpus: weak supervision, the title acting as the query."""
+    examples = tuple(PairExample(d.title, d.text) for d in corpus
+                     if len(d.title.strip()) >= min_chars and len(d.text.strip()) >= min_chars)
+    return TrainingSet(name, "mnrl", examples)
+
+
+def nli_triplets(paths: Sequence[str | Path], name: str = "nli") -> TrainingSet:
+    """NLI as (premise, entailed hypothesis, contradicting hypothesis) for MNRL with a hard negative.
+
+    Rows need ``premise``/``hypothesis``/``label`` (snli: entailment/neutral/contradiction) or
+    ``sentence1``/``sentence2``/``entailment`` (SICK: ENTAILMENT/NEUTRAL/CONTRADICTION).
+    """
+    by_premise: dict[str, dict[str, list[str]]] = {}
+    for path in paths:
+        for number, row in iter_jsonl(path):
+            premise = row.get("premise", row.get("sentence1"))
+            hypothesis = row.get("hypothesis", row.get("sentence2"))
+            label = str(row.get("label", row.get("entailment", ""))).lower()
+            if not isinstance(premise, str) or not isinstance(hypothesis, str):
+                raise DataError(f"{path}:{number}: an NLI row needs premise and hypothesis strings")
+            by_premise.setdefault(premise, {}).setdefault(label, []).append(hypothesis)
+    examples = tuple(PairExample(p, pos, (neg,)) for p, groups in by_premise.items()
+                     for pos, neg in zip(groups.get("entailment", []), groups.get("contradiction", [])))
+    return TrainingSet(name, "mnrl", examples)
+
+
+def scored_pairs(path: str | Path, *, score_key: str = "score", max_score: float = 5.0, name: str = "sts") -> TrainingSet:
+    """STS-style pairs (sentence1, sentence2, score in [0, max_score]) scaled to [0, 1] for CosineSimilarityLoss."""
+    pairs = []
+    for number, row in iter_jsonl(path):
+        try:
+            pairs.append(ScoredPair(str(row["sentence1"]), str(row["sentence2"]), float(row[score_key]) / max_score))
+        except (KeyError, TypeError, ValueError):
+            raise DataError(f"{path}:{number}: expected sentence1, sentence2 and a numeric {score_key!r}") from None
+    return TrainingSet(name, "cosine", tuple(pairs))
+
+
+def no_duplicate_batches(examples: Sequence[PairExample | ScoredPair], batch_size: int, seed: int) -> list[list[int]]:
+    """Shuffled batches (lists of example indices) in which no text occurs twice.
+
+    An example whose text is already in the open batch waits for the next one, so an in-batch negative
+    is never a copy of the positive. The order depends only on ``seed``.
+    """
+    if batch_size <= 0:
+        raise ConfigError(f"batch_size must be positive, got {batch_size}")
+    order = list(np.random.default_rng(seed).permutation(len(examples)))
+    batches: list[list[int]] = []
+    while order:
+        batch, seen, waiting = [], set(), []
+        for i in order:
+            texts = examples[i].texts()
+            if len(batch) < batch_size and not seen.intersection(texts):
+                batch.append(int(i))
+                seen.update(texts)
+            else:
+                waiting.append(i)
+        batches.append(batch)
+        order = waiting
+    return batches
+
+
+def round_robin(per_set: Sequence[list[list[int]]]) -> list[tuple[int, list[int]]]:
+    """Interleave the batches of several sets: (set index, batch), one set at a time, until all are used."""
+    out, cursors = [], [0] * len(per_set)
+    while any(c < len(b) for c, b in zip(cursors, per_set)):
+        for s, batches in enumerate(per_set):
+            if cursors[s] < len(batches):
+                out.append((s, batches[cursors[s]]))
+                cursors[s] += 1
+    return out
