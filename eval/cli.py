@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--symmetric", action="store_true", help="add the document-to-query InfoNCE term")
     tr.add_argument("--negatives", type=int, default=1, help="hard negatives per query (0: in-batch only)")
     tr.add_argument("--mine-from", default="bm25", choices=["bm25", "dense"])
-    tr.add_argument("--mine-depth", type=int, default=50)
+    tr.add_argument("--mine-depth", type=int, default=100)
     tr.add_argument("--mine-skip-top", type=int, default=3)
     tr.add_argument("--mine-max-ratio", type=float, default=0.95, help="false-negative guard: drop candidates "
                     "scoring above this fraction of the positive's score")
@@ -137,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     dl.add_argument("--base-url", default=None, help="mirror to download from instead of the BEIR host")
     dl.add_argument("--sha256", default=None, help="expected sha256 of the zip")
     dl.set_defaults(func=_download)
+
+    from eval.cli_index import add_commands
+
+    add_commands(sub)
 
     demo = sub.add_parser("demo", help="run the demo on the bundled sample collection")
     demo.add_argument("--data", type=Path, default=SAMPLE, help=argparse.SUPPRESS)

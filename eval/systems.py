@@ -4,19 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
 
 from indexer.corpus import Corpus
 from indexer.errors import ConfigError
-from indexer.records import RankedList
+from indexer.protocols import Retriever as SearchSystem
 from retriever.bm25 import BM25Config, BM25Retriever
-
-
-@runtime_checkable
-class SearchSystem(Protocol):
-    """Anything that ranks the corpus for a query text: the harness's plug-in point."""
-
-    def search(self, query: str, k: int) -> RankedList: ...
 
 
 @dataclass(frozen=True)

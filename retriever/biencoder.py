@@ -19,6 +19,7 @@ import torch
 
 from indexer.atomic import atomic_directory
 from indexer.errors import ConfigError, DataError
+from indexer.manifest import EncoderInfo
 from retriever.pooling import check_pooling, mode_from_st_config, pool, st_pooling_config
 from retriever.weights import ModelNotFoundError, resolve_model
 
@@ -69,8 +70,13 @@ def config_from_directory(path: Path) -> BiEncoderConfig:
                 pooling = mode_from_st_config(_read_json(path / e["path"] / "config.json"), str(path / e["path"]))
         cfg = replace(cfg, pooling=pooling, normalize=normalize)
     sbert = path / "sentence_bert_config.json"
+    tok = path / "tokenizer_config.json"
     if sbert.is_file() and "max_seq_length" in (data := _read_json(sbert)):
         cfg = replace(cfg, max_length=int(data["max_seq_length"]))
+    elif modules.is_file() and tok.is_file():  # sentence-transformers >= 5 keeps it in the tokenizer config
+        limit = _read_json(tok).get("model_max_length")
+        if isinstance(limit, int) and 2 <= limit <= 8192:
+            cfg = replace(cfg, max_length=limit)
     st = path / "config_sentence_transformers.json"
     if st.is_file():
         prompts = _read_json(st).get("prompts") or {}
@@ -106,6 +112,7 @@ class BiEncoder(torch.nn.Module):
         self.name = name
         self.precision = "fp32"
         self.truncated = 0  # texts cut at max_length by the last encode call
+        self.path: Path | None = None  # the directory it was loaded from
 
     # ---- loading -----------------------------------------------------------------------------
     @classmethod
@@ -134,6 +141,7 @@ class BiEncoder(torch.nn.Module):
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
         model = AutoModel.from_pretrained(path, trust_remote_code=False, use_safetensors=True)
         encoder = cls(model, tokenizer, config, name=str(name_or_path))
+        encoder.path = path
         if device:
             encoder.to(device)
         encoder.eval()
@@ -149,6 +157,14 @@ class BiEncoder(torch.nn.Module):
             self.model = torch.ao.quantization.quantize_dynamic(self.model, {torch.nn.Linear}, dtype=torch.qint8)
         self.precision = precision
         return self
+
+    def info(self) -> EncoderInfo:
+        """Identity recorded in index manifests: name, dimension, weights hash, pooling, normalisation."""
+        from retriever.weights import sha256_of_weights
+
+        digest = sha256_of_weights(self.path) if self.path is not None else ""
+        return EncoderInfo(name=self.name, dim=self.dim, weights_sha256=digest, pooling=self.config.pooling,
+                           normalize=self.config.normalize, max_length=self.config.max_length)
 
     @property
     def dim(self) -> int:
@@ -180,12 +196,23 @@ class BiEncoder(torch.nn.Module):
 
     # ---- inference ---------------------------------------------------------------------------
     def encode(self, texts: Sequence[str], *, kind: str = "document", batch_size: int = 32,
-               show_progress: bool = False, allow_empty: bool = False) -> np.ndarray:
+               show_progress: bool = False, allow_empty: bool = False, threads: int | None = None) -> np.ndarray:
         """Embeddings of ``texts`` as float32 (n, dim), in input order.
 
         Batches are formed from texts sorted by length (less padding). Texts longer than ``max_length``
-        tokens are truncated; their number is kept in ``self.truncated`` and logged.
+        tokens are truncated; their number is kept in ``self.truncated`` and logged. ``threads`` sets
+        torch's intra-op thread count for this call only.
         """
+        if threads is not None:
+            if threads <= 0:
+                raise ConfigError(f"threads must be positive, got {threads}")
+            before = torch.get_num_threads()
+            torch.set_num_threads(threads)
+            try:
+                return self.encode(texts, kind=kind, batch_size=batch_size, show_progress=show_progress,
+                                   allow_empty=allow_empty)
+            finally:
+                torch.set_num_threads(before)
         from tqdm.auto import tqdm
 
         texts = check_texts(texts, kind, allow_empty)

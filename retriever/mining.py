@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class MiningConfig:
     num_negatives: int = 1
-    depth: int = 50
+    depth: int = 100
     skip_top: int = 3
     max_ratio: float = 0.95
     sample: str = "random"  # or "top"

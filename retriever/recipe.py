@@ -73,8 +73,18 @@ def train_retriever(data: str | Path | BeirDataset, split: str, base: str, out: 
         out.parent.mkdir(parents=True, exist_ok=True)
         save_negatives(frame, out.parent / f"{out.name}.negatives.parquet")
         negatives = {q: list(g["doc_id"]) for q, g in frame.groupby("query_id", sort=False)}
-    sets = [pairs_from_qrels(corpus, queries, sp.qrels, negatives=negatives, num_negatives=recipe.negatives,
-                             name=f"{ds.name}/{split}")]
+    name = f"{ds.name}/{split}"
+    if negatives is None:
+        sets = [pairs_from_qrels(corpus, queries, sp.qrels, name=name)]
+    else:
+        # Queries whose candidates all failed the false-negative guard still train, on in-batch negatives.
+        full = [q for q in queries if len(negatives.get(q.id, ())) >= recipe.negatives]
+        rest = [q for q in queries if len(negatives.get(q.id, ())) < recipe.negatives]
+        sets = [pairs_from_qrels(corpus, full, sp.qrels, negatives=negatives, num_negatives=recipe.negatives,
+                                 name=f"{name}+negatives")]
+        if rest:
+            logger.info("%d queries have no hard negative past the guard; they train on in-batch negatives", len(rest))
+            sets.append(pairs_from_qrels(corpus, rest, sp.qrels, name=f"{name}/in-batch"))
     if recipe.title_pairs:
         titles = pairs_from_titles(corpus)
         pick = np.random.default_rng(recipe.train.seed).permutation(len(titles.examples))[: recipe.title_pairs]

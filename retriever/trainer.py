@@ -241,6 +241,8 @@ def train(
             state.update(epoch=epoch, batch=b + 1, step=state["step"] + 1)
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.4f}", set=sets[set_index].name)
+            if state["step"] % 10 == 0:
+                logger.info("step %d/%d loss %.4f (%s)", state["step"], total, loss.item(), sets[set_index].name)
             if config.checkpoint_every and state["step"] % config.checkpoint_every == 0:
                 state["seconds"] = time.perf_counter() - started
                 _save_checkpoint(last, model, optimizer, objectives, state)

@@ -44,3 +44,34 @@ def test_demo_runs_on_the_sample(tmp_path, capsys):
     assert main(["-q", "demo", "--out", str(tmp_path / "demo")]) == 0
     out = capsys.readouterr().out
     assert "| bm25 |" in out and out.count("\nquery ") == 3
+
+
+def test_train_retriever_then_bench_dense(tmp_path, sample_dir, tiny_bert_dir, capsys):
+    model = tmp_path / "model"
+    rc = main(["-q", "train-retriever", "--data", str(sample_dir), "--split", "train", "--base", str(tiny_bert_dir),
+               "--out", str(model), "--epochs", "2", "--batch-size", "16", "--lr", "1e-3", "--negatives", "1",
+               "--dev-fraction", "0.2", "--title-pairs", "32", "--mini-batch-size", "8"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "best dev nDCG@10" in out
+    meta = json.loads((model / "twostage.json").read_text())
+    assert meta["training"]["dev_queries"] == 8 and meta["training"]["train_queries"] == 34
+    assert set(meta["training"]["sets"]) >= {"sample/train+negatives", "title-text"}
+    assert (tmp_path / "model.negatives.parquet").is_file()
+    rc = main(["-q", "bench", "--data", str(sample_dir), "--systems", "bm25,dense", "--retriever-model", str(model),
+               "--out", str(tmp_path / "bench")])
+    assert rc == 0
+    metrics = json.loads((tmp_path / "bench" / "metrics.json").read_text())
+    assert set(metrics) == {"bm25", "dense"} and 0 <= metrics["dense"]["ndcg@10"] <= 1
+
+
+def test_dense_without_a_model_is_a_clear_error(tmp_path, sample_dir, capsys):
+    assert main(["-q", "bench", "--data", str(sample_dir), "--systems", "dense", "--out", str(tmp_path / "o")]) == 2
+    assert "--retriever-model" in capsys.readouterr().err
+
+
+def test_unresolvable_model_name(tmp_path, sample_dir, capsys, monkeypatch):
+    monkeypatch.setenv("TWOSTAGE_CACHE", str(tmp_path / "cache"))
+    rc = main(["-q", "bench", "--data", str(sample_dir), "--systems", "dense", "--retriever-model", "nobody/nothing",
+               "--out", str(tmp_path / "o")])
+    assert rc == 2 and "cannot be reached" in capsys.readouterr().err

@@ -1,0 +1,110 @@
+"""``manifest.json`` of an index directory: what is inside, how it was made, and a checksum of every file.
+
+It is read and checked before any binary file is opened.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from indexer.atomic import sha256_file
+from indexer.errors import IndexFormatError
+
+FORMAT = "twostage.index"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class EncoderInfo:
+    """Identity of the encoder whose vectors are in the index; queries must come from the same one."""
+
+    name: str
+    dim: int
+    weights_sha256: str = ""
+    pooling: str = ""
+    normalize: bool = True
+    max_length: int = 0
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of rows stored in ``segments/<name>.npy`` (vectors) and ``segments/<name>.parquet`` (documents)."""
+
+    name: str
+    start: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class Manifest:
+    encoder: EncoderInfo
+    metric: str
+    backend: str
+    params: dict[str, Any]
+    segments: tuple[Segment, ...]
+    deleted: int
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)  # relative path -> {"sha256", "bytes"}
+    versions: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def rows(self) -> int:
+        return sum(s.rows for s in self.segments)
+
+    @property
+    def live(self) -> int:
+        return self.rows - self.deleted
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "format": FORMAT, "format_version": FORMAT_VERSION, "encoder": self.encoder.__dict__,
+            "metric": self.metric, "backend": {"name": self.backend, "params": self.params},
+            "segments": [s.__dict__ for s in self.segments],
+            "counts": {"rows": self.rows, "deleted": self.deleted, "live": self.live, "dim": self.encoder.dim},
+            "files": self.files, "versions": self.versions,
+        }, indent=2, sort_keys=True) + "\n"
+
+
+def read_manifest(root: Path) -> Manifest:
+    path = root / "manifest.json"
+    if not path.is_file():
+        raise IndexFormatError(f"{root}: no manifest.json; not an index directory (build one with `twostage index build`)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise IndexFormatError(f"{path}: unreadable ({exc}); restore or rebuild the index") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise IndexFormatError(f"{path}: not a twostage index manifest")
+    version = data.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise IndexFormatError(f"{path}: format version {version!r} is newer than this library reads "
+                               f"({FORMAT_VERSION}); upgrade twostage")
+    try:
+        manifest = Manifest(
+            encoder=EncoderInfo(**data["encoder"]), metric=data["metric"], backend=data["backend"]["name"],
+            params=dict(data["backend"]["params"]), segments=tuple(Segment(**s) for s in data["segments"]),
+            deleted=int(data["counts"]["deleted"]), files=dict(data["files"]), versions=dict(data.get("versions", {})))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise IndexFormatError(f"{path}: missing or malformed field ({exc}); restore or rebuild the index") from None
+    if data["counts"].get("rows") != manifest.rows or data["counts"].get("dim") != manifest.encoder.dim:
+        raise IndexFormatError(f"{path}: counts disagree with the segments listed; restore or rebuild the index")
+    return manifest
+
+
+def verify_files(root: Path, manifest: Manifest, *, checksums: bool = True) -> None:
+    """Every listed file exists with its size (and, with ``checksums``, its sha256)."""
+    for rel, meta in manifest.files.items():
+        path = root / rel
+        if not path.is_file():
+            raise IndexFormatError(f"{path}: missing; the index is incomplete (restore or rebuild it)")
+        if path.stat().st_size != meta["bytes"]:
+            raise IndexFormatError(f"{path}: {path.stat().st_size} bytes, the manifest says {meta['bytes']} "
+                                   "(truncated or replaced); restore or rebuild the index")
+        if checksums and sha256_file(path) != meta["sha256"]:
+            raise IndexFormatError(f"{path}: checksum mismatch (corrupted); restore or rebuild the index")
+
+
+def describe_files(root: Path, names: list[str]) -> dict[str, dict[str, Any]]:
+    return {n: {"sha256": sha256_file(root / n), "bytes": (root / n).stat().st_size} for n in sorted(names)}

@@ -1,0 +1,25 @@
+"""Plug-in points. Anything with these methods works where the library expects one."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from indexer.records import RankedList
+
+
+@runtime_checkable
+class Encoder(Protocol):
+    """Turns texts into vectors: float32 (n, d), row i for text i. ``kind`` is "query" or "document"."""
+
+    def encode(self, texts: Sequence[str], *, kind: str = "document", batch_size: int = 32,
+               show_progress: bool = False, allow_empty: bool = False) -> np.ndarray: ...
+
+
+@runtime_checkable
+class Retriever(Protocol):
+    """A first stage: ranks the corpus for a query text, best first."""
+
+    def search(self, query: str, k: int) -> RankedList: ...

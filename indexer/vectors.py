@@ -1,0 +1,210 @@
+"""Vector search structures behind one interface. Labels are row numbers; scores are higher-is-better.
+
+Backends (by name): ``flat`` (exact, numpy), ``faiss-flat``, ``faiss-hnsw``, ``faiss-ivf``, ``faiss-ivfpq``,
+``hnswlib``. Metrics: ``cosine`` (vectors L2-normalised, then inner product), ``ip`` (inner product),
+``l2`` (the score is the negated squared Euclidean distance). Files are the libraries' own binary formats
+(faiss ``write_index``, hnswlib ``save_index``) or ``.npy``, never pickle.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from indexer.errors import ConfigError, IndexFormatError
+
+BACKENDS = ("flat", "faiss-flat", "faiss-hnsw", "faiss-ivf", "faiss-ivfpq", "hnswlib")
+METRICS = ("cosine", "ip", "l2")
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    """A backend and its parameters (those unset get defaults from the corpus size)."""
+
+    name: str = "hnswlib"
+    metric: str = "cosine"
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.name not in BACKENDS:
+            raise ConfigError(f"unknown backend {self.name!r}; use one of {', '.join(BACKENDS)}")
+        if self.metric not in METRICS:
+            raise ConfigError(f"unknown metric {self.metric!r}; use one of {', '.join(METRICS)}")
+
+
+def default_params(name: str, n: int, dim: int) -> dict[str, Any]:
+    """Sensible parameters for ``n`` vectors of ``dim`` dimensions."""
+    if name in ("faiss-hnsw", "hnswlib"):
+        return {"M": 32, "ef_construction": 200, "ef_search": 128}
+    if name in ("faiss-ivf", "faiss-ivfpq"):
+        nlist = int(max(1, min(65536, 4 * math.sqrt(max(n, 1)))))
+        p: dict[str, Any] = {"nlist": nlist, "nprobe": max(1, min(nlist, 32))}
+        if name == "faiss-ivfpq":
+            m = next(m for m in (dim // 4, dim // 8, dim // 2, 1) if m >= 1 and dim % m == 0)
+            p.update(pq_m=m, pq_bits=int(min(8, max(1, math.log2(max(n, 2))))))  # PQ trains 2**bits centroids
+        return p
+    return {}
+
+
+def prepare(vectors: np.ndarray, metric: str, dim: int | None = None, what: str = "vectors") -> np.ndarray:
+    """float32, C-contiguous, finite, of the right width; normalised for the cosine metric."""
+    v = np.ascontiguousarray(np.asarray(vectors, dtype=np.float32))
+    if v.ndim != 2:
+        raise ConfigError(f"{what} must be a 2-D array (n, dim), got shape {v.shape}")
+    if dim is not None and v.shape[1] != dim:
+        raise ConfigError(f"{what} have dimension {v.shape[1]} but the index has {dim}; use the index's encoder")
+    bad = ~np.isfinite(v).all(axis=1)
+    if bad.any():
+        raise ConfigError(f"{what} row {int(np.flatnonzero(bad)[0])} has NaN or infinite values")
+    if metric == "cosine":
+        norms = np.linalg.norm(v, axis=1, keepdims=True)
+        if (norms == 0).any():
+            raise ConfigError(f"{what} row {int(np.flatnonzero(norms[:, 0] == 0)[0])} is all zeros; cosine needs a direction")
+        v = v / norms
+    return v
+
+
+class VectorIndex(Protocol):
+    """What the index directory needs from a search structure."""
+
+    def add(self, vectors: np.ndarray, labels: np.ndarray) -> None: ...
+    def search(self, queries: np.ndarray, k: int, params: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]: ...
+    def save(self, path: Path) -> None: ...
+
+
+class FlatIndex:
+    """Exact search with numpy over an (optionally memory-mapped) matrix; labels are its rows."""
+
+    def __init__(self, metric: str, vectors: np.ndarray | None = None, dim: int = 0) -> None:
+        self.metric = metric
+        self.vectors = vectors if vectors is not None else np.empty((0, dim), dtype=np.float32)
+
+    def add(self, vectors: np.ndarray, labels: np.ndarray) -> None:
+        if len(labels) and labels[0] != len(self.vectors):
+            raise ConfigError("the flat index adds rows in order")
+        self.vectors = np.vstack([np.asarray(self.vectors), vectors])
+
+    def search(self, queries: np.ndarray, k: int, params: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+        if self.metric == "l2":
+            scores = -(((queries[:, None, :] - self.vectors[None]) ** 2).sum(-1)) if len(self.vectors) < 4096 else \
+                -(np.sum(queries**2, 1)[:, None] - 2 * queries @ self.vectors.T + np.sum(np.asarray(self.vectors) ** 2, 1)[None])
+        else:
+            scores = queries @ np.asarray(self.vectors).T
+        k = min(k, scores.shape[1])
+        labels = np.empty((len(queries), k), dtype=np.int64)
+        out = np.empty((len(queries), k), dtype=np.float32)
+        for i, row in enumerate(scores):
+            part = np.argpartition(-row, k - 1)[:k] if k < len(row) else np.arange(len(row))
+            order = part[np.lexsort((part, -row[part]))]
+            labels[i], out[i] = order, row[order]
+        return labels, out
+
+    def save(self, path: Path) -> None:  # the embeddings file is the index
+        pass
+
+
+class FaissIndex:
+    def __init__(self, index: Any, metric: str) -> None:
+        self.index, self.metric = index, metric
+
+    @classmethod
+    def create(cls, name: str, metric: str, dim: int, params: dict[str, Any], train: np.ndarray) -> FaissIndex:
+        import faiss
+
+        fm = faiss.METRIC_L2 if metric == "l2" else faiss.METRIC_INNER_PRODUCT
+        if name == "faiss-flat":
+            spec = "Flat"
+        elif name == "faiss-hnsw":
+            spec = f"HNSW{int(params['M'])},Flat"
+        elif name == "faiss-ivf":
+            spec = f"IVF{int(params['nlist'])},Flat"
+        else:
+            spec = f"IVF{int(params['nlist'])},PQ{int(params['pq_m'])}x{int(params['pq_bits'])}"
+        index = faiss.index_factory(dim, spec, fm)
+        if name == "faiss-hnsw":
+            index.hnsw.efConstruction = int(params["ef_construction"])
+        if not index.is_trained:
+            if len(train) < int(params.get("nlist", 1)):
+                raise ConfigError(f"{name} needs at least nlist={params['nlist']} vectors to train, got {len(train)}")
+            index.train(train)
+        return cls(faiss.IndexIDMap2(index), metric)
+
+    def add(self, vectors: np.ndarray, labels: np.ndarray) -> None:
+        self.index.add_with_ids(vectors, labels.astype(np.int64))
+
+    def search(self, queries: np.ndarray, k: int, params: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+        import faiss
+
+        inner = faiss.downcast_index(self.index.index)
+        if hasattr(inner, "hnsw"):
+            inner.hnsw.efSearch = max(int(params.get("ef_search", 128)), k)
+        if hasattr(inner, "nprobe"):
+            inner.nprobe = int(params.get("nprobe", 32))
+        scores, labels = self.index.search(queries, k)
+        if self.metric == "l2":
+            scores = -scores
+        return labels, scores
+
+    def save(self, path: Path) -> None:
+        import faiss
+
+        faiss.write_index(self.index, str(path))
+
+    @classmethod
+    def load(cls, path: Path, metric: str) -> FaissIndex:
+        import faiss
+
+        try:
+            return cls(faiss.read_index(str(path)), metric)
+        except RuntimeError as exc:
+            raise IndexFormatError(f"{path}: faiss cannot read it ({str(exc).splitlines()[0][:200]}); rebuild the index") from None
+
+
+class HnswlibIndex:
+    def __init__(self, index: Any, metric: str) -> None:
+        self.index, self.metric = index, metric
+
+    @classmethod
+    def create(cls, metric: str, dim: int, params: dict[str, Any], capacity: int) -> HnswlibIndex:
+        import hnswlib
+
+        index = hnswlib.Index(space="l2" if metric == "l2" else "ip", dim=dim)
+        index.init_index(max_elements=max(capacity, 1), M=int(params["M"]), ef_construction=int(params["ef_construction"]),
+                         random_seed=int(params.get("seed", 100)), allow_replace_deleted=False)
+        return cls(index, metric)
+
+    def add(self, vectors: np.ndarray, labels: np.ndarray) -> None:
+        need = self.index.get_current_count() + len(vectors)
+        if need > self.index.get_max_elements():
+            self.index.resize_index(max(need, int(self.index.get_max_elements() * 1.5)))
+        self.index.add_items(vectors, labels.astype(np.int64), num_threads=1)  # deterministic graph
+
+    def search(self, queries: np.ndarray, k: int, params: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+        self.index.set_ef(max(int(params.get("ef_search", 128)), k))
+        k = min(k, self.index.get_current_count())
+        try:
+            labels, dist = self.index.knn_query(queries, k=k, num_threads=1)
+        except RuntimeError:  # the graph cannot return k results (k close to the count): callers go exact
+            return np.empty((len(queries), 0), dtype=np.int64), np.empty((len(queries), 0), dtype=np.float32)
+        scores = -dist if self.metric == "l2" else 1.0 - dist
+        return labels.astype(np.int64), scores.astype(np.float32)
+
+    def save(self, path: Path) -> None:
+        self.index.save_index(str(path))
+
+    @classmethod
+    def load(cls, path: Path, metric: str, dim: int, count: int) -> HnswlibIndex:
+        import hnswlib
+
+        index = hnswlib.Index(space="l2" if metric == "l2" else "ip", dim=dim)
+        try:
+            index.load_index(str(path), max_elements=max(count, 1))
+        except (RuntimeError, ValueError) as exc:
+            raise IndexFormatError(f"{path}: hnswlib cannot read it ({exc}); rebuild the index") from None
+        if index.get_current_count() != count:
+            raise IndexFormatError(f"{path}: holds {index.get_current_count()} vectors, the manifest says {count}")
+        return cls(index, metric)

@@ -1,0 +1,239 @@
+import json
+import threading
+
+import numpy as np
+import pytest
+
+from indexer.build import build_index
+from indexer.errors import ConfigError, DataError, IndexFormatError
+from indexer.index import Index, current_version
+from indexer.manifest import EncoderInfo
+from indexer.records import Document
+from indexer.vectors import BACKENDS, BackendConfig
+
+
+class KeywordEncoder:
+    """One dimension per keyword plus a small constant, so every text has a direction."""
+
+    words = ("cat", "dog", "rain", "snow", "cook", "garden", "music", "history", "money", "star", "water", "sleep")
+
+    def __init__(self, name="kw"):
+        self.name = name
+
+    def encode(self, texts, kind="document", batch_size=32, **kw):
+        return np.array([[t.lower().count(w) for w in self.words] + [0.05] for t in texts], dtype=np.float32)
+
+    def info(self):
+        return EncoderInfo(self.name, len(self.words) + 1, weights_sha256=self.name)
+
+
+class TableEncoder:
+    """Looks vectors up by text: for exact checks against numpy on random data."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def encode(self, texts, kind="document", batch_size=32, **kw):
+        return np.stack([self.table[t] for t in texts])
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    from pathlib import Path
+
+    from indexer.corpus import load_corpus
+
+    return load_corpus(Path(__file__).resolve().parent.parent / "data" / "sample")
+
+
+@pytest.fixture
+def built(tmp_path, corpus):
+    return build_index(corpus, KeywordEncoder(), tmp_path / "idx", backend="hnswlib", chunk_size=50)
+
+
+def random_corpus(n=1500, dim=24, seed=0):
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(size=(20, dim))
+    vecs = (centers[rng.integers(0, 20, n)] + 0.3 * rng.normal(size=(n, dim))).astype(np.float32)
+    docs = [Document(f"d{i}", f"text {i}") for i in range(n)]
+    return docs, vecs, TableEncoder({d.text: v for d, v in zip(docs, vecs)})
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_backend_agrees_with_exact_search(tmp_path, backend):
+    docs, vecs, enc = random_corpus()
+    params = {"nprobe": 16} if backend.startswith("faiss-ivf") else {}
+    index = build_index(docs, enc, tmp_path / backend, backend=BackendConfig(backend, "cosine", params),
+                        encoder_info=EncoderInfo("table", 24))
+    queries = vecs[:50] + 0.05
+    normed = vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
+    qn = queries / np.linalg.norm(queries, axis=1, keepdims=True)
+    exact = np.argsort(-(qn @ normed.T), axis=1)[:, :10]
+    got = Index.load(tmp_path / backend).search(queries, 10)
+    recall = np.mean([len(set(r.ids) & {f"d{i}" for i in e}) / 10 for r, e in zip(got, exact)])
+    assert recall >= (0.5 if backend == "faiss-ivfpq" else 0.95), recall  # PQ is lossy by design
+    for r in got:
+        assert np.all(np.diff(r.scores) <= 1e-6)  # similarities, best first
+    if backend in ("flat", "faiss-flat"):
+        np.testing.assert_allclose(got[0].scores, np.sort(qn[0] @ normed.T)[::-1][:10], atol=1e-5)
+
+
+def test_l2_scores_are_negated_distances(tmp_path):
+    docs, vecs, enc = random_corpus(300)
+    for backend in ("flat", "hnswlib", "faiss-flat"):
+        index = build_index(docs, enc, tmp_path / backend, backend=BackendConfig(backend, "l2"))
+        r = index.search(vecs[:1], 3)[0]
+        assert r.ids[0] == "d0" and r.scores[0] == pytest.approx(0.0, abs=1e-4) and r.scores[1] < 0
+
+
+def test_build_writes_the_documented_layout(built, tmp_path):
+    v = current_version(tmp_path / "idx")
+    names = sorted(p.relative_to(v).as_posix() for p in v.rglob("*") if p.is_file())
+    assert names == ["ann.hnswlib", "manifest.json", "segments/000000.npy", "segments/000000.parquet"]
+    manifest = json.loads((v / "manifest.json").read_text())
+    assert manifest["counts"] == {"rows": 205, "deleted": 0, "live": 205, "dim": 13}
+    assert manifest["encoder"]["name"] == "kw" and set(manifest["files"]) == set(names) - {"manifest.json"}
+    assert not list(tmp_path.glob(".idx.build"))  # the work directory is gone
+
+
+def test_text_search_needs_a_matching_encoder(built, tmp_path):
+    loaded = Index.load(tmp_path / "idx")
+    with pytest.raises(ConfigError, match="encoder"):
+        loaded.search("rain", 3)
+    with pytest.raises(ConfigError, match="other weights"):
+        loaded.attach_encoder(KeywordEncoder("another"))
+    loaded.attach_encoder(KeywordEncoder())
+    assert loaded.search("rain and snow", 3)[0].ids[0] in {d for d in loaded.doc_ids}
+    with pytest.raises(ConfigError, match="dimension 5 but the index has 13"):
+        loaded.search(np.ones((1, 5), dtype=np.float32), 3)
+
+
+@pytest.mark.parametrize("k", [0, -1, 206])
+def test_bad_k(built, k):
+    with pytest.raises(ConfigError):
+        built.search("rain", k)
+
+
+def test_nan_vectors_are_refused(built, tmp_path):
+    with pytest.raises(ConfigError, match="NaN"):
+        built.search(np.full((1, 13), np.nan, dtype=np.float32), 3)
+
+    class NanEncoder(KeywordEncoder):
+        def encode(self, texts, **kw):
+            v = super().encode(texts)
+            v[0, 0] = np.inf
+            return v
+
+    with pytest.raises(ConfigError, match="row 0 has NaN or infinite"):
+        build_index([Document("a", "x")], NanEncoder(), tmp_path / "nan")
+    assert not (tmp_path / "nan" / "CURRENT").exists()
+
+
+def test_updates(built, tmp_path):
+    index = built.add([Document("new", "rain rain snow snow snow", metadata={"topic": "weather"})])
+    assert len(index) == 206 and index.search("snow rain", 1)[0].ids[0] == "new"
+    with pytest.raises(DataError, match="'new' is already in the index"):
+        index.add([Document("new", "x")])
+    index = index.delete(["new", "weather-07"])
+    for r in index.search(["snow rain", "snowflakes"], 204):
+        assert "new" not in r.ids and "weather-07" not in r.ids and len(r) == 204
+    assert len(index.search("snow rain", 10)[0]) == 10  # still k live results
+    with pytest.raises(DataError, match="unknown id"):
+        index.delete(["new"])  # deleted documents never come back
+    index = index.upsert([Document("weather-01", "cat cat cat cat dog")])
+    assert index.search("cat cat cat cat dog", 1)[0].ids[0] == "weather-01"
+    assert index.documents(["weather-01"])[0].text == "cat cat cat cat dog"
+    queries = ["cat", "rain", "music"]
+    before = [r.scores.round(5).tolist() for r in index.search(queries, 5)]
+    compacted = index.compact()
+    assert compacted.manifest.deleted == 0 and compacted.manifest.rows == len(index) == 204
+    # a rebuilt graph may pick other documents among equal scores (this encoder makes many ties)
+    after = [list(r.ids) for r in compacted.search(queries, 5)]
+    assert [r.scores.round(5).tolist() for r in compacted.search(queries, 5)] == before
+    reloaded = Index.load(tmp_path / "idx", encoder=KeywordEncoder())
+    assert [list(r.ids) for r in reloaded.search(queries, 5)] == after
+    assert sorted(p.name for p in (tmp_path / "idx").iterdir()) == ["CURRENT", reloaded.version_dir.name]
+
+
+def test_metadata_filter(built):
+    r = built.search("rain and snow", 10, where={"topic": "cook"})[0]
+    assert len(r) > 0 and all(d.startswith("cook-") for d in r.ids)
+    r = built.search("rain", 5, where=lambda d: d.id.endswith("1"))[0]
+    assert all(d.endswith("1") for d in r.ids)
+
+
+@pytest.mark.parametrize("target", ["manifest.json", "segments/000000.npy", "segments/000000.parquet",
+                                    "ann.hnswlib", "deleted.npy"])
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_corruption_is_a_clear_error(tmp_path, corpus, target, damage):
+    index = build_index(corpus, KeywordEncoder(), tmp_path / "idx", chunk_size=100).delete(["cook-01"])
+    path = index.version_dir / target
+    data = bytearray(path.read_bytes())
+    if damage == "truncate":
+        data = data[: len(data) // 2]
+    else:
+        data[len(data) // 3] ^= 0x40
+    path.write_bytes(bytes(data))
+    with pytest.raises(IndexFormatError, match=target.split("/")[-1] if target != "manifest.json" else "manifest"):
+        Index.load(tmp_path / "idx")
+
+
+def test_missing_files_and_newer_format(tmp_path, built):
+    v = built.version_dir
+    manifest = json.loads((v / "manifest.json").read_text())
+    (v / "manifest.json").write_text(json.dumps({**manifest, "format_version": 9}))
+    with pytest.raises(IndexFormatError, match="newer than this library"):
+        Index.load(tmp_path / "idx")
+    (v / "manifest.json").write_text(json.dumps(manifest))
+    (v / "ann.hnswlib").unlink()
+    with pytest.raises(IndexFormatError, match="ann.hnswlib: missing"):
+        Index.load(tmp_path / "idx")
+    (tmp_path / "idx" / "CURRENT").write_text("v999999\n")
+    with pytest.raises(IndexFormatError, match="not a version directory"):
+        Index.load(tmp_path / "idx")
+    with pytest.raises(IndexFormatError, match="no such index"):
+        Index.load(tmp_path / "nope")
+
+
+def test_build_resumes_from_encoded_chunks(tmp_path, corpus):
+    calls = []
+
+    class Counting(KeywordEncoder):
+        def encode(self, texts, **kw):
+            calls.append(len(texts))
+            if len(calls) == 3:
+                raise KeyboardInterrupt("killed")
+            return super().encode(texts)
+
+    with pytest.raises(KeyboardInterrupt):
+        build_index(corpus, Counting(), tmp_path / "idx", chunk_size=50)
+    assert not (tmp_path / "idx").exists()
+    calls.clear()
+    build_index(corpus, KeywordEncoder(), tmp_path / "idx", chunk_size=50)
+    class Recording(KeywordEncoder):
+        def encode(self, texts, **kw):
+            calls.append(len(texts))
+            return super().encode(texts)
+
+    with pytest.raises(KeyboardInterrupt):
+        build_index(corpus, Counting(), tmp_path / "idx2", chunk_size=50)
+    calls.clear()
+    build_index(corpus, Recording(), tmp_path / "idx2", chunk_size=50)
+    assert calls == [50, 50, 5]  # the two chunks done before the kill are not encoded again
+
+
+def test_concurrent_searches_equal_serial(built):
+    rng = np.random.default_rng(0)
+    queries = [" ".join(rng.choice(KeywordEncoder.words, 3)) for _ in range(500)]
+    serial = [(list(r.ids), r.scores.tolist()) for r in (built.search(q, 5)[0] for q in queries)]
+    results: dict[int, list] = {}
+
+    def worker(t):
+        results[t] = [(list(r.ids), r.scores.tolist()) for r in (built.search(q, 5)[0] for q in queries)]
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 8 and all(results[t] == serial for t in range(8))

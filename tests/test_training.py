@@ -1,0 +1,225 @@
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from indexer.beir import BeirDataset
+from indexer.errors import ConfigError, DataError
+from indexer.records import Document, Judgment, Qrels, Query
+from retriever.biencoder import BiEncoder
+from retriever.bm25 import BM25Retriever
+from retriever.dense import DenseRetriever
+from retriever.gradcache import CachedMultipleNegativesRankingLoss
+from retriever.losses import MultipleNegativesRankingLoss
+from retriever.mining import MiningConfig, load_negatives, mine_hard_negatives, save_negatives
+from retriever.sts import sts_spearman
+from retriever.trainer import TrainConfig, _Objectives, train
+from retriever.training_data import (PairExample, ScoredPair, TrainingSet, no_duplicate_batches, nli_triplets,
+                                     pairs_from_qrels, pairs_from_titles, round_robin, scored_pairs)
+
+
+@pytest.fixture(scope="module")
+def sample():
+    from pathlib import Path
+
+    ds = BeirDataset(Path(__file__).resolve().parent.parent / "data" / "sample")
+    return ds, ds.split("train")
+
+
+def test_batches_have_no_duplicate_texts_and_cover_everything():
+    examples = [PairExample(f"q{i % 7}", f"d{i % 5}") for i in range(40)]
+    batches = no_duplicate_batches(examples, 4, seed=1)
+    assert sorted(i for b in batches for i in b) == list(range(40))
+    for b in batches:
+        texts = [t for i in b for t in examples[i].texts()]
+        assert len(texts) == len(set(texts))
+    assert batches == no_duplicate_batches(examples, 4, seed=1) != no_duplicate_batches(examples, 4, seed=2)
+
+
+def test_round_robin_alternates_sets():
+    plan = round_robin([[[0], [1], [2]], [[0]]])
+    assert [s for s, _ in plan] == [0, 1, 0, 0]
+
+
+def test_training_set_checks():
+    with pytest.raises(DataError, match="empty"):
+        TrainingSet("x", "mnrl", ())
+    with pytest.raises(DataError, match="not a PairExample"):
+        TrainingSet("x", "mnrl", (ScoredPair("a", "b", 1.0),))
+    with pytest.raises(DataError, match="needs a negative"):
+        TrainingSet("x", "triplet", (PairExample("a", "b"),))
+    with pytest.raises(ConfigError, match="unknown objective"):
+        TrainingSet("x", "hinge", (PairExample("a", "b"),))
+
+
+def test_pairs_from_qrels_counts_missing_documents(sample, caplog):
+    ds, split = sample
+    qrels = Qrels([*split.qrels, Judgment(split.queries[0].id, "ghost", 1)])
+    ts = pairs_from_qrels(ds.corpus, split.queries, qrels)
+    assert len(ts.examples) == sum(len(split.qrels.relevant(q.id)) for q in split.queries)
+    assert "1 relevant documents are not in the corpus" in caplog.text
+    with pytest.raises(DataError, match="no known document"):
+        pairs_from_qrels(ds.corpus, split.queries, Qrels([Judgment(split.queries[0].id, "ghost", 1)]))
+
+
+def test_nli_and_sts_readers(tmp_path):
+    (tmp_path / "nli.jsonl").write_text("\n".join(json.dumps(r) for r in [
+        {"premise": "A man sleeps.", "hypothesis": "A person rests.", "label": "entailment"},
+        {"premise": "A man sleeps.", "hypothesis": "A man runs.", "label": "contradiction"},
+        {"premise": "A man sleeps.", "hypothesis": "A man dreams.", "label": "neutral"}]) + "\n")
+    ts = nli_triplets([tmp_path / "nli.jsonl"])
+    assert ts.examples == (PairExample("A man sleeps.", "A person rests.", ("A man runs.",)),)
+    (tmp_path / "sts.jsonl").write_text('{"sentence1": "a", "sentence2": "b", "score": 2.5}\n{"sentence1": "a"}\n')
+    with pytest.raises(DataError, match=r"sts\.jsonl:2"):
+        scored_pairs(tmp_path / "sts.jsonl")
+
+
+def test_title_pairs(sample):
+    ts = pairs_from_titles(sample[0].corpus, min_chars=5)
+    assert len(ts.examples) > 150 and ts.examples[0].anchor == sample[0].corpus[0].title
+
+
+def test_mining_excludes_positives_skips_top_and_guards(sample, tmp_path):
+    ds, split = sample
+    bm25 = BM25Retriever.build(ds.corpus)
+    config = MiningConfig(num_negatives=3, depth=30, skip_top=1, max_ratio=0.95, sample="top")
+    frame = mine_hard_negatives(split.queries, split.qrels, ds.corpus.ids, bm25.scores, config)
+    assert len(frame) > 0 and frame["rank"].min() >= 2
+    for row in frame.itertuples():
+        assert row.doc_id not in split.qrels.relevant(row.query_id)
+        if row.positive_score > 0:  # the guard needs a positive the retriever scores at all
+            assert row.score <= 0.95 * row.positive_score + 1e-6
+    save_negatives(frame, tmp_path / "neg.parquet")
+    loaded = load_negatives(tmp_path / "neg.parquet")
+    assert sum(len(v) for v in loaded.values()) == len(frame)
+    with pytest.raises(ConfigError):
+        load_negatives_bad = pd.DataFrame({"x": [1]})
+        load_negatives_bad.to_parquet(tmp_path / "bad.parquet")
+        load_negatives(tmp_path / "bad.parquet")
+
+
+@pytest.mark.parametrize("dropout", [False, True])
+def test_gradcache_equals_the_plain_loss(tiny_bert_dir, dropout):
+    """Same loss and parameter gradients as the plain loss. With dropout, the reference embeds the same
+    mini-batches in the same order from the same seed, so GradCache must replay each mask exactly."""
+    anchors = ["why do cats purr", "how does rain form", "dogs panting heat", "six arms of ice"]
+    positives = ["cats purr when content", "rain forms from vapour", "dogs pant to cool", "snowflakes have arms"]
+    negatives = [["dogs bark"], ["snow falls"], ["cats sleep"], ["rain drops"]]
+
+    def embed_in_chunks(model, texts, kind):
+        return torch.cat([model(model.tokenize(texts[i:i + 3], kind)) for i in range(0, len(texts), 3)])
+
+    def grads(cached: bool):
+        model = BiEncoder.load(tiny_bert_dir)
+        model.train(dropout)
+        torch.manual_seed(0)
+        if cached:
+            loss = CachedMultipleNegativesRankingLoss(model, mini_batch_size=3)(anchors, positives, negatives)
+        else:
+            a = embed_in_chunks(model, anchors, "query")
+            p = embed_in_chunks(model, positives, "document")
+            n = embed_in_chunks(model, [x[0] for x in negatives], "document").reshape(4, 1, -1)
+            loss = MultipleNegativesRankingLoss()(a, p, n)
+        loss.backward()
+        return loss.item(), {k: v.grad.clone() for k, v in model.named_parameters() if v.grad is not None}
+
+    plain_loss, plain = grads(False)
+    cached_loss, cached = grads(True)
+    assert cached_loss == pytest.approx(plain_loss, abs=1e-5)
+    assert plain.keys() == cached.keys() and len(plain) > 10
+    for k in plain:
+        torch.testing.assert_close(cached[k], plain[k], atol=1e-5, rtol=1e-4)
+
+
+def _ndcg_on(model, ds, split):
+    from eval.metrics import evaluate
+
+    dense = DenseRetriever.build(ds.corpus, model)
+    lists = dense.search_batch([q.text for q in split.queries], 10)
+    return float(evaluate(split.qrels, dict(zip([q.id for q in split.queries], lists)), ["ndcg@10"]).mean().iloc[0])
+
+
+def test_training_fits_the_training_queries(tmp_path, tiny_bert_dir, sample):
+    ds, split = sample
+    before = _ndcg_on(BiEncoder.load(tiny_bert_dir), ds, split)
+    ts = pairs_from_qrels(ds.corpus, split.queries, split.qrels)
+    result = train(BiEncoder.load(tiny_bert_dir), [ts], TrainConfig(epochs=6, batch_size=16, lr=2e-3, seed=1),
+                   tmp_path / "m", dev=lambda m: _ndcg_on(m, ds, split))
+    after = _ndcg_on(BiEncoder.load(tmp_path / "m"), ds, split)
+    assert after > before + 0.1, (before, after)  # a fit on seen queries, not a quality claim
+    assert result.best_dev == pytest.approx(after, abs=1e-6)  # the kept model is the best epoch's
+    meta = json.loads((tmp_path / "m" / "twostage.json").read_text())
+    assert meta["training"]["steps"] == result.steps and len(meta["training"]["history"]) == 6
+
+
+def test_a_killed_run_resumes_to_the_same_model(tmp_path, tiny_bert_dir, sample, monkeypatch):
+    ds, split = sample
+    ts = pairs_from_qrels(ds.corpus, split.queries, split.qrels)
+    config = TrainConfig(epochs=2, batch_size=8, lr=1e-3, seed=3, checkpoint_every=2)
+    train(BiEncoder.load(tiny_bert_dir), [ts], config, tmp_path / "straight")
+
+    calls = {"n": 0}
+    real = _Objectives.loss
+
+    def crashing(self, set_index, examples):
+        calls["n"] += 1
+        if calls["n"] == 7:
+            raise KeyboardInterrupt("simulated kill")
+        return real(self, set_index, examples)
+
+    monkeypatch.setattr(_Objectives, "loss", crashing)
+    with pytest.raises(KeyboardInterrupt):
+        train(BiEncoder.load(tiny_bert_dir), [ts], config, tmp_path / "resumed")
+    monkeypatch.setattr(_Objectives, "loss", real)
+    state = json.loads((tmp_path / "resumed.train" / "last" / "trainer_state.json").read_text())
+    assert state["step"] == 6  # the checkpoint before the crash
+    train(BiEncoder.load(tiny_bert_dir), [ts], config, tmp_path / "resumed")
+    a = BiEncoder.load(tmp_path / "straight").encode(["cats purr", "rain forms"])
+    b = BiEncoder.load(tmp_path / "resumed").encode(["cats purr", "rain forms"])
+    np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.parametrize("objective,examples,extra", [
+    ("triplet", [PairExample(f"anchor {i}", f"positive {i}", (f"negative {i}",)) for i in range(6)], {}),
+    ("cosine", [ScoredPair(f"left {i}", f"right {i}", i / 6) for i in range(6)], {}),
+    ("contrastive", [ScoredPair(f"left {i}", f"right {i}", i % 2) for i in range(6)], {}),
+    ("softmax", [ScoredPair(f"left {i}", f"right {i}", i % 3) for i in range(6)], {"num_labels": 3}),
+])
+def test_every_objective_trains(tmp_path, tiny_bert_dir, objective, examples, extra):
+    ts = TrainingSet(objective, objective, tuple(examples), **extra)
+    result = train(BiEncoder.load(tiny_bert_dir), [ts], TrainConfig(epochs=1, batch_size=3, checkpoint_every=1),
+                   tmp_path / "m")
+    assert result.steps == 2 and (tmp_path / "m" / "model.safetensors").is_file()
+
+
+def test_empty_training_input(tmp_path, tiny_bert_dir):
+    with pytest.raises(ConfigError, match="no training set"):
+        train(BiEncoder.load(tiny_bert_dir), [], TrainConfig(), tmp_path / "m")
+
+
+class KeywordEncoder:
+    """A fake encoder: one dimension per keyword, so similarities are known exactly."""
+
+    words = ("cat", "dog", "rain", "snow")
+
+    def encode(self, texts, batch_size=32, kind="document", **kw):
+        v = np.array([[t.lower().count(w) for w in self.words] for t in texts], dtype=np.float32)
+        return v / np.linalg.norm(v, axis=1, keepdims=True).clip(1e-9)
+
+
+def test_sts_spearman_with_a_known_encoder(tmp_path):
+    rows = [("cat", "cat", 5), ("cat", "cat dog", 3), ("cat", "dog", 0), ("rain snow", "rain snow snow", 4)]
+    (tmp_path / "sts.jsonl").write_text("".join(json.dumps({"sentence1": a, "sentence2": b, "score": s}) + "\n" for a, b, s in rows))
+    assert sts_spearman(KeywordEncoder(), tmp_path / "sts.jsonl") == pytest.approx(100.0)
+
+
+def test_dense_retriever_with_a_keyword_encoder():
+    docs = [Document("d1", "a cat"), Document("d2", "rain and snow"), Document("d3", "dog")]
+    dense = DenseRetriever.build(docs, KeywordEncoder())
+    assert list(dense.search("snow", 2).ids)[0] == "d2"
+    assert [r.ids[0] for r in dense.search_batch(["dog", "cat"], 1)] == ["d3", "d1"]
+    with pytest.raises(DataError, match="NaN"):
+        DenseRetriever(KeywordEncoder(), ["a"], np.array([[math.nan, 0, 0, 0]], dtype=np.float32))
