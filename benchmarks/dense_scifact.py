@@ -43,10 +43,11 @@ def evaluate_model(ds: BeirDataset, model: str | Path, precision: str = "fp32") 
     t0 = time.perf_counter()
     retriever = DenseRetriever.build(ds.corpus, encoder, batch_size=32)
     encode_s = time.perf_counter() - t0
+    truncated = encoder.truncated
     lists = retriever.search_batch([q.text for q in split.queries], 100)
     table = evaluate(split.qrels, dict(zip([q.id for q in split.queries], lists)))
     return {**{m: float(v) for m, v in table.mean().items()}, "encode_s": encode_s,
-            "docs_per_s": len(ds.corpus) / encode_s, "truncated": encoder.truncated}
+            "docs_per_s": len(ds.corpus) / encode_s, "truncated": truncated}
 
 
 def stage_zero_shot(ds: BeirDataset) -> dict:

@@ -21,7 +21,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     from eval.systems import SystemOptions
 
-    options = SystemOptions(retriever_model=args.retriever_model, precision=args.precision,
+    options = SystemOptions(retriever_model=args.retriever_model, index=args.index, precision=args.precision,
                             batch_size=args.batch_size, show_progress=not args.quiet)
     result = run_bench(args.data, args.split, args.systems, k=args.k, ignore_identical_ids=args.ignore_identical_ids,
                        options=options, show_progress=not args.quiet)
@@ -102,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--ignore-identical-ids", action="store_true",
                        help="drop retrieved documents whose id equals the query id (ArguAna, Quora)")
     bench.add_argument("--retriever-model", default=None, help="bi-encoder name or directory (dense systems)")
+    bench.add_argument("--index", default=None, help="index directory: the dense system searches its ANN structure")
     bench.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "int8"], help="bi-encoder inference precision")
     bench.add_argument("--batch-size", type=int, default=32, help="encoding batch size")
     bench.set_defaults(func=_bench)

@@ -16,15 +16,37 @@ class SystemOptions:
     """Settings systems need beyond the corpus (models, batch sizes)."""
 
     retriever_model: str | None = None
+    index: str | None = None  # a built index directory: dense search through its ANN structure
     precision: str = "fp32"
     batch_size: int = 32
     show_progress: bool = False
+
+
+class _IndexSearch:
+    """The dense system served by an index directory (its ANN backend) instead of exact search."""
+
+    def __init__(self, index: object) -> None:
+        self.index = index
+
+    def search(self, query: str, k: int) -> RankedList:
+        return self.index.search(query, k)[0]  # type: ignore[attr-defined]
 
 
 def _dense(corpus: Corpus, options: SystemOptions) -> SearchSystem:
     from retriever.biencoder import BiEncoder
     from retriever.dense import DenseRetriever
 
+    if options.index:
+        from indexer.index import Index
+
+        index = Index.load(options.index)
+        missing = [d.id for d in corpus if d.id not in index._live_row][:3]
+        if missing:
+            raise ConfigError(f"index {options.index} lacks documents of this corpus (e.g. {', '.join(missing)}); "
+                              "build it from the same corpus")
+        index.attach_encoder(BiEncoder.load(options.retriever_model or index.manifest.encoder.name,
+                                            precision=options.precision))
+        return _IndexSearch(index)
     if not options.retriever_model:
         raise ConfigError("the dense system needs a model: pass --retriever-model NAME_OR_DIR")
     encoder = BiEncoder.load(options.retriever_model, precision=options.precision)
@@ -55,6 +77,7 @@ def resolve_systems(spec: str | Sequence[str], options: SystemOptions | None = N
     names = [n for n in names if n]
     if names == ["all"]:
         have_model = bool(options and options.retriever_model)
+        have_model = have_model or bool(options and options.index)
         return [n for n in SYSTEMS if have_model or n not in NEEDS_MODEL]
     unknown = [n for n in names if n not in SYSTEMS]
     if unknown or not names:

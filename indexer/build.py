@@ -54,7 +54,8 @@ def ann_from_vectors(backend: BackendConfig, vectors: np.ndarray, batch: int = 6
     if backend.name == "hnswlib":
         ann: Any = HnswlibIndex.create(backend.metric, dim, params, n)
     else:
-        sample = np.asarray(vectors[np.linspace(0, n - 1, min(n, 256 * int(params.get("nlist", 1)) or n)).astype(int)])
+        # k-means needs ~40-64 points per list; more only costs time
+        sample = np.asarray(vectors[np.linspace(0, n - 1, min(n, max(64 * int(params.get("nlist", 1)), 4096))).astype(int)])
         ann = FaissIndex.create(backend.name, backend.metric, dim, params, sample)
     for start in range(0, n, batch):
         ann.add(np.ascontiguousarray(vectors[start:start + batch]), np.arange(start, min(n, start + batch)))

@@ -265,10 +265,14 @@ class Index:
 
     def add(self, documents: Iterable[Document], *, encoder: Any = None, batch_size: int = 32) -> Index:
         """Append documents (new ids only) and return the updated index; the old version stays intact until then."""
+        return self._add(documents, self.deleted, encoder, batch_size)
+
+    def _add(self, documents: Iterable[Document], deleted: np.ndarray, encoder: Any, batch_size: int) -> Index:
         from indexer.corpus import iter_documents
 
         docs = list(iter_documents(documents))
-        dup = next((d.id for d in docs if d.id in self._live_row), None)
+        live = {d for d, r in self._row.items() if not deleted[r]}
+        dup = next((d.id for d in docs if d.id in live), None)
         if dup is not None:
             raise DataError(f"document id {dup!r} is already in the index; use upsert to replace it")
         vectors = prepare(self._encode_docs(docs, encoder, batch_size), self.manifest.metric, self.dim, "document vectors")
@@ -278,7 +282,7 @@ class Index:
         if ann is not None:
             ann.add(vectors, np.arange(start, start + len(docs)))
         segments = [*self.manifest.segments, Segment(name, start, len(docs))]
-        return self._commit(segments, {name: (vectors, docs)}, np.flatnonzero(self.deleted), ann)
+        return self._commit(segments, {name: (vectors, docs)}, np.flatnonzero(deleted), ann)
 
     def delete(self, ids: Iterable[str]) -> Index:
         """Tombstone documents by id (an unknown or already deleted id is an error naming it)."""
@@ -295,14 +299,9 @@ class Index:
     def upsert(self, documents: Iterable[Document], *, encoder: Any = None, batch_size: int = 32) -> Index:
         """Replace documents with these ids (old rows are tombstoned) and add the new ones, in one version."""
         docs = list(documents)
-        existing = [d.id for d in docs if d.id in self._live_row]
         deleted = self.deleted.copy()
-        deleted[[self._live_row[i] for i in existing]] = True
-        staged = Index.__new__(Index)
-        staged.__dict__.update(self.__dict__)
-        staged.deleted = deleted
-        staged._live_row = {d: r for d, r in self._live_row.items() if d not in set(existing)}
-        return Index.add(staged, docs, encoder=encoder, batch_size=batch_size)
+        deleted[[self._live_row[d.id] for d in docs if d.id in self._live_row]] = True
+        return self._add(docs, deleted, encoder, batch_size)
 
     def compact(self) -> Index:
         """Rewrite the index without tombstoned rows, in one segment, rebuilding the ANN structure."""

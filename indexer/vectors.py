@@ -41,10 +41,10 @@ def default_params(name: str, n: int, dim: int) -> dict[str, Any]:
     if name in ("faiss-hnsw", "hnswlib"):
         return {"M": 32, "ef_construction": 200, "ef_search": 128}
     if name in ("faiss-ivf", "faiss-ivfpq"):
-        nlist = int(max(1, min(65536, 4 * math.sqrt(max(n, 1)))))
+        nlist = int(max(1, min(65536, 2 * math.sqrt(max(n, 1)))))
         p: dict[str, Any] = {"nlist": nlist, "nprobe": max(1, min(nlist, 32))}
-        if name == "faiss-ivfpq":
-            m = next(m for m in (dim // 4, dim // 8, dim // 2, 1) if m >= 1 and dim % m == 0)
+        if name == "faiss-ivfpq":  # 8 dimensions per sub-quantizer: 48 bytes for 384-d vectors
+            m = next(m for m in (dim // 8, dim // 4, dim // 2, 1) if m >= 1 and dim % m == 0)
             p.update(pq_m=m, pq_bits=int(min(8, max(1, math.log2(max(n, 2))))))  # PQ trains 2**bits centroids
         return p
     return {}
@@ -165,8 +165,9 @@ class FaissIndex:
 
 
 class HnswlibIndex:
-    def __init__(self, index: Any, metric: str) -> None:
+    def __init__(self, index: Any, metric: str, build_threads: int = 0, search_threads: int = 1) -> None:
         self.index, self.metric = index, metric
+        self.build_threads, self.search_threads = build_threads, search_threads
 
     @classmethod
     def create(cls, metric: str, dim: int, params: dict[str, Any], capacity: int) -> HnswlibIndex:
@@ -175,19 +176,22 @@ class HnswlibIndex:
         index = hnswlib.Index(space="l2" if metric == "l2" else "ip", dim=dim)
         index.init_index(max_elements=max(capacity, 1), M=int(params["M"]), ef_construction=int(params["ef_construction"]),
                          random_seed=int(params.get("seed", 100)), allow_replace_deleted=False)
-        return cls(index, metric)
+        return cls(index, metric, int(params.get("build_threads", 0)), int(params.get("search_threads", 1)))
 
     def add(self, vectors: np.ndarray, labels: np.ndarray) -> None:
         need = self.index.get_current_count() + len(vectors)
         if need > self.index.get_max_elements():
             self.index.resize_index(max(need, int(self.index.get_max_elements() * 1.5)))
-        self.index.add_items(vectors, labels.astype(np.int64), num_threads=1)  # deterministic graph
+        # one thread gives the same graph every time; big builds use every core (param build_threads)
+        threads = int(self.build_threads) if self.build_threads else (1 if need < 50_000 else -1)
+        self.index.add_items(vectors, labels.astype(np.int64), num_threads=threads)
 
     def search(self, queries: np.ndarray, k: int, params: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         self.index.set_ef(max(int(params.get("ef_search", 128)), k))
         k = min(k, self.index.get_current_count())
         try:
-            labels, dist = self.index.knn_query(queries, k=k, num_threads=1)
+            threads = int(params.get("search_threads", self.search_threads))
+            labels, dist = self.index.knn_query(queries, k=k, num_threads=threads)
         except RuntimeError:  # the graph cannot return k results (k close to the count): callers go exact
             return np.empty((len(queries), 0), dtype=np.int64), np.empty((len(queries), 0), dtype=np.float32)
         scores = -dist if self.metric == "l2" else 1.0 - dist

@@ -75,3 +75,43 @@ def test_unresolvable_model_name(tmp_path, sample_dir, capsys, monkeypatch):
     rc = main(["-q", "bench", "--data", str(sample_dir), "--systems", "dense", "--retriever-model", "nobody/nothing",
                "--out", str(tmp_path / "o")])
     assert rc == 2 and "cannot be reached" in capsys.readouterr().err
+
+
+def test_index_cli_and_bench_through_an_index(tmp_path, sample_dir, tiny_bert_dir, capsys):
+    idx = tmp_path / "idx"
+    assert main(["-q", "index", "build", "--corpus", str(sample_dir), "--model", str(tiny_bert_dir), "--out", str(idx),
+                 "--backend", "hnswlib", "--chunk-size", "64"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["documents"] == 205 and info["backend"] == "hnswlib" and info["dim"] == 32
+    assert main(["index", "info", str(idx)]) == 0 and '"documents": 205' in capsys.readouterr().out
+    assert main(["search", "--index", str(idx), "--k", "3", "why do cats purr"]) == 0
+    assert capsys.readouterr().out.count("\n") == 3
+    assert main(["index", "delete", "--index", str(idx), "--ids", "cook-01,cook-02"]) == 0
+    assert "203 live documents" in capsys.readouterr().out
+    assert main(["index", "delete", "--index", str(idx), "--ids", "cook-01"]) == 2
+    assert "unknown id" in capsys.readouterr().err
+    extra = tmp_path / "extra.jsonl"
+    extra.write_text('{"_id": "n1", "title": "New", "text": "a new document about cats"}\n')
+    assert main(["index", "add", "--index", str(idx), "--corpus", str(extra)]) == 0
+    assert main(["index", "compact", "--index", str(idx)]) == 0
+    capsys.readouterr()
+    # the harness's dense system through the index (this index lacks cook-01/02: a clear error)
+    assert main(["-q", "bench", "--data", str(sample_dir), "--systems", "dense", "--index", str(idx),
+                 "--out", str(tmp_path / "b")]) == 2
+    assert "lacks documents" in capsys.readouterr().err
+    full = tmp_path / "full"
+    assert main(["-q", "index", "build", "--corpus", str(sample_dir), "--model", str(tiny_bert_dir), "--out", str(full)]) == 0
+    assert main(["-q", "bench", "--data", str(sample_dir), "--systems", "bm25,dense", "--index", str(full),
+                 "--out", str(tmp_path / "b")]) == 0
+    assert set(json.loads((tmp_path / "b" / "metrics.json").read_text())) == {"bm25", "dense"}
+
+
+def test_index_build_errors(tmp_path, sample_dir, tiny_bert_dir, capsys):
+    assert main(["index", "build", "--corpus", str(tmp_path / "none.jsonl"), "--model", str(tiny_bert_dir),
+                 "--out", str(tmp_path / "i")]) == 2
+    assert "no such corpus file" in capsys.readouterr().err
+    assert main(["index", "build", "--corpus", str(sample_dir), "--model", str(tiny_bert_dir), "--out", str(tmp_path / "i"),
+                 "--backend", "annoy"]) == 2
+    assert "unknown backend" in capsys.readouterr().err
+    assert main(["index", "info", str(tmp_path)]) == 2
+    assert "no CURRENT" in capsys.readouterr().err

@@ -1,0 +1,17 @@
+"""Index updates and builds killed with SIGKILL leave an index that loads and answers as before or after."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_killed_operations_leave_a_loadable_index(tmp_path):
+    spec = importlib.util.spec_from_file_location("index_crash", ROOT / "benchmarks" / "index_crash.py")
+    crash = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(crash)
+    result = crash.run(rounds=8, seed=1, workdir=tmp_path)  # raises on any other outcome
+    assert sum(result["outcomes"].values()) == 8
