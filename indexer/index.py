@@ -123,10 +123,17 @@ class Index:
         root = Path(path)
         if not root.is_dir():
             raise IndexFormatError(f"{root}: no such index directory")
-        version_dir = current_version(root)
-        manifest = read_manifest(version_dir)
-        verify_files(version_dir, manifest, checksums=verify)
-        return cls(root, version_dir, manifest, encoder)
+        for attempt in range(3):
+            version_dir = current_version(root)
+            try:
+                manifest = read_manifest(version_dir)
+                verify_files(version_dir, manifest, checksums=verify)
+                return cls(root, version_dir, manifest, encoder)
+            except IndexFormatError:
+                # a writer switched CURRENT and removed this version while we read it: read the new one
+                if attempt == 2 or current_version(root) == version_dir:
+                    raise
+        raise AssertionError("unreachable")
 
     def _open_ann(self) -> Any:
         m, d = self.manifest, self.version_dir
