@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from indexer.corpus import Corpus
 from indexer.errors import ConfigError
 from indexer.protocols import Retriever as SearchSystem
+from indexer.records import RankedList
 from retriever.bm25 import BM25Config, BM25Retriever
 
 

@@ -31,7 +31,7 @@ from indexer.errors import ConfigError, DataError, IndexFormatError
 from indexer.manifest import EncoderInfo, Manifest, Segment, describe_files, read_manifest, verify_files
 from indexer.records import Document, RankedList
 from indexer.topk import check_k
-from indexer.vectors import (BackendConfig, FaissIndex, FlatIndex, HnswlibIndex, default_params, prepare)
+from indexer.vectors import (BackendConfig, FaissIndex, FlatIndex, HnswlibIndex, prepare)
 
 logger = logging.getLogger(__name__)
 _VERSION = re.compile(r"^v(\d{6})$")

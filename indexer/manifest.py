@@ -67,20 +67,27 @@ class Manifest:
         }, indent=2, sort_keys=True) + "\n"
 
 
-def read_manifest(root: Path) -> Manifest:
+def read_manifest_json(root: Path, fmt: str, max_version: int, what: str, how_to_build: str) -> dict[str, Any]:
+    """``root/manifest.json`` as a dict, after checking it is readable, of format ``fmt`` and not too new."""
     path = root / "manifest.json"
     if not path.is_file():
-        raise IndexFormatError(f"{root}: no manifest.json; not an index directory (build one with `twostage index build`)")
+        raise IndexFormatError(f"{root}: no manifest.json; not {what} (build one with {how_to_build})")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise IndexFormatError(f"{path}: unreadable ({exc}); restore or rebuild the index") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise IndexFormatError(f"{path}: not a twostage index manifest")
+        raise IndexFormatError(f"{path}: unreadable manifest ({exc}); restore or rebuild it") from None
+    if not isinstance(data, dict) or data.get("format") != fmt:
+        raise IndexFormatError(f"{path}: not the manifest of {what}")
     version = data.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
+    if not isinstance(version, int) or version > max_version:
         raise IndexFormatError(f"{path}: format version {version!r} is newer than this library reads "
-                               f"({FORMAT_VERSION}); upgrade twostage")
+                               f"({max_version}); upgrade twostage")
+    return data
+
+
+def read_manifest(root: Path) -> Manifest:
+    path = root / "manifest.json"
+    data = read_manifest_json(root, FORMAT, FORMAT_VERSION, "an index directory", "`twostage index build`")
     try:
         manifest = Manifest(
             encoder=EncoderInfo(**data["encoder"]), metric=data["metric"], backend=data["backend"]["name"],

@@ -17,6 +17,7 @@ import numpy as np
 
 from indexer.atomic import atomic_directory, sha256_file
 from indexer.errors import ConfigError, IndexFormatError
+from indexer.manifest import read_manifest_json
 from retriever.bm25 import BM25Config, BM25Retriever, Bm25sEngine
 
 FORMAT = "twostage.bm25"
@@ -50,19 +51,7 @@ def save_bm25(retriever: BM25Retriever, path: str | Path) -> None:
 
 
 def _read_manifest(root: Path) -> dict[str, Any]:
-    path = root / "manifest.json"
-    if not path.is_file():
-        raise IndexFormatError(f"{root}: no manifest.json; not a BM25 index directory (build one with BM25Retriever.save)")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise IndexFormatError(f"{path}: unreadable manifest ({exc}); rebuild the index") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise IndexFormatError(f"{path}: not a BM25 index manifest (format {manifest.get('format') if isinstance(manifest, dict) else None!r})")
-    version = manifest.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise IndexFormatError(f"{path}: format version {version!r} is newer than this library reads ({FORMAT_VERSION}); upgrade twostage")
-    return manifest
+    return read_manifest_json(root, FORMAT, FORMAT_VERSION, "a BM25 index directory", "BM25Retriever.save")
 
 
 def load_bm25(path: str | Path) -> BM25Retriever:

@@ -63,7 +63,7 @@ def random_corpus(n=1500, dim=24, seed=0):
 def test_every_backend_agrees_with_exact_search(tmp_path, backend):
     docs, vecs, enc = random_corpus()
     params = {"nprobe": 16, **({"pq_m": 12} if backend == "faiss-ivfpq" else {})} if backend.startswith("faiss-ivf") else {}
-    index = build_index(docs, enc, tmp_path / backend, backend=BackendConfig(backend, "cosine", params),
+    build_index(docs, enc, tmp_path / backend, backend=BackendConfig(backend, "cosine", params),
                         encoder_info=EncoderInfo("table", 24))
     queries = vecs[:50] + 0.05
     normed = vecs / np.linalg.norm(vecs, axis=1, keepdims=True)

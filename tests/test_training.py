@@ -8,7 +8,7 @@ import torch
 
 from indexer.beir import BeirDataset
 from indexer.errors import ConfigError, DataError
-from indexer.records import Document, Judgment, Qrels, Query
+from indexer.records import Document, Judgment, Qrels
 from retriever.biencoder import BiEncoder
 from retriever.bm25 import BM25Retriever
 from retriever.dense import DenseRetriever
