@@ -155,6 +155,11 @@ class Index:
             if info.dim != want.dim:
                 raise ConfigError(f"encoder {info.name!r} makes {info.dim}-d vectors; this index holds {want.dim}-d "
                                   f"vectors of {want.name!r}")
+            for field_, label in (("pooling", "pooling"), ("normalize", "normalisation")):
+                mine, theirs = getattr(info, field_), getattr(want, field_)
+                if mine != "" and theirs != "" and mine != theirs:
+                    raise ConfigError(f"encoder {info.name!r} uses {label} {mine!r} but this index was built with "
+                                      f"{theirs!r}; its scores would not be comparable")
             if info.weights_sha256 and want.weights_sha256 and info.weights_sha256 != want.weights_sha256:
                 raise ConfigError(f"encoder {info.name!r} has other weights than {want.name!r}, which built this "
                                   "index; load the index's model or rebuild the index")

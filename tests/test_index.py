@@ -102,6 +102,12 @@ def test_text_search_needs_a_matching_encoder(built, tmp_path):
         loaded.search("rain", 3)
     with pytest.raises(ConfigError, match="other weights"):
         loaded.attach_encoder(KeywordEncoder("another"))
+    class Unnormalised(KeywordEncoder):
+        def info(self):
+            return EncoderInfo("kw", 13, weights_sha256="kw", normalize=False)
+
+    with pytest.raises(ConfigError, match="normalisation False"):
+        loaded.attach_encoder(Unnormalised())
     loaded.attach_encoder(KeywordEncoder())
     assert loaded.search("rain and snow", 3)[0].ids[0] in {d for d in loaded.doc_ids}
     with pytest.raises(ConfigError, match="dimension 5 but the index has 13"):
