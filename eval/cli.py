@@ -22,12 +22,14 @@ def _bench(args: argparse.Namespace) -> int:
     from eval.systems import SystemOptions
 
     options = SystemOptions(retriever_model=args.retriever_model, index=args.index, precision=args.precision,
+                            reranker_model=args.reranker_model, rerank_depth=args.rerank_depth,
                             batch_size=args.batch_size, show_progress=not args.quiet)
     result = run_bench(args.data, args.split, args.systems, k=args.k, ignore_identical_ids=args.ignore_identical_ids,
                        options=options, show_progress=not args.quiet)
     config = {"command": args.command_line, "data": str(args.data), "split": args.split,
               "systems": [s.name for s in result.systems], "k": args.k,
               "ignore_identical_ids": args.ignore_identical_ids, "retriever_model": args.retriever_model,
+              "reranker_model": args.reranker_model, "rerank_depth": args.rerank_depth,
               "precision": args.precision}
     out = write_outputs(result, args.out, config)
     print(markdown_table(result.table()))
@@ -103,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="drop retrieved documents whose id equals the query id (ArguAna, Quora)")
     bench.add_argument("--retriever-model", default=None, help="bi-encoder name or directory (dense systems)")
     bench.add_argument("--index", default=None, help="index directory: the dense system searches its ANN structure")
+    bench.add_argument("--reranker-model", default=None, help="cross-encoder name or directory (+rerank systems)")
+    bench.add_argument("--rerank-depth", type=int, default=100, help="candidates the cross-encoder reads (default 100)")
     bench.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "int8"], help="bi-encoder inference precision")
     bench.add_argument("--batch-size", type=int, default=32, help="encoding batch size")
     bench.set_defaults(func=_bench)

@@ -140,6 +140,10 @@ class BiEncoder(torch.nn.Module):
         config = replace(config, **{k: v for k, v in overrides.items() if v is not None})
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
         model = AutoModel.from_pretrained(path, trust_remote_code=False, use_safetensors=True)
+        positions = getattr(model.config, "max_position_embeddings", None)
+        if positions and config.max_length > positions:
+            logger.info("max_length %d capped at the model's %d positions", config.max_length, positions)
+            config = replace(config, max_length=int(positions))
         encoder = cls(model, tokenizer, config, name=str(name_or_path))
         encoder.path = path
         if device:

@@ -115,3 +115,30 @@ def test_index_build_errors(tmp_path, sample_dir, tiny_bert_dir, capsys):
     assert "unknown backend" in capsys.readouterr().err
     assert main(["index", "info", str(tmp_path)]) == 2
     assert "no CURRENT" in capsys.readouterr().err
+
+
+def test_every_system_through_the_harness(tmp_path, sample_dir, tiny_bert_dir):
+    from reranker.cross_encoder import CrossEncoder
+
+    ce = CrossEncoder.load(tiny_bert_dir, allow_untrained_head=True)
+    ce.head_trained = True  # stands in for a trained reranker
+    ce.save(tmp_path / "ce")
+    rc = main(["-q", "bench", "--data", str(sample_dir), "--systems", "all", "--retriever-model", str(tiny_bert_dir),
+               "--reranker-model", str(tmp_path / "ce"), "--rerank-depth", "20", "--out", str(tmp_path / "o")])
+    assert rc == 0
+    metrics = json.loads((tmp_path / "o" / "metrics.json").read_text())
+    assert set(metrics) == {"bm25", "rank-bm25", "dense", "hybrid", "bm25+rerank", "dense+rerank", "hybrid+rerank"}
+    # the reranker reorders bm25's top 20; below them bm25's list continues unchanged
+    from eval.run import Run
+
+    bm25, reranked = Run.from_trec(tmp_path / "o" / "runs" / "bm25.trec"), Run.from_trec(tmp_path / "o" / "runs" / "bm25+rerank.trec")
+    for q in bm25:
+        assert set(reranked[q].ids[:20]) == set(bm25[q].ids[:20])
+        assert list(reranked[q].ids[20:]) == list(bm25[q].ids[20:100])
+    assert any(list(reranked[q].ids[:20]) != list(bm25[q].ids[:20]) for q in bm25)
+    assert metrics["bm25+rerank"]["recall@100"] == metrics["bm25"]["recall@100"]
+
+
+def test_rerank_without_a_model(tmp_path, sample_dir, capsys):
+    assert main(["-q", "bench", "--data", str(sample_dir), "--systems", "bm25+rerank", "--out", str(tmp_path / "o")]) == 2
+    assert "--reranker-model" in capsys.readouterr().err

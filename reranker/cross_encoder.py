@@ -1,0 +1,146 @@
+"""The cross-encoder: reads a query and a document together and scores the pair (higher is better).
+
+A Hugging Face sequence-classification model with one output. Pairs are truncated on the document side only,
+so the query is never cut. Saved models are Hugging Face directories (with sentence-transformers' CrossEncoder
+marker in config.json), so ``sentence_transformers.CrossEncoder(path)`` loads them and gives the same scores.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from indexer.atomic import atomic_directory
+from indexer.errors import ConfigError, DataError, TwostageError
+from retriever.biencoder import check_texts
+from retriever.weights import ModelNotFoundError, resolve_model
+
+logger = logging.getLogger(__name__)
+PRECISIONS = ("fp32", "bf16", "int8")
+
+
+class UntrainedHeadError(TwostageError, RuntimeError):
+    """The classification head is randomly initialised: its scores would be noise."""
+
+
+class CrossEncoder(torch.nn.Module):
+    """Scores (query, document) pairs. ``load`` any HF cross-encoder or a base model (new head).
+
+    >>> ce = CrossEncoder.load("models/reranker")
+    >>> ce.score("why do cats purr", ["Cats purr when content.", "Rain forms..."])
+    array([ 0.93,  0.02], dtype=float32)
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, *, max_length: int = 512, head_trained: bool = True,
+                 name: str = "") -> None:
+        super().__init__()
+        self.model, self.tokenizer = model, tokenizer
+        self.max_length = max_length
+        self.head_trained = head_trained
+        self.name = name
+        self.precision = "fp32"
+
+    @classmethod
+    def load(cls, name_or_path: str | Path, *, max_length: int | None = None, allow_untrained_head: bool = False,
+             precision: str = "fp32") -> CrossEncoder:
+        """Load a cross-encoder. A base model gets a new one-output head; scoring with it is refused unless
+        ``allow_untrained_head`` (training sets it to trained)."""
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        path = resolve_model(name_or_path)
+        if not list(path.glob("*.safetensors")):
+            raise ModelNotFoundError(f"{path}: no model.safetensors (twostage loads safetensors weights only)")
+        model, info = AutoModelForSequenceClassification.from_pretrained(
+            path, num_labels=1, trust_remote_code=False, use_safetensors=True, output_loading_info=True,
+            ignore_mismatched_sizes=True)
+        head_new = any(k.startswith(("classifier", "score", "pre_classifier")) for k in
+                       set(info.get("missing_keys", ())) | {m[0] for m in info.get("mismatched_keys", ())})
+        meta = _read_meta(path)
+        head_trained = not head_new and meta.get("head_trained", True)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+        limit = max_length or meta.get("max_length") or min(512, int(getattr(tokenizer, "model_max_length", 512) or 512))
+        positions = getattr(model.config, "max_position_embeddings", None)
+        if positions and limit > positions:
+            logger.info("max_length %d capped at the model's %d positions", limit, positions)
+            limit = positions
+        ce = cls(model, tokenizer, max_length=int(limit), head_trained=bool(head_trained), name=str(name_or_path))
+        ce.allow_untrained_head = allow_untrained_head
+        ce.eval()
+        if precision == "bf16":
+            ce.model.to(torch.bfloat16)
+        elif precision == "int8":
+            ce.model = torch.ao.quantization.quantize_dynamic(ce.model, {torch.nn.Linear}, dtype=torch.qint8)
+        elif precision != "fp32":
+            raise ConfigError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+        ce.precision = precision
+        return ce
+
+    allow_untrained_head = False
+
+    def tokenize(self, queries: Sequence[str], documents: Sequence[str]) -> dict[str, torch.Tensor]:
+        """Pairs as model inputs; only the document side is truncated to fit ``max_length``."""
+        batch = self.tokenizer(list(queries), list(documents), padding=True, truncation="only_second",
+                               max_length=self.max_length, return_tensors="pt")
+        device = next(self.model.parameters()).device
+        return {k: v.to(device) for k, v in batch.items()}
+
+    def forward(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Raw logits, one per pair (training uses these)."""
+        return self.model(**features).logits[:, 0]
+
+    def predict(self, pairs: Sequence[tuple[str, str]], *, batch_size: int = 32, activation: str | None = "sigmoid",
+                show_progress: bool = False) -> np.ndarray:
+        """Scores of (query, document) pairs, float32, in input order (batches sorted by length)."""
+        from tqdm.auto import tqdm
+
+        if not self.head_trained and not self.allow_untrained_head:
+            raise UntrainedHeadError(f"{self.name}: the classification head is randomly initialised; train it "
+                                     "(twostage train-reranker) or load with allow_untrained_head=True")
+        if activation not in (None, "sigmoid"):
+            raise ConfigError(f"activation must be 'sigmoid' or None (raw logits), got {activation!r}")
+        if not pairs:
+            raise DataError("no (query, document) pairs to score: the candidate list is empty")
+        queries = check_texts([q for q, _ in pairs], "query")
+        docs = check_texts([d for _, d in pairs], "document", allow_empty=True)
+        order = np.argsort([-(len(q) + len(d)) for q, d in zip(queries, docs)], kind="stable")
+        out = np.empty(len(pairs), dtype=np.float32)
+        with torch.inference_mode():
+            for start in tqdm(range(0, len(pairs), batch_size), desc="rerank", unit="batch", disable=not show_progress):
+                idx = order[start:start + batch_size]
+                logits = self.forward(self.tokenize([queries[i] for i in idx], [docs[i] for i in idx])).float()
+                out[idx] = (torch.sigmoid(logits) if activation == "sigmoid" else logits).cpu().numpy()
+        return out
+
+    def score(self, query: str, documents: Sequence[str], **kw: Any) -> np.ndarray:
+        return self.predict([(query, d) for d in documents], **kw)
+
+    def save(self, path: str | Path, training: dict[str, Any] | None = None) -> Path:
+        """Write a Hugging Face directory that sentence-transformers' CrossEncoder also reads, atomically."""
+        if self.precision != "fp32":
+            raise ConfigError(f"save an fp32 model; this one runs in {self.precision}")
+        path = Path(path)
+        with atomic_directory(path) as tmp:
+            self.model.config.sentence_transformers = {"activation_fn": "torch.nn.modules.activation.Sigmoid"}
+            self.model.save_pretrained(tmp, safe_serialization=True)
+            self.tokenizer.save_pretrained(tmp)
+            meta = {"kind": "cross-encoder", "max_length": self.max_length, "head_trained": self.head_trained,
+                    "base": self.name, "training": training or {}}
+            (tmp / "twostage.json").write_text(json.dumps(meta, indent=2, default=str) + "\n", encoding="utf-8")
+        return path
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    f = path / "twostage.json"
+    if not f.is_file():
+        return {}
+    try:
+        data = json.loads(f.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        raise ConfigError(f"{f}: unreadable") from None
+    return data if data.get("kind") == "cross-encoder" else {}

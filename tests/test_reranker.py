@@ -1,0 +1,96 @@
+import numpy as np
+import pytest
+
+from indexer.errors import ConfigError, DataError
+from indexer.records import Document, RankedList
+from reranker.cross_encoder import CrossEncoder, UntrainedHeadError
+from reranker.pipeline import Pipeline
+from retriever.bm25 import BM25Retriever
+from retriever.hybrid import HybridRetriever, rrf
+
+PAIRS = [("why do cats purr", "cats purr when they are content"), ("rain", "snow is ice " * 60),
+         ("how does rain form", "rain forms when water vapour condenses")]
+
+
+@pytest.fixture(scope="module")
+def trained_dir(tiny_bert_dir, tmp_path_factory):
+    """The tiny BERT with a one-output head, saved as if trained (its head is random but marked trained)."""
+    ce = CrossEncoder.load(tiny_bert_dir, allow_untrained_head=True)
+    ce.head_trained = True
+    return ce.save(tmp_path_factory.mktemp("ce") / "model")
+
+
+def test_a_new_head_is_refused_unless_asked(tiny_bert_dir):
+    ce = CrossEncoder.load(tiny_bert_dir)
+    assert not ce.head_trained
+    with pytest.raises(UntrainedHeadError, match="randomly initialised"):
+        ce.score("q", ["d"])
+    assert CrossEncoder.load(tiny_bert_dir, allow_untrained_head=True).score("q", ["d"]).shape == (1,)
+
+
+def test_an_untrained_head_stays_refused_after_saving(tmp_path, tiny_bert_dir):
+    CrossEncoder.load(tiny_bert_dir, allow_untrained_head=True).save(tmp_path / "m")
+    with pytest.raises(UntrainedHeadError):
+        CrossEncoder.load(tmp_path / "m").score("q", ["d"])
+
+
+def test_scores_order_and_truncation(trained_dir):
+    ce = CrossEncoder.load(trained_dir)
+    batch = ce.predict(PAIRS)
+    one_by_one = np.array([ce.predict([p])[0] for p in PAIRS])
+    np.testing.assert_allclose(batch, one_by_one, atol=1e-5)  # sorted batches keep input order
+    assert np.all((batch > 0) & (batch < 1))
+    logits = ce.predict(PAIRS, activation=None)
+    np.testing.assert_allclose(1 / (1 + np.exp(-logits)), batch, atol=1e-5)
+    ids = ce.tokenize(["why do cats purr"], ["snow " * 500])["input_ids"][0].tolist()
+    assert len(ids) == ce.max_length == 128  # capped at the model's positions; only the document was cut
+    assert ce.tokenizer.decode(ids).startswith("[CLS] why do cats purr [SEP]")
+
+
+def test_sentence_transformers_reads_ours(trained_dir):
+    st = pytest.importorskip("sentence_transformers")
+    theirs = st.CrossEncoder(str(trained_dir), device="cpu").predict(PAIRS)
+    np.testing.assert_allclose(CrossEncoder.load(trained_dir).predict(PAIRS), theirs, atol=1e-5)
+
+
+@pytest.mark.parametrize("pairs,message", [([], "empty"), ([("", "d")], "empty"), ([("q", None)], "NoneType")])
+def test_bad_pairs(trained_dir, pairs, message):
+    with pytest.raises(DataError, match=message):
+        CrossEncoder.load(trained_dir).predict(pairs)
+
+
+def test_rrf_by_hand():
+    a = RankedList(np.array(["x", "y", "z"], dtype=object), np.array([3.0, 2.0, 1.0]))
+    b = RankedList(np.array(["y", "w"], dtype=object), np.array([9.0, 1.0]))
+    fused = rrf([a, b], k_rrf=60)
+    assert list(fused.ids) == ["y", "x", "w", "z"]
+    assert fused.scores[0] == pytest.approx(1 / 62 + 1 / 61)
+    assert fused.scores[2] == pytest.approx(1 / 62) and fused.scores[3] == pytest.approx(1 / 63)
+
+
+def test_pipeline_reranks_first_stage_candidates(trained_dir, sample_dir):
+    from indexer.corpus import load_corpus
+
+    corpus = load_corpus(sample_dir)
+    bm25 = BM25Retriever.build(corpus)
+    hybrid = HybridRetriever([bm25, BM25Retriever.build(corpus)], depth=20)
+    ce = CrossEncoder.load(trained_dir)
+    pipe = Pipeline(hybrid, reranker=ce, texts=lambda i: corpus.get(i).full_text, k_retrieve=20, k=5)
+    result = pipe.search("why do cats purr")
+    first = hybrid.search("why do cats purr", 20)
+    assert len(result.hits) == 5 and {h.doc_id for h in result.hits} <= set(first.ids)
+    assert [h.rank for h in result.hits] == [1, 2, 3, 4, 5]
+    assert all(h.first_stage_score is not None and h.text for h in result.hits)
+    assert np.all(np.diff([h.score for h in result.hits]) <= 0)
+    expected = ce.score("why do cats purr", [corpus.get(d).full_text for d in first.ids])
+    assert result.hits[0].score == pytest.approx(float(expected.max()), abs=1e-6)
+    assert set(result.timings) == {"first_stage_s", "rerank_s"}
+    plain = Pipeline(bm25, texts=lambda i: corpus.get(i).full_text, k=3).search("why do cats purr")
+    assert [h.doc_id for h in plain.hits] == list(bm25.search("why do cats purr", 3).ids)
+    with pytest.raises(ConfigError, match="k_retrieve"):
+        Pipeline(bm25, texts={}, k_retrieve=5, k=10)
+
+
+def test_hybrid_needs_two(sample_dir):
+    with pytest.raises(ConfigError):
+        HybridRetriever([BM25Retriever.build([Document("a", "text")])])
