@@ -94,3 +94,37 @@ def test_pipeline_reranks_first_stage_candidates(trained_dir, sample_dir):
 def test_hybrid_needs_two(sample_dir):
     with pytest.raises(ConfigError):
         HybridRetriever([BM25Retriever.build([Document("a", "text")])])
+
+
+def test_group_losses_by_hand():
+    import math
+
+    import torch
+
+    from reranker.training import group_loss
+
+    s = torch.tensor([[2.0, 0.0, 1.0]])
+    assert group_loss(s, "listwise").item() == pytest.approx(-2 + math.log(math.exp(2) + 1 + math.exp(1)), abs=1e-6)
+    sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
+    expected = -(math.log(sig(2.0)) + math.log(1 - sig(0.0)) + math.log(1 - sig(1.0))) / 3
+    assert group_loss(s, "bce").item() == pytest.approx(expected, abs=1e-6)
+
+
+def test_training_fits_the_training_queries(tmp_path, tiny_bert_dir, sample_dir):
+    from indexer.beir import BeirDataset
+    from reranker.training import RerankerConfig, groups_from_split, train_reranker
+
+    ds = BeirDataset(sample_dir)
+    config = RerankerConfig(epochs=4, groups_per_batch=8, negatives=3, lr=2e-3, max_length=64)
+    groups = groups_from_split(ds, "train", config)
+    assert len(groups) == sum(len(ds.split("train").qrels.relevant(q.id)) for q in ds.split("train").queries)
+
+    def accuracy(model):  # how often the positive outscores every negative of its group
+        return float(np.mean([np.argmax(model.score(g.query, [g.positive, *g.negatives])) == 0 for g in groups]))
+
+    model = CrossEncoder.load(tiny_bert_dir, allow_untrained_head=True)
+    before = accuracy(model)
+    result = train_reranker(model, groups, config, tmp_path / "ce", dev=accuracy)
+    trained = CrossEncoder.load(tmp_path / "ce")
+    assert trained.head_trained and accuracy(trained) == pytest.approx(result["best_dev"])
+    assert result["best_dev"] > before + 0.2, (before, result["best_dev"])  # a fit on seen groups
