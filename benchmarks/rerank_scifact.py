@@ -54,7 +54,7 @@ def main() -> None:
                "dense+rerank": _Reranked(Pipeline(dense, reranker=ce, texts=texts, k_retrieve=args.depth, k=10))}
     result = run_bench(ds, "test", systems)
     table = result.table()
-    lines = [f"# Reranking on SciFact test: cross-encoder trained on train from all-MiniLM-L6-v2\n",
+    lines = ["# Reranking on SciFact test: cross-encoder trained on train from all-MiniLM-L6-v2\n",
              f"Command: `python benchmarks/rerank_scifact.py --depth {args.depth} --epochs {args.epochs} --loss {args.loss}`\n",
              f"{len(groups)} training groups (query, positive, {config.negatives} BM25 negatives), {config.loss} loss, "
              f"{args.epochs} epochs, max length {config.max_length}, bf16 autocast: {train_s:.0f} s. Rerank depth "

@@ -89,6 +89,21 @@ def _train_retriever(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_reranker(args: argparse.Namespace) -> int:
+    from eval.metrics import evaluate
+    from reranker.training import RerankerConfig, train_reranker_on
+
+    config = RerankerConfig(epochs=args.epochs, groups_per_batch=args.groups_per_batch, negatives=args.negatives,
+                            loss=args.loss, lr=args.lr, max_length=args.max_length, seed=args.seed, bf16=args.bf16)
+    result = train_reranker_on(args.data, args.split, args.base, args.out, config, dev_fraction=args.dev_fraction,
+                               dev_metric=lambda q, run: float(evaluate(q, run, ["ndcg@10"])["ndcg@10"].mean()),
+                               show_progress=not args.quiet)
+    best = result.get("best_dev")
+    print(f"trained on {result['groups']} groups in {result['seconds']:.0f} s; model in {args.out}"
+          + (f" (best dev nDCG@10 {best:.4f})" if best is not None else ""))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="twostage", description="Retrieve, then rerank: build, train and benchmark search.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log more and show tracebacks on errors")
@@ -142,6 +157,22 @@ def build_parser() -> argparse.ArgumentParser:
     dl.add_argument("--base-url", default=None, help="mirror to download from instead of the BEIR host")
     dl.add_argument("--sha256", default=None, help="expected sha256 of the zip")
     dl.set_defaults(func=_download)
+
+    rr = sub.add_parser("train-reranker", help="train a cross-encoder reranker on a BEIR split")
+    rr.add_argument("--data", required=True, type=Path)
+    rr.add_argument("--split", default="train")
+    rr.add_argument("--base", default="all-MiniLM-L6-v2", help="base model (a new one-output head is added)")
+    rr.add_argument("--out", required=True, type=Path)
+    rr.add_argument("--epochs", type=int, default=2)
+    rr.add_argument("--groups-per-batch", type=int, default=8)
+    rr.add_argument("--negatives", type=int, default=3, help="mined negatives per (query, positive) group")
+    rr.add_argument("--loss", default="listwise", choices=["listwise", "bce"])
+    rr.add_argument("--lr", type=float, default=3e-5)
+    rr.add_argument("--max-length", type=int, default=256)
+    rr.add_argument("--seed", type=int, default=42)
+    rr.add_argument("--dev-fraction", type=float, default=0.0, help="train queries held out to pick the best epoch")
+    rr.add_argument("--bf16", action="store_true")
+    rr.set_defaults(func=_train_reranker)
 
     from eval.cli_index import add_commands
 

@@ -146,3 +146,39 @@ def train_reranker(model: CrossEncoder, groups: Sequence[Group], config: Reranke
     if dev is None:
         model.save(out, training=result)
     return result
+
+
+def train_reranker_on(data: str | Path | BeirDataset, split: str, base: str, out: str | Path,
+                      config: RerankerConfig = RerankerConfig(), *, dev_fraction: float = 0.0, dev_depth: int = 30,
+                      dev_metric: Callable[[Any, dict[str, Any]], float] | None = None,
+                      show_progress: bool = False) -> dict[str, Any]:
+    """Train a reranker from ``base`` on a BEIR split; with ``dev_fraction``, held-out train queries pick the
+    best epoch by ``dev_metric(qrels, run)`` on their BM25 top ``dev_depth`` reranked."""
+    from reranker.pipeline import Pipeline
+
+    ds = data if isinstance(data, BeirDataset) else BeirDataset(data)
+    sp = ds.split(split)
+    queries = list(sp.queries)
+    dev_queries: list[Any] = []
+    if dev_fraction:
+        if not 0 < dev_fraction < 1:
+            raise ConfigError("dev_fraction must be in (0, 1)")
+        order = np.random.default_rng(config.seed).permutation(len(queries))
+        n_dev = max(1, int(round(dev_fraction * len(queries))))
+        dev_queries = [queries[i] for i in sorted(order[:n_dev])]
+        queries = [queries[i] for i in sorted(order[n_dev:])]
+    groups = groups_from_split(ds, split, config, queries)
+    dev = None
+    if dev_queries and dev_metric is not None:
+        bm25 = BM25Retriever.build(ds.corpus)
+        texts = {d.id: d.full_text for d in ds.corpus}
+        qrels = sp.qrels.subset(q.id for q in dev_queries)
+
+        def dev(model: CrossEncoder) -> float:
+            pipe = Pipeline(bm25, reranker=model, texts=texts, k_retrieve=dev_depth, k=min(10, dev_depth))
+            return dev_metric(qrels, {q.id: pipe.ranked(q.text, dev_depth) for q in dev_queries})
+
+    model = CrossEncoder.load(base, allow_untrained_head=True)
+    info = {"data": str(ds.root), "split": split, "base": base, "train_queries": len(queries),
+            "dev_queries": len(dev_queries)}
+    return train_reranker(model, groups, config, out, dev=dev, show_progress=show_progress, info=info)

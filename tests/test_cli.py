@@ -142,3 +142,11 @@ def test_every_system_through_the_harness(tmp_path, sample_dir, tiny_bert_dir):
 def test_rerank_without_a_model(tmp_path, sample_dir, capsys):
     assert main(["-q", "bench", "--data", str(sample_dir), "--systems", "bm25+rerank", "--out", str(tmp_path / "o")]) == 2
     assert "--reranker-model" in capsys.readouterr().err
+
+
+def test_train_reranker_cli(tmp_path, sample_dir, tiny_bert_dir, capsys):
+    rc = main(["-q", "train-reranker", "--data", str(sample_dir), "--base", str(tiny_bert_dir), "--out",
+               str(tmp_path / "ce"), "--epochs", "2", "--lr", "1e-3", "--max-length", "64", "--dev-fraction", "0.2"])
+    assert rc == 0 and "best dev nDCG@10" in capsys.readouterr().out
+    meta = json.loads((tmp_path / "ce" / "twostage.json").read_text())
+    assert meta["head_trained"] and meta["training"]["dev_queries"] == 8
