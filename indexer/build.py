@@ -120,7 +120,7 @@ def build_index(corpus: CorpusSource, encoder: Any, out: str | Path, *, backend:
     docs_all: list[Document] = []
     import pyarrow.parquet as pq
 
-    for c in done[: len(done)]:
+    for c in done:
         v = np.load(work / f"{c['name']}.npy", allow_pickle=False)
         vectors[row:row + len(v)] = v
         row += len(v)

@@ -112,6 +112,8 @@ class Index:
         self._live_row = {d: i for i, d in enumerate(ids) if not self.deleted[i]}
         self._ann = self._open_ann()
         self._docs: Any = None
+        self._metadata: list[dict[str, Any]] | None = None
+        self._stacked: np.ndarray | None = None
         self.encoder = None
         if encoder is not None:
             self.attach_encoder(encoder)
@@ -174,7 +176,12 @@ class Index:
         return self.manifest.encoder.dim
 
     def vectors(self) -> np.ndarray:
-        return self._vectors[0] if len(self._vectors) == 1 else np.vstack(self._vectors)
+        """Every row's vector: the memory map itself with one segment, else the segments stacked once."""
+        if len(self._vectors) == 1:
+            return self._vectors[0]
+        if self._stacked is None:
+            self._stacked = np.vstack(self._vectors)
+        return self._stacked
 
     def documents(self, ids: Iterable[str]) -> list[Document]:
         """The stored documents with these ids (live ones only; an unknown id is a KeyError naming it)."""
@@ -196,8 +203,10 @@ class Index:
         return out
 
     def _metadata_mask(self, where: Mapping[str, Any] | Callable[[Document], bool]) -> np.ndarray:
-        self.documents([])  # loads the store
-        metas = [json.loads(m) for m in self._docs["metadata"]]
+        if self._metadata is None:
+            self.documents([])  # loads the store
+            self._metadata = [json.loads(m) for m in self._docs["metadata"]]
+        metas = self._metadata
         if callable(where):
             docs = [Document(i, t, ti, m) for i, t, ti, m in zip(self._docs["id"], self._docs["text"], self._docs["title"], metas)]
             return np.array([bool(where(d)) for d in docs])
@@ -261,10 +270,10 @@ class Index:
 
     # ---- writing ---------------------------------------------------------------------------
     def _commit(self, segments: list[Segment], new_segments: Mapping[str, tuple[np.ndarray, Sequence[Document]]],
-                deleted: np.ndarray, ann: Any, params: Mapping[str, Any] | None = None) -> Index:
+                deleted: np.ndarray, ann: Any) -> Index:
         """Write a complete new version beside the current one and switch CURRENT to it."""
         version = commit_version(self.root, self.version_dir, segments, new_segments, deleted, ann, self.manifest.encoder,
-                                 self.manifest.metric, self.manifest.backend, dict(params or self.manifest.params))
+                                 self.manifest.metric, self.manifest.backend, dict(self.manifest.params))
         return Index(self.root, version, read_manifest(version), self.encoder)
 
     def _encode_docs(self, docs: Sequence[Document], encoder: Any, batch_size: int) -> np.ndarray:

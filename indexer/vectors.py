@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from indexer.errors import ConfigError, IndexFormatError
+from indexer.topk import top_k
 
 BACKENDS = ("flat", "faiss-flat", "faiss-hnsw", "faiss-ivf", "faiss-ivfpq", "hnswlib")
 METRICS = ("cosine", "ip", "l2")
@@ -89,18 +90,15 @@ class FlatIndex:
         self.vectors = np.vstack([np.asarray(self.vectors), vectors])
 
     def search(self, queries: np.ndarray, k: int, params: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-        if self.metric == "l2":
-            scores = -(((queries[:, None, :] - self.vectors[None]) ** 2).sum(-1)) if len(self.vectors) < 4096 else \
-                -(np.sum(queries**2, 1)[:, None] - 2 * queries @ self.vectors.T + np.sum(np.asarray(self.vectors) ** 2, 1)[None])
-        else:
-            scores = queries @ np.asarray(self.vectors).T
+        vectors = np.asarray(self.vectors)
+        scores = queries @ vectors.T
+        if self.metric == "l2":  # -|q - v|^2 = 2 q.v - |q|^2 - |v|^2
+            scores = 2 * scores - np.sum(queries**2, 1)[:, None] - np.sum(vectors**2, 1)[None]
         k = min(k, scores.shape[1])
         labels = np.empty((len(queries), k), dtype=np.int64)
         out = np.empty((len(queries), k), dtype=np.float32)
         for i, row in enumerate(scores):
-            part = np.argpartition(-row, k - 1)[:k] if k < len(row) else np.arange(len(row))
-            order = part[np.lexsort((part, -row[part]))]
-            labels[i], out[i] = order, row[order]
+            labels[i], out[i] = top_k(row, k)
         return labels, out
 
     def save(self, path: Path) -> None:  # the embeddings file is the index

@@ -19,10 +19,10 @@ import torch
 from indexer.atomic import atomic_directory
 from indexer.errors import ConfigError, DataError, TwostageError
 from retriever.biencoder import check_texts
+from retriever.hf import cap_max_length, with_precision
 from retriever.weights import ModelNotFoundError, resolve_model
 
 logger = logging.getLogger(__name__)
-PRECISIONS = ("fp32", "bf16", "int8")
 
 
 class UntrainedHeadError(TwostageError, RuntimeError):
@@ -65,19 +65,10 @@ class CrossEncoder(torch.nn.Module):
         head_trained = not head_new and meta.get("head_trained", True)
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
         limit = max_length or meta.get("max_length") or min(512, int(getattr(tokenizer, "model_max_length", 512) or 512))
-        positions = getattr(model.config, "max_position_embeddings", None)
-        if positions and limit > positions:
-            logger.info("max_length %d capped at the model's %d positions", limit, positions)
-            limit = positions
-        ce = cls(model, tokenizer, max_length=int(limit), head_trained=bool(head_trained), name=str(name_or_path))
+        ce = cls(model, tokenizer, max_length=cap_max_length(model, int(limit)), head_trained=bool(head_trained), name=str(name_or_path))
         ce.allow_untrained_head = allow_untrained_head
         ce.eval()
-        if precision == "bf16":
-            ce.model.to(torch.bfloat16)
-        elif precision == "int8":
-            ce.model = torch.ao.quantization.quantize_dynamic(ce.model, {torch.nn.Linear}, dtype=torch.qint8)
-        elif precision != "fp32":
-            raise ConfigError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+        ce.model = with_precision(ce.model, precision)
         ce.precision = precision
         return ce
 

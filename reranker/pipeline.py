@@ -45,6 +45,11 @@ class Pipeline:
             raise ConfigError(f"k_retrieve ({k_retrieve}) must be at least k ({k}): the reranker can only "
                               "reorder what the first stage found")
 
+    def _rerank(self, query: str, candidates: RankedList) -> tuple[np.ndarray, np.ndarray]:
+        """The reranker's order of ``candidates`` (equal scores keep first-stage order) and its scores."""
+        scores = self.reranker.score(query, [self._text(str(d)) for d in candidates.ids], batch_size=self.batch_size)
+        return np.lexsort((np.arange(len(scores)), -scores)), scores
+
     def _run(self, query: str, k: int, k_retrieve: int) -> tuple[RankedList, np.ndarray | None, dict[str, float]]:
         t0 = time.perf_counter()
         first = self.first_stage.search(query, k_retrieve)
@@ -52,8 +57,8 @@ class Pipeline:
         timings = {"first_stage_s": t1 - t0}
         if self.reranker is None or len(first) == 0:
             return first.truncate(k), None, timings
-        scores = self.reranker.score(query, [self._text(str(d)) for d in first.ids], batch_size=self.batch_size)
-        order = np.lexsort((np.arange(len(scores)), -scores))[:k]
+        order, scores = self._rerank(query, first)
+        order = order[:k]
         timings["rerank_s"] = time.perf_counter() - t1
         return RankedList(first.ids[order], scores[order]), first.scores[order], timings
 
@@ -77,8 +82,7 @@ class Pipeline:
         head = first.truncate(self.k_retrieve)
         if self.reranker is None or len(head) == 0:
             return first.truncate(k)
-        scores = self.reranker.score(query, [self._text(str(d)) for d in head.ids], batch_size=self.batch_size)
-        order = np.lexsort((np.arange(len(scores)), -scores))
+        order, scores = self._rerank(query, head)
         tail = first.ids[len(head):k]
         tail_scores = float(scores.min()) - 1.0 - np.arange(len(tail), dtype=np.float32)
         return RankedList(np.concatenate([head.ids[order], tail]).astype(object),

@@ -28,6 +28,8 @@ from indexer.errors import ConfigError, DataError
 from reranker.cross_encoder import CrossEncoder
 from retriever.bm25 import BM25Retriever
 from retriever.mining import MiningConfig, mine_hard_negatives
+from retriever.trainer import linear_schedule
+from retriever.training_data import hold_out
 
 logger = logging.getLogger(__name__)
 
@@ -107,9 +109,7 @@ def train_reranker(model: CrossEncoder, groups: Sequence[Group], config: Reranke
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     steps_per_epoch = (len(groups) + config.groups_per_batch - 1) // config.groups_per_batch
     total = steps_per_epoch * config.epochs
-    warmup = int(config.warmup_ratio * total)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: (s + 1) / max(1, warmup) if s < warmup else max(0.0, (total - s) / max(1, total - warmup)))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_schedule(total, int(config.warmup_ratio * total)))
     history, best, started = [], None, time.perf_counter()
     out = Path(out)
     bar = tqdm(total=total, desc="train reranker", unit="step", disable=not show_progress)
@@ -158,15 +158,7 @@ def train_reranker_on(data: str | Path | BeirDataset, split: str, base: str, out
 
     ds = data if isinstance(data, BeirDataset) else BeirDataset(data)
     sp = ds.split(split)
-    queries = list(sp.queries)
-    dev_queries: list[Any] = []
-    if dev_fraction:
-        if not 0 < dev_fraction < 1:
-            raise ConfigError("dev_fraction must be in (0, 1)")
-        order = np.random.default_rng(config.seed).permutation(len(queries))
-        n_dev = max(1, int(round(dev_fraction * len(queries))))
-        dev_queries = [queries[i] for i in sorted(order[:n_dev])]
-        queries = [queries[i] for i in sorted(order[n_dev:])]
+    queries, dev_queries = hold_out(list(sp.queries), dev_fraction, config.seed)
     groups = groups_from_split(ds, split, config, queries)
     dev = None
     if dev_queries and dev_metric is not None:

@@ -20,12 +20,12 @@ import torch
 from indexer.atomic import atomic_directory
 from indexer.errors import ConfigError, DataError
 from indexer.manifest import EncoderInfo
+from retriever.hf import cap_max_length, with_precision
 from retriever.pooling import check_pooling, mode_from_st_config, pool, st_pooling_config
 from retriever.weights import ModelNotFoundError, resolve_model
 
 logger = logging.getLogger(__name__)
 
-PRECISIONS = ("fp32", "bf16", "int8")
 KINDS = ("query", "document")
 
 
@@ -140,10 +140,7 @@ class BiEncoder(torch.nn.Module):
         config = replace(config, **{k: v for k, v in overrides.items() if v is not None})
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
         model = AutoModel.from_pretrained(path, trust_remote_code=False, use_safetensors=True)
-        positions = getattr(model.config, "max_position_embeddings", None)
-        if positions and config.max_length > positions:
-            logger.info("max_length %d capped at the model's %d positions", config.max_length, positions)
-            config = replace(config, max_length=int(positions))
+        config = replace(config, max_length=cap_max_length(model, config.max_length))
         encoder = cls(model, tokenizer, config, name=str(name_or_path))
         encoder.path = path
         if device:
@@ -153,12 +150,7 @@ class BiEncoder(torch.nn.Module):
 
     def with_precision(self, precision: str) -> BiEncoder:
         """``fp32``; ``bf16`` (weights in bfloat16); ``int8`` (dynamic int8 Linear layers, CPU only, a copy)."""
-        if precision not in PRECISIONS:
-            raise ConfigError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
-        if precision == "bf16":
-            self.model.to(torch.bfloat16)
-        elif precision == "int8":
-            self.model = torch.ao.quantization.quantize_dynamic(self.model, {torch.nn.Linear}, dtype=torch.qint8)
+        self.model = with_precision(self.model, precision)
         self.precision = precision
         return self
 

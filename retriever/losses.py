@@ -12,6 +12,12 @@ import torch.nn.functional as F
 from indexer.errors import ConfigError
 
 
+def _check_distance(distance: str) -> str:
+    if distance not in ("euclidean", "cosine"):
+        raise ConfigError(f"distance must be 'euclidean' or 'cosine', got {distance!r}")
+    return distance
+
+
 def cosine_matrix(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """(n, d), (m, d) -> (n, m) cosine similarities."""
     return F.normalize(x, dim=-1) @ F.normalize(y, dim=-1).T
@@ -64,10 +70,8 @@ class TripletLoss(torch.nn.Module):
 
     def __init__(self, margin: float = 5.0, distance: str = "euclidean") -> None:
         super().__init__()
-        if distance not in ("euclidean", "cosine"):
-            raise ConfigError(f"distance must be 'euclidean' or 'cosine', got {distance!r}")
         self.margin = margin
-        self.distance = distance
+        self.distance = _check_distance(distance)
 
     def _d(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.distance == "euclidean":
@@ -91,10 +95,8 @@ class ContrastiveLoss(torch.nn.Module):
 
     def __init__(self, margin: float = 0.5, distance: str = "cosine") -> None:
         super().__init__()
-        if distance not in ("euclidean", "cosine"):
-            raise ConfigError(f"distance must be 'euclidean' or 'cosine', got {distance!r}")
         self.margin = margin
-        self.distance = distance
+        self.distance = _check_distance(distance)
 
     def forward(self, u: torch.Tensor, v: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         d = (u - v).norm(dim=-1) if self.distance == "euclidean" else 1 - F.cosine_similarity(u, v, dim=-1)

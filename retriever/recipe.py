@@ -18,7 +18,7 @@ from retriever.bm25 import BM25Retriever
 from retriever.dense import DenseRetriever
 from retriever.mining import MiningConfig, mine_hard_negatives, save_negatives
 from retriever.trainer import TrainConfig, TrainResult, train
-from retriever.training_data import pairs_from_qrels, pairs_from_titles
+from retriever.training_data import hold_out, pairs_from_qrels, pairs_from_titles
 
 logger = logging.getLogger(__name__)
 
@@ -53,13 +53,7 @@ def train_retriever(data: str | Path | BeirDataset, split: str, base: str, out: 
     sp = ds.split(split)
     corpus = ds.corpus
     model = BiEncoder.load(base, max_length=recipe.max_length)
-    queries = list(sp.queries)
-    dev_queries: list = []
-    if recipe.dev_fraction:
-        order = np.random.default_rng(recipe.train.seed).permutation(len(queries))
-        n_dev = max(1, int(round(recipe.dev_fraction * len(queries))))
-        dev_queries = [queries[i] for i in sorted(order[:n_dev])]
-        queries = [queries[i] for i in sorted(order[n_dev:])]
+    queries, dev_queries = hold_out(list(sp.queries), recipe.dev_fraction, recipe.train.seed)
     out = Path(out)
     negatives = None
     bm25 = BM25Retriever.build(corpus) if recipe.mine_from == "bm25" or dev_queries else None

@@ -130,7 +130,9 @@ class _Objectives:
         return loss(u, v, labels)
 
 
-def _schedule(total: int, warmup: int) -> Callable[[int], float]:
+def linear_schedule(total: int, warmup: int) -> Callable[[int], float]:
+    """Learning-rate factor per step: linear warm-up over ``warmup`` steps, then linear decay to 0 at ``total``."""
+
     def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / max(1, warmup)
@@ -209,7 +211,7 @@ def train(
     epoch_plans = [round_robin([no_duplicate_batches(s.examples, config.batch_size, config.seed + 1000 * e + i)
                                 for i, s in enumerate(sets)]) for e in range(config.epochs)]
     total = sum(len(p) for p in epoch_plans)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(total, int(config.warmup_ratio * total)))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_schedule(total, int(config.warmup_ratio * total)))
     state: dict[str, Any] = {"config": asdict(config), "sets": [s.name for s in sets], "epoch": 0, "batch": 0,
                              "step": 0, "best_dev": None, "history": [], "seconds": 0.0}
     last = work / "last"

@@ -10,6 +10,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -136,6 +137,17 @@ def scored_pairs(path: str | Path, *, score_key: str = "score", max_score: float
         except (KeyError, TypeError, ValueError):
             raise DataError(f"{path}:{number}: expected sentence1, sentence2 and a numeric {score_key!r}") from None
     return TrainingSet(name, "cosine", tuple(pairs))
+
+
+def hold_out(items: Sequence[Any], fraction: float, seed: int) -> tuple[list[Any], list[Any]]:
+    """(kept, held out): a seeded random ``fraction`` of ``items`` (at least one when > 0), order preserved."""
+    if not fraction:
+        return list(items), []
+    if not 0 < fraction < 1:
+        raise ConfigError(f"the held-out fraction must be in (0, 1), got {fraction}")
+    order = np.random.default_rng(seed).permutation(len(items))
+    n = max(1, int(round(fraction * len(items))))
+    return [items[i] for i in sorted(order[n:])], [items[i] for i in sorted(order[:n])]
 
 
 def no_duplicate_batches(examples: Sequence[PairExample | ScoredPair], batch_size: int, seed: int) -> list[list[int]]:

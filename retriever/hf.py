@@ -1,0 +1,34 @@
+"""Helpers shared by the bi-encoder and the cross-encoder for Hugging Face models."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from indexer.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+PRECISIONS = ("fp32", "bf16", "int8")
+
+
+def cap_max_length(model: Any, max_length: int) -> int:
+    """``max_length``, lowered to the model's position embeddings when it has fewer (longer inputs crash)."""
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if positions and max_length > positions:
+        logger.info("max_length %d capped at the model's %d positions", max_length, positions)
+        return int(positions)
+    return max_length
+
+
+def with_precision(model: Any, precision: str) -> Any:
+    """The model for inference in ``fp32``; ``bf16`` (weights cast in place); ``int8`` (dynamic int8 Linear
+    layers, CPU only, a new module)."""
+    if precision not in PRECISIONS:
+        raise ConfigError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+    if precision == "bf16":
+        return model.to(torch.bfloat16)
+    if precision == "int8":
+        return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    return model
