@@ -92,15 +92,28 @@ def _train_retriever(args: argparse.Namespace) -> int:
 def _train_reranker(args: argparse.Namespace) -> int:
     from eval.metrics import evaluate
     from reranker.training import RerankerConfig, train_reranker_on
+    from retriever.biencoder import BiEncoder
+    from retriever.mining import MiningConfig
 
+    mine_from = tuple(s.strip() for s in args.mine_from.split(",") if s.strip())
     config = RerankerConfig(epochs=args.epochs, groups_per_batch=args.groups_per_batch, negatives=args.negatives,
-                            loss=args.loss, lr=args.lr, max_length=args.max_length, seed=args.seed, bf16=args.bf16)
+                            loss=args.loss, lr=args.lr, max_length=args.max_length, seed=args.seed, bf16=args.bf16,
+                            mine_from=mine_from, title_groups=args.title_groups,
+                            mining=MiningConfig(num_negatives=args.negatives, depth=args.mine_depth, skip_top=0,
+                                                max_ratio=args.mine_max_ratio))
+    retriever = BiEncoder.load(args.retriever_model, precision="bf16" if args.bf16 else "fp32") \
+        if args.retriever_model else None
     result = train_reranker_on(args.data, args.split, args.base, args.out, config, dev_fraction=args.dev_fraction,
+                               dev_depth=args.dev_depth, retriever=retriever, resume=not args.no_resume,
                                dev_metric=lambda q, run: float(evaluate(q, run, ["ndcg@10"])["ndcg@10"].mean()),
-                               show_progress=not args.quiet)
+                               show_progress=not args.quiet, command=args.command_line)
     best = result.get("best_dev")
     print(f"trained on {result['groups']} groups in {result['seconds']:.0f} s; model in {args.out}"
           + (f" (best dev nDCG@10 {best:.4f})" if best is not None else ""))
+    if "interpolation" in result:
+        choice = result["interpolation"]
+        print(f"interpolation with the first stage chosen on dev: alpha={choice['alpha']} "
+              f"(dev nDCG@10 by alpha: {', '.join(f'{a:g}={v:.4f}' for a, v in choice['dev_by_alpha'])})")
     return 0
 
 
@@ -170,8 +183,18 @@ def build_parser() -> argparse.ArgumentParser:
     rr.add_argument("--lr", type=float, default=3e-5)
     rr.add_argument("--max-length", type=int, default=256)
     rr.add_argument("--seed", type=int, default=42)
-    rr.add_argument("--dev-fraction", type=float, default=0.0, help="train queries held out to pick the best epoch")
-    rr.add_argument("--bf16", action="store_true")
+    rr.add_argument("--dev-fraction", type=float, default=0.0, help="train queries held out to pick the best "
+                    "epoch and the interpolation with the first stage")
+    rr.add_argument("--dev-depth", type=int, default=30, help="candidates reranked on dev (default 30)")
+    rr.add_argument("--mine-from", default="bm25", help="first stages to mine negatives from: bm25, dense or "
+                    "bm25,dense (dense needs --retriever-model)")
+    rr.add_argument("--mine-depth", type=int, default=50, help="negatives come from this many top candidates")
+    rr.add_argument("--mine-max-ratio", type=float, default=0.95, help="false-negative guard: drop candidates "
+                    "scoring above this fraction of the positive's score")
+    rr.add_argument("--retriever-model", default=None, help="bi-encoder for dense-mined negatives and dev")
+    rr.add_argument("--title-groups", type=int, default=0, help="add this many (title, text) weak-supervision groups")
+    rr.add_argument("--no-resume", action="store_true", help="ignore a checkpoint in OUT.train/last")
+    rr.add_argument("--bf16", action="store_true", help="bf16 autocast (fp32 weights)")
     rr.set_defaults(func=_train_reranker)
 
     from eval.cli_index import add_commands

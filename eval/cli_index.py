@@ -31,8 +31,16 @@ def _build(args: argparse.Namespace) -> int:
 
     params = dict(kv.split("=", 1) for kv in args.param or [])
     params = {k: (float(v) if "." in v else int(v)) if v.replace(".", "", 1).isdigit() else v for k, v in params.items()}
-    index = build_index(args.corpus, _encoder(args.model), args.out, backend=BackendConfig(args.backend, args.metric, params),
-                        chunk_size=args.chunk_size, batch_size=args.batch_size, show_progress=not args.quiet)
+    backend = BackendConfig(args.backend, args.metric, params)
+    if args.ray:
+        from retriever.distributed import build_index_ray
+
+        index = build_index_ray(args.corpus, args.model, args.out, backend=backend, num_actors=args.ray_actors,
+                                cpus_per_actor=args.ray_cpus_per_actor, chunk_size=args.chunk_size,
+                                batch_size=args.batch_size, address=args.ray_address, show_progress=not args.quiet)
+    else:
+        index = build_index(args.corpus, _encoder(args.model), args.out, backend=backend, chunk_size=args.chunk_size,
+                            batch_size=args.batch_size, show_progress=not args.quiet)
     print(json.dumps(index.info(), indent=2))
     return 0
 
@@ -71,10 +79,30 @@ def _compact(args: argparse.Namespace) -> int:
     return 0
 
 
+def _shard(args: argparse.Namespace) -> int:
+    from indexer.shards import build_shards
+
+    out = build_shards(args.corpus, _encoder(args.model), args.out, args.shards, backend=args.backend,
+                       batch_size=args.batch_size, show_progress=not args.quiet)
+    print(f"{args.shards} shards written under {out} (shards.json lists them)")
+    return 0
+
+
 def _search(args: argparse.Namespace) -> int:
-    index = _open(args.index)
     where = dict(kv.split("=", 1) for kv in args.where or []) or None
-    result = index.search([args.query], args.k, where=where)[0]
+    if args.shards:
+        from indexer.shards import ShardedIndex, read_manifest
+        from indexer.index import Index
+
+        model = Index.load(read_manifest(args.shards)[0], verify=False).manifest.encoder.name
+        index = ShardedIndex.open(args.shards, _encoder(model), ray=args.ray or bool(args.ray_address),
+                                  address=args.ray_address)
+        result = index.search(args.query, args.k, **({"where": where} if where else {}))
+    elif args.index:
+        index = _open(args.index)
+        result = index.search([args.query], args.k, where=where)[0]
+    else:
+        raise ConfigError("search needs --index DIR or --shards DIR")
     docs = index.documents(list(result.ids))
     for rank, (doc, score) in enumerate(zip(docs, result.scores), 1):
         print(f"{rank:3d}. [{score:.4f}] {doc.id}: {doc.title or doc.text[:80]}")
@@ -93,6 +121,18 @@ def add_commands(sub: Any) -> None:
     b.add_argument("--param", action="append", help="backend parameter KEY=VALUE (M, ef_construction, nlist...)")
     b.add_argument("--chunk-size", type=int, default=4096)
     b.add_argument("--batch-size", type=int, default=32)
+    b.add_argument("--ray", action="store_true", help="encode with Ray Data (pip install 'twostage[ray]')")
+    b.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting a local one")
+    b.add_argument("--ray-actors", type=int, default=2, help="encoder actors (default 2)")
+    b.add_argument("--ray-cpus-per-actor", type=float, default=1.0)
+    sh = isub.add_parser("shard", help="split a corpus into N index directories (searched with --shards)")
+    sh.add_argument("--corpus", required=True, type=Path)
+    sh.add_argument("--model", required=True, help="bi-encoder name or directory")
+    sh.add_argument("--out", required=True, type=Path)
+    sh.add_argument("--shards", required=True, type=int)
+    sh.add_argument("--backend", default="flat")
+    sh.add_argument("--batch-size", type=int, default=32)
+    sh.set_defaults(func=_shard)
     b.set_defaults(func=_build)
     i = isub.add_parser("info", help="what an index holds")
     i.add_argument("index", type=Path)
@@ -112,7 +152,10 @@ def add_commands(sub: Any) -> None:
     c.add_argument("--index", required=True, type=Path)
     c.set_defaults(func=_compact)
     s = sub.add_parser("search", help="search an index directory")
-    s.add_argument("--index", required=True, type=Path)
+    s.add_argument("--index", type=Path, help="an index directory")
+    s.add_argument("--shards", type=Path, help="a directory of index shards (twostage index shard)")
+    s.add_argument("--ray", action="store_true", help="serve the shards with Ray actors (a local Ray by default)")
+    s.add_argument("--ray-address", default=None, help="join this Ray cluster (e.g. auto, ray://host:10001)")
     s.add_argument("--k", type=int, default=10)
     s.add_argument("--where", action="append", help="metadata filter KEY=VALUE (repeatable)")
     s.add_argument("query")

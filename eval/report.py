@@ -33,21 +33,28 @@ def versions() -> dict[str, str]:
 
 
 def markdown_table(table: pd.DataFrame, *, digits: int = 3, mark_best: bool = True) -> str:
-    """A markdown table of a numeric DataFrame, the best value of each column in bold."""
+    """A markdown table of a DataFrame (index levels first), the best value of each numeric column in bold."""
     cols = list(table.columns)
-    lines = ["| " + " | ".join([table.index.name or "", *cols]) + " |", "|" + "---|" * (len(cols) + 1)]
+    names = [n or "" for n in table.index.names]
+    lines = ["| " + " | ".join([*names, *cols]) + " |", "|" + "---|" * (len(cols) + len(names))]
     best = {}
     if mark_best and len(table) > 1:
         for c in cols:
-            values = table[c].astype(float)
-            best[c] = values.max() if HIGHER_IS_BETTER.get(c, True) else values.min()
+            values = pd.to_numeric(table[c], errors="coerce")
+            if values.notna().any():
+                best[c] = values.max() if HIGHER_IS_BETTER.get(c, True) else values.min()
     for name, row in table.iterrows():
         cells = []
         for c in cols:
-            v = float(row[c])
+            try:
+                v = float(row[c])
+            except (TypeError, ValueError):
+                cells.append(str(row[c]))
+                continue
             text = f"{v:.{digits}f}" if abs(v) < 1000 else f"{v:.0f}"
             cells.append(f"**{text}**" if c in best and np.isclose(v, best[c]) else text)
-        lines.append("| " + " | ".join([str(name), *cells]) + " |")
+        keys = [str(k) for k in name] if isinstance(name, tuple) else [str(name)]
+        lines.append("| " + " | ".join([*keys, *cells]) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -14,7 +14,7 @@ import logging
 import os
 import shutil
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,37 @@ def ann_from_vectors(backend: BackendConfig, vectors: np.ndarray, batch: int = 6
     return ann
 
 
+def start_build(out: Path, plan: dict[str, Any], resume: bool) -> tuple[Path, list[dict[str, Any]]]:
+    """The work directory ``.OUT.build/`` and the chunks already written for the same ``plan``."""
+    work = out.parent / f".{out.name}.build"
+    state_path = work / "state.json"
+    done: list[dict[str, Any]] = []
+    if resume and state_path.is_file():
+        saved = json.loads(state_path.read_text())
+        if saved.get("plan") == plan:
+            done = saved["chunks"]
+            logger.info("resuming the build of %s: %d chunks already encoded", out, len(done))
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True, exist_ok=True)
+    return work, done
+
+
+def write_chunk(work: Path, plan: dict[str, Any], done: list[dict[str, Any]], vectors: np.ndarray,
+                docs: list[Document]) -> None:
+    """Write chunk number ``len(done)`` (vectors + documents), then record it in the build state."""
+    name = f"{len(done):06d}"
+    tmp = work / f".{name}.tmp"
+    write_segment(tmp, name, vectors, docs)
+    for ext in (".npy", ".parquet"):
+        os.replace(tmp / "segments" / f"{name}{ext}", work / f"{name}{ext}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    done.append({"name": name, "rows": len(docs), "ids": _ids_hash(docs)})
+    state_tmp = work / "state.json.tmp"
+    state_tmp.write_text(json.dumps({"plan": plan, "chunks": done}))
+    os.replace(state_tmp, work / "state.json")
+
+
 def build_index(corpus: CorpusSource, encoder: Any, out: str | Path, *, backend: BackendConfig | str = "hnswlib",
                 encoder_info: EncoderInfo | None = None, chunk_size: int = 4096, batch_size: int = 32,
                 resume: bool = True, show_progress: bool = False) -> Index:
@@ -74,52 +105,43 @@ def build_index(corpus: CorpusSource, encoder: Any, out: str | Path, *, backend:
         raise ConfigError(f"chunk_size must be positive, got {chunk_size}")
     out = Path(out)
     info = encoder_info or (encoder.info() if hasattr(encoder, "info") else None)
-    work = out.parent / f".{out.name}.build"
     plan = {"encoder": asdict(info) if info else None, "metric": backend.metric, "chunk_size": chunk_size}
-    state_path = work / "state.json"
-    done: list[dict[str, Any]] = []
-    if resume and state_path.is_file():
-        saved = json.loads(state_path.read_text())
-        if saved.get("plan") == plan:
-            done = saved["chunks"]
-            logger.info("resuming the build of %s: %d chunks already encoded", out, len(done))
-    else:
-        shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True, exist_ok=True)
+    work, done = start_build(out, plan, resume)
     dim = info.dim if info else None
-    total = 0
     bar = tqdm(desc="encode corpus", unit="doc", disable=not show_progress)
     for i, docs in enumerate(_chunks(corpus, chunk_size)):
-        name = f"{i:06d}"
-        if i < len(done) and done[i]["ids"] == _ids_hash(docs) and (work / f"{name}.npy").is_file():
-            total += len(docs)
+        if i < len(done) and done[i]["ids"] == _ids_hash(docs) and (work / f"{done[i]['name']}.npy").is_file():
             bar.update(len(docs))
             continue
-        done = done[:i]
+        del done[i:]
         vectors = encoder.encode([d.full_text for d in docs], kind="document", batch_size=batch_size, allow_empty=True)
         vectors = prepare(vectors, backend.metric, dim, f"document vectors (chunk {i})")
         dim = vectors.shape[1]
-        tmp = work / f".{name}.tmp"
-        write_segment(tmp, name, vectors, docs)
-        for ext in (".npy", ".parquet"):
-            os.replace(tmp / "segments" / f"{name}{ext}", work / f"{name}{ext}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        done.append({"name": name, "rows": len(docs), "ids": _ids_hash(docs)})
-        state_tmp = work / "state.json.tmp"
-        state_tmp.write_text(json.dumps({"plan": plan, "chunks": done}))
-        os.replace(state_tmp, state_path)
-        total += len(docs)
+        write_chunk(work, plan, done, vectors, docs)
         bar.update(len(docs))
     bar.close()
-    if total == 0 or dim is None:
+    info = info or EncoderInfo(name=type(encoder).__name__, dim=dim or 0)
+    return finish_build(work, done, out, backend, info, encoder)
+
+
+def finish_build(work: Path, done: list[dict[str, Any]], out: Path, backend: BackendConfig, info: EncoderInfo,
+                 encoder: Any = None) -> Index:
+    """Merge the chunks into one segment, build the ANN structure and commit the version atomically."""
+    import pyarrow.parquet as pq
+
+    total = sum(int(c["rows"]) for c in done)
+    if total == 0:
         raise DataError("cannot build an index over an empty corpus")
+    dim = int(np.load(work / f"{done[0]['name']}.npy", mmap_mode="r").shape[1])
+    if info.dim != dim:
+        if info.dim:
+            raise DataError(f"the encoder {info.name} declares dimension {info.dim} but its vectors have {dim}")
+        info = replace(info, dim=dim)
     seen: set[str] = set()
     merged = work / "merged.npy"
     vectors = np.lib.format.open_memmap(merged, mode="w+", dtype=np.float32, shape=(total, dim))
     row = 0
     docs_all: list[Document] = []
-    import pyarrow.parquet as pq
-
     for c in done:
         v = np.load(work / f"{c['name']}.npy", allow_pickle=False)
         vectors[row:row + len(v)] = v
@@ -133,7 +155,6 @@ def build_index(corpus: CorpusSource, encoder: Any, out: str | Path, *, backend:
     logger.info("building %s over %d x %d vectors", backend.name, total, dim)
     ann = ann_from_vectors(backend, vectors)
     params = {**default_params(backend.name, total, dim), **backend.params}
-    info = info or EncoderInfo(name=type(encoder).__name__, dim=dim)
     if out.exists() and not (out / "CURRENT").is_file():
         if any(out.iterdir()):
             raise ConfigError(f"{out}: exists and is not an index directory; choose another --out")

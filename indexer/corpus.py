@@ -21,7 +21,8 @@ _RESERVED = set(ID_KEYS) | set(TEXT_KEYS) | {"title", "metadata"}
 CorpusSource = Any  # a path (BEIR dir, .jsonl, .parquet, .csv, .tsv), a DataFrame, or an iterable of Documents
 
 
-def _document(obj: dict[str, Any], where: str) -> Document:
+def document_from_record(obj: dict[str, Any], where: str) -> Document:
+    """A checked Document from one corpus record (BEIR ``_id``/``title``/``text``/``metadata`` or aliases)."""
     doc_id = require_string_id(obj, ID_KEYS, where)
     where = f"{where} (document {doc_id!r})"
     text_key = next((k for k in TEXT_KEYS if k in obj), "text")
@@ -95,7 +96,7 @@ def iter_documents(source: CorpusSource) -> Iterator[Document]:
     seen: dict[str, str] = {}
     empty: list[str] = []
     for where, rec in _iter_source(source):
-        doc = rec if isinstance(rec, Document) else _document(dict(rec), where) if isinstance(rec, dict) else None
+        doc = rec if isinstance(rec, Document) else document_from_record(dict(rec), where) if isinstance(rec, dict) else None
         if doc is None:
             raise DataError(f"{where}: expected a Document or a mapping, got {type(rec).__name__}")
         if doc.id in seen:

@@ -34,16 +34,21 @@ def iter_lines(path: str | Path) -> Iterator[tuple[int, str]]:
                 yield number, line
 
 
+def parse_object(line: str, where: str) -> dict[str, Any]:
+    """One JSON object from one line; anything else is a DataError naming ``where``."""
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{where}: malformed JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(obj, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
 def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield ``(line_number, object)`` for every JSON object of a JSONL file."""
     for number, line in iter_lines(path):
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{number}: malformed JSON ({exc.msg} at column {exc.colno})") from None
-        if not isinstance(obj, dict):
-            raise DataError(f"{path}:{number}: expected a JSON object, got {type(obj).__name__}")
-        yield number, obj
+        yield number, parse_object(line, f"{path}:{number}")
 
 
 def require_string_id(obj: dict[str, Any], keys: tuple[str, ...], where: str) -> str:

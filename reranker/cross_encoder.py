@@ -19,7 +19,7 @@ import torch
 from indexer.atomic import atomic_directory
 from indexer.errors import ConfigError, DataError, TwostageError
 from retriever.biencoder import check_texts
-from retriever.hf import cap_max_length, with_precision
+from retriever.hf import cap_max_length, check_tokenizer, with_precision
 from retriever.weights import ModelNotFoundError, resolve_model
 
 logger = logging.getLogger(__name__)
@@ -45,6 +45,7 @@ class CrossEncoder(torch.nn.Module):
         self.head_trained = head_trained
         self.name = name
         self.precision = "fp32"
+        self.interpolation: float | None = None  # blend with the first stage chosen on dev (reranker.interpolation)
 
     @classmethod
     def load(cls, name_or_path: str | Path, *, max_length: int | None = None, allow_untrained_head: bool = False,
@@ -59,14 +60,23 @@ class CrossEncoder(torch.nn.Module):
         model, info = AutoModelForSequenceClassification.from_pretrained(
             path, num_labels=1, trust_remote_code=False, use_safetensors=True, output_loading_info=True,
             ignore_mismatched_sizes=True)
+        body_mismatch = [m[0] for m in info.get("mismatched_keys", ())
+                         if not m[0].startswith(("classifier", "score", "pre_classifier"))]
+        if body_mismatch:
+            raise ConfigError(f"{path}: weights do not fit the model's config ({', '.join(body_mismatch[:3])}); "
+                              "the config.json and model.safetensors come from different models")
         head_new = any(k.startswith(("classifier", "score", "pre_classifier")) for k in
                        set(info.get("missing_keys", ())) | {m[0] for m in info.get("mismatched_keys", ())})
         meta = _read_meta(path)
         head_trained = not head_new and meta.get("head_trained", True)
+        if not any((path / f).is_file() for f in ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json")):
+            raise ModelNotFoundError(f"{path}: no tokenizer files (tokenizer.json or vocab.txt)")
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+        check_tokenizer(model, tokenizer, path)
         limit = max_length or meta.get("max_length") or min(512, int(getattr(tokenizer, "model_max_length", 512) or 512))
         ce = cls(model, tokenizer, max_length=cap_max_length(model, int(limit)), head_trained=bool(head_trained), name=str(name_or_path))
         ce.allow_untrained_head = allow_untrained_head
+        ce.interpolation = meta.get("interpolation")
         ce.eval()
         ce.model = with_precision(ce.model, precision)
         ce.precision = precision
@@ -121,7 +131,7 @@ class CrossEncoder(torch.nn.Module):
             self.model.save_pretrained(tmp, safe_serialization=True)
             self.tokenizer.save_pretrained(tmp)
             meta = {"kind": "cross-encoder", "max_length": self.max_length, "head_trained": self.head_trained,
-                    "base": self.name, "training": training or {}}
+                    "interpolation": self.interpolation, "base": self.name, "training": training or {}}
             (tmp / "twostage.json").write_text(json.dumps(meta, indent=2, default=str) + "\n", encoding="utf-8")
         return path
 

@@ -17,6 +17,7 @@ from indexer.errors import ConfigError
 from indexer.protocols import Retriever
 from indexer.records import Hit, RankedList
 from indexer.topk import check_k
+from reranker.interpolation import interpolate, order_by
 
 
 @dataclass(frozen=True)
@@ -31,14 +32,24 @@ class SearchResult:
 class Pipeline:
     """First stage (+ optional reranker). ``texts`` maps a document id to the text the reranker reads.
 
+    ``interpolation``: ``None`` ranks by the reranker's score alone; a number ``alpha`` in [0, 1] blends it with
+    the first stage's (:mod:`reranker.interpolation`); ``"auto"`` (default) uses the value chosen on dev data
+    and saved with the reranker, if any.
+
     >>> pipe = Pipeline(bm25, reranker=ce, texts=lambda i: corpus.get(i).full_text, k_retrieve=100, k=10)
     >>> result = pipe.search("why do cats purr")
     >>> result.hits[0].doc_id, result.hits[0].score, result.hits[0].first_stage_score, result.timings
     """
 
     def __init__(self, first_stage: Retriever, *, reranker: Any = None, texts: Callable[[str], str] | Mapping[str, str],
-                 k_retrieve: int = 100, k: int = 10, batch_size: int = 32) -> None:
+                 k_retrieve: int = 100, k: int = 10, batch_size: int = 32,
+                 interpolation: float | None | str = "auto") -> None:
         self.first_stage, self.reranker = first_stage, reranker
+        if interpolation == "auto":
+            interpolation = getattr(reranker, "interpolation", None)
+        if interpolation is not None and not (isinstance(interpolation, (int, float)) and 0 <= interpolation <= 1):
+            raise ConfigError(f"interpolation must be None, 'auto' or a number in [0, 1], got {interpolation!r}")
+        self.interpolation = None if interpolation is None else float(interpolation)
         self._text = texts.__getitem__ if isinstance(texts, Mapping) else texts
         self.k_retrieve, self.k, self.batch_size = check_k(k_retrieve), check_k(k), batch_size
         if self.k_retrieve < self.k:
@@ -46,9 +57,11 @@ class Pipeline:
                               "reorder what the first stage found")
 
     def _rerank(self, query: str, candidates: RankedList) -> tuple[np.ndarray, np.ndarray]:
-        """The reranker's order of ``candidates`` (equal scores keep first-stage order) and its scores."""
+        """The new order of ``candidates`` (equal scores keep first-stage order) and their final scores: the
+        reranker's, or blended with the first stage's when ``interpolation`` is set."""
         scores = self.reranker.score(query, [self._text(str(d)) for d in candidates.ids], batch_size=self.batch_size)
-        return np.lexsort((np.arange(len(scores)), -scores)), scores
+        scores = interpolate(candidates.scores, scores, self.interpolation)
+        return order_by(scores), scores
 
     def _run(self, query: str, k: int, k_retrieve: int) -> tuple[RankedList, np.ndarray | None, dict[str, float]]:
         t0 = time.perf_counter()

@@ -1,20 +1,25 @@
-"""Training the cross-encoder on groups of (query, positive, hard negatives).
+"""Training the cross-encoder on groups of (query, positive, hard negatives), resumable.
 
 Losses (``scores`` are the raw logits of one group, positive first):
 - ``bce``: binary cross-entropy of every pair against 1 (positive) or 0 (negative), averaged over pairs;
 - ``listwise``: softmax cross-entropy over each group, the positive being the right answer:
   L = -log( exp(s_pos) / sum_j exp(s_j) ).
 
-Negatives are mined from the first stages (BM25 by default) with the false-negative guard of
-:mod:`retriever.mining`. Not yet here: resume from a checkpoint, and (title, text) weak supervision.
+Groups come from a split's qrels, negatives mined from the first stages the reranker will see (BM25 and/or a
+dense model, ``mine_from``) with the false-negative guard of :mod:`retriever.mining`, and optionally from
+(title, text) pairs of the corpus (weak supervision: the title is the query, its own text the positive, BM25
+neighbours of the title the negatives). Work directory ``OUT.train/``: ``last/`` (checkpoint every
+``checkpoint_every`` steps and at each epoch end), ``best/`` (best epoch on the dev metric); the final model
+goes to ``OUT``.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,14 +29,20 @@ import torch
 import torch.nn.functional as F
 
 from indexer.beir import BeirDataset
+from indexer.corpus import Corpus
 from indexer.errors import ConfigError, DataError
+from indexer.records import Judgment, Qrels, Query
 from reranker.cross_encoder import CrossEncoder
 from retriever.bm25 import BM25Retriever
+from retriever.checkpoint import resume_from, save_checkpoint
 from retriever.mining import MiningConfig, mine_hard_negatives
 from retriever.trainer import linear_schedule
 from retriever.training_data import hold_out
 
 logger = logging.getLogger(__name__)
+
+Scorer = Callable[[str], np.ndarray]  # query text -> score of every corpus document (corpus order)
+SOURCES = ("bm25", "dense")
 
 
 @dataclass(frozen=True)
@@ -54,11 +65,20 @@ class RerankerConfig:
     max_length: int = 256
     seed: int = 42
     bf16: bool = False
-    mining: MiningConfig = field(default_factory=lambda: MiningConfig(num_negatives=3, depth=100, skip_top=0))
+    mine_from: tuple[str, ...] = ("bm25",)  # negatives are split evenly between these first stages
+    title_groups: int = 0  # (title, text) weak-supervision groups drawn from the corpus
+    title_negatives: int = 3
+    checkpoint_every: int = 50  # steps
+    mining: MiningConfig = field(default_factory=lambda: MiningConfig(num_negatives=3, depth=50, skip_top=0))
 
     def __post_init__(self) -> None:
         if self.loss not in ("bce", "listwise"):
             raise ConfigError(f"loss must be 'bce' or 'listwise', got {self.loss!r}")
+        bad = [s for s in self.mine_from if s not in SOURCES]
+        if bad or not self.mine_from:
+            raise ConfigError(f"mine_from must name some of {', '.join(SOURCES)}, got {', '.join(bad) or 'none'}")
+        if self.epochs <= 0 or self.groups_per_batch <= 0 or self.negatives <= 0 or self.lr <= 0:
+            raise ConfigError("epochs, groups_per_batch, negatives and lr must be positive")
 
 
 def group_loss(scores: torch.Tensor, kind: str) -> torch.Tensor:
@@ -70,39 +90,104 @@ def group_loss(scores: torch.Tensor, kind: str) -> torch.Tensor:
     return F.binary_cross_entropy_with_logits(scores, labels)
 
 
-def groups_from_split(ds: BeirDataset, split: str, config: RerankerConfig, queries: Sequence[Any] | None = None) -> list[Group]:
-    """One group per relevant (query, document), negatives mined from BM25 (skipping nothing, guarded)."""
+def _mine(queries: Sequence[Query], qrels: Qrels, corpus: Corpus, scorers: Mapping[str, Scorer],
+          config: RerankerConfig, count: int) -> dict[str, list[str]]:
+    """query id -> ``count`` negatives, taken in turn from each scorer's mined candidates, no repeats."""
+    per_source = []
+    for name, scorer in scorers.items():
+        mining = MiningConfig(**{**asdict(config.mining), "num_negatives": count, "seed": config.seed})
+        frame = mine_hard_negatives(queries, qrels, corpus.ids, scorer, mining)
+        per_source.append({q: list(g["doc_id"]) for q, g in frame.groupby("query_id", sort=False)})
+        logger.info("mined %d negatives from %s", len(frame), name)
+    rng = random.Random(config.seed)
+    out = {}
+    for q in queries:
+        relevant = qrels.relevant(q.id)
+        lists = [src.get(q.id, []) for src in per_source]
+        picked: list[str] = []
+        for i in range(max((len(x) for x in lists), default=0)):
+            for x in lists:
+                if i < len(x) and x[i] not in picked and len(picked) < count:
+                    picked.append(x[i])
+        while len(picked) < count:  # too few past the guard: fill with random documents
+            d = corpus[rng.randrange(len(corpus))].id
+            if d not in relevant and d not in picked:
+                picked.append(d)
+        out[q.id] = picked
+    return out
+
+
+def _scorers(corpus: Corpus, config: RerankerConfig, scorers: Mapping[str, Scorer] | None) -> dict[str, Scorer]:
+    given = dict(scorers or {})
+    if "bm25" in config.mine_from and "bm25" not in given:
+        given["bm25"] = BM25Retriever.build(corpus).scores
+    missing = [s for s in config.mine_from if s not in given]
+    if missing:
+        raise ConfigError(f"mining from {', '.join(missing)} needs that first stage: pass a bi-encoder "
+                          "(--retriever-model) to mine dense negatives")
+    return {s: given[s] for s in config.mine_from}
+
+
+def groups_from_split(ds: BeirDataset, split: str, config: RerankerConfig, queries: Sequence[Query] | None = None,
+                      scorers: Mapping[str, Scorer] | None = None) -> list[Group]:
+    """One group per relevant (query, document); ``config.negatives`` mined from ``config.mine_from``."""
     sp = ds.split(split)
     corpus = ds.corpus
     queries = list(queries if queries is not None else sp.queries)
-    bm25 = BM25Retriever.build(corpus)
-    mining = MiningConfig(**{**asdict(config.mining), "num_negatives": config.negatives, "seed": config.seed})
-    frame = mine_hard_negatives(queries, sp.qrels, corpus.ids, bm25.scores, mining)
-    negs = {q: list(g["doc_id"]) for q, g in frame.groupby("query_id", sort=False)}
-    rng = random.Random(config.seed)
-    groups = []
-    for q in queries:
-        mined = negs.get(q.id, [])
-        while len(mined) < config.negatives:  # too few past the guard: fill with random documents
-            d = corpus[rng.randrange(len(corpus))].id
-            if d not in sp.qrels.relevant(q.id) and d not in mined:
-                mined.append(d)
-        for d in sorted(sp.qrels.relevant(q.id)):
-            if d in corpus:
-                groups.append(Group(q.text, corpus.get(d).full_text, tuple(corpus.get(n).full_text for n in mined)))
+    negs = _mine(queries, sp.qrels, corpus, _scorers(corpus, config, scorers), config, config.negatives)
+    groups = [Group(q.text, corpus.get(d).full_text, tuple(corpus.get(n).full_text for n in negs[q.id]))
+              for q in queries for d in sorted(sp.qrels.relevant(q.id)) if d in corpus]
     if not groups:
         raise DataError(f"{ds.root}/{split}: no training group (no relevant document in the corpus)")
     return groups
 
 
+def title_groups(corpus: Corpus, n: int, config: RerankerConfig, bm25: BM25Retriever | None = None,
+                 min_chars: int = 20) -> list[Group]:
+    """Weak supervision: ``n`` documents (seeded sample) as (title, own text, texts of BM25 neighbours)."""
+    docs = [d for d in corpus if len(d.title.strip()) >= min_chars and len(d.text.strip()) >= min_chars]
+    if not docs:
+        raise DataError("no document has both a title and a text: (title, text) groups need both")
+    rng = np.random.default_rng(config.seed)
+    picked = [docs[i] for i in sorted(rng.choice(len(docs), size=min(n, len(docs)), replace=False))]
+    queries = [Query(f"title:{d.id}", d.title) for d in picked]
+    qrels = Qrels(Judgment(q.id, d.id, 1) for q, d in zip(queries, picked))
+    scorer = (bm25 or BM25Retriever.build(corpus)).scores
+    sub = RerankerConfig(**{**asdict(config), "mine_from": ("bm25",), "mining": config.mining})
+    negs = _mine(queries, qrels, corpus, {"bm25": scorer}, sub, config.title_negatives)
+    return [Group(d.title, d.text, tuple(corpus.get(x).text or corpus.get(x).full_text for x in negs[q.id]))
+            for q, d in zip(queries, picked)]
+
+
+def _batch_loss(model: CrossEncoder, batch: Sequence[Group], config: RerankerConfig) -> torch.Tensor:
+    queries = [g.query for g in batch for _ in range(1 + len(g.negatives))]
+    docs = [d for g in batch for d in (g.positive, *g.negatives)]
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
+        logits = model(model.tokenize(queries, docs)).float()
+    sizes = [1 + len(g.negatives) for g in batch]
+    if len(set(sizes)) == 1:
+        return group_loss(logits.reshape(len(batch), -1), config.loss)
+    return torch.stack([group_loss(s[None], config.loss) for s in torch.split(logits, sizes)]).mean()
+
+
+def _config_json(config: RerankerConfig) -> dict[str, Any]:
+    return json.loads(json.dumps(asdict(config)))
+
+
 def train_reranker(model: CrossEncoder, groups: Sequence[Group], config: RerankerConfig, out: str | Path, *,
-                   dev: Callable[[CrossEncoder], float] | None = None, show_progress: bool = False,
-                   info: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Train and save to ``out`` (the best epoch on ``dev`` when given). Returns what was recorded."""
+                   dev: Callable[[CrossEncoder], float] | None = None, resume: bool = True,
+                   show_progress: bool = False, info: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train and save to ``out`` (the best epoch on ``dev`` when given). Returns what was recorded.
+
+    With ``resume``, a checkpoint in ``OUT.train/last`` of the same configuration and groups is continued.
+    """
     from tqdm.auto import tqdm
 
     if not groups:
         raise DataError("no training group")
+    out = Path(out)
+    work = out.parent / f"{out.name}.train"
+    work.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
     model.allow_untrained_head = True
     model.max_length = min(model.max_length, config.max_length)
@@ -110,67 +195,100 @@ def train_reranker(model: CrossEncoder, groups: Sequence[Group], config: Reranke
     steps_per_epoch = (len(groups) + config.groups_per_batch - 1) // config.groups_per_batch
     total = steps_per_epoch * config.epochs
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_schedule(total, int(config.warmup_ratio * total)))
-    history, best, started = [], None, time.perf_counter()
-    out = Path(out)
-    bar = tqdm(total=total, desc="train reranker", unit="step", disable=not show_progress)
-    for epoch in range(config.epochs):
+    fresh = {"config": _config_json(config), "groups": len(groups), "epoch": 0, "batch": 0, "step": 0,
+             "best_dev": None, "history": [], "seconds": 0.0}
+    last = work / "last"
+    state, _ = resume_from(last, model, optimizer, scheduler, fresh, ("config", "groups")) if resume else (fresh, {})
+    started = time.perf_counter() - state["seconds"]
+    bar = tqdm(total=total, initial=state["step"], desc="train reranker", unit="step", disable=not show_progress)
+    for epoch in range(state["epoch"], config.epochs):
         order = np.random.default_rng(config.seed + epoch).permutation(len(groups))
         model.train()
-        for start in range(0, len(order), config.groups_per_batch):
-            batch = [groups[i] for i in order[start:start + config.groups_per_batch]]
-            queries = [g.query for g in batch for _ in range(1 + len(g.negatives))]
-            docs = [d for g in batch for d in (g.positive, *g.negatives)]
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
-                logits = model(model.tokenize(queries, docs)).float().reshape(len(batch), -1)
-            loss = group_loss(logits, config.loss)
+        for b in range(state["batch"] if epoch == state["epoch"] else 0, steps_per_epoch):
+            batch = [groups[i] for i in order[b * config.groups_per_batch:(b + 1) * config.groups_per_batch]]
+            loss = _batch_loss(model, batch, config)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
+            state.update(epoch=epoch, batch=b + 1, step=state["step"] + 1)
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.4f}")
+            if config.checkpoint_every and state["step"] % config.checkpoint_every == 0:
+                state["seconds"] = time.perf_counter() - started
+                save_checkpoint(last, model, optimizer, state)
         model.eval()
         model.head_trained = True
-        record: dict[str, Any] = {"epoch": epoch + 1, "seconds": time.perf_counter() - started, "loss": loss.item()}
+        record: dict[str, Any] = {"epoch": epoch + 1, "step": state["step"],
+                                  "seconds": time.perf_counter() - started, "loss": loss.item()}
         if dev is not None:
             record["dev"] = float(dev(model))
-            if best is None or record["dev"] > best:
-                best = record["dev"]
-                model.save(out, training={**(info or {}), "config": asdict(config), "history": history + [record]})
-        history.append(record)
+            if state["best_dev"] is None or record["dev"] > state["best_dev"]:
+                state["best_dev"] = record["dev"]
+                model.save(work / "best", training={"epoch": epoch + 1, "dev": record["dev"]})
+        state["history"].append(record)
         logger.info("reranker epoch %d: %s", epoch + 1, record)
+        state.update(epoch=epoch + 1, batch=0, seconds=time.perf_counter() - started)
+        save_checkpoint(last, model, optimizer, state)
     bar.close()
-    result = {**(info or {}), "config": asdict(config), "groups": len(groups), "history": history,
-              "seconds": time.perf_counter() - started, "best_dev": best}
-    if dev is None:
-        model.save(out, training=result)
+    result = {**(info or {}), "config": state["config"], "groups": len(groups), "history": state["history"],
+              "seconds": time.perf_counter() - started, "best_dev": state["best_dev"]}
+    final = model
+    if dev is not None and (work / "best").is_dir():
+        final = CrossEncoder.load(work / "best")
+        final.name = model.name
+    final.save(out, training=result)
     return result
 
 
 def train_reranker_on(data: str | Path | BeirDataset, split: str, base: str, out: str | Path,
                       config: RerankerConfig = RerankerConfig(), *, dev_fraction: float = 0.0, dev_depth: int = 30,
                       dev_metric: Callable[[Any, dict[str, Any]], float] | None = None,
-                      show_progress: bool = False) -> dict[str, Any]:
-    """Train a reranker from ``base`` on a BEIR split; with ``dev_fraction``, held-out train queries pick the
-    best epoch by ``dev_metric(qrels, run)`` on their BM25 top ``dev_depth`` reranked."""
+                      retriever: Any = None, resume: bool = True, show_progress: bool = False,
+                      command: str | None = None) -> dict[str, Any]:
+    """Train a reranker from ``base`` on a BEIR split.
+
+    ``retriever`` (a bi-encoder) enables dense-mined negatives. With ``dev_fraction``, held-out train queries
+    pick the best epoch by ``dev_metric(qrels, run)`` on the first stages' top ``dev_depth`` reranked, then the
+    score interpolation with the first stage (saved with the model, used by :class:`Pipeline`).
+    """
+    from reranker.interpolation import select_interpolation
     from reranker.pipeline import Pipeline
 
     ds = data if isinstance(data, BeirDataset) else BeirDataset(data)
     sp = ds.split(split)
+    corpus = ds.corpus
     queries, dev_queries = hold_out(list(sp.queries), dev_fraction, config.seed)
-    groups = groups_from_split(ds, split, config, queries)
-    dev = None
-    if dev_queries and dev_metric is not None:
-        bm25 = BM25Retriever.build(ds.corpus)
-        texts = {d.id: d.full_text for d in ds.corpus}
-        qrels = sp.qrels.subset(q.id for q in dev_queries)
+    bm25 = BM25Retriever.build(corpus)
+    first_stages: dict[str, Any] = {"bm25": bm25}
+    if retriever is not None:
+        from retriever.dense import DenseRetriever
 
+        first_stages["dense"] = DenseRetriever.build(corpus, retriever, show_progress=show_progress)
+    scorers = {name: fs.scores for name, fs in first_stages.items()}
+    groups = groups_from_split(ds, split, config, queries, scorers)
+    if config.title_groups:
+        groups += title_groups(corpus, config.title_groups, config, bm25)
+    dev = None
+    texts = {d.id: d.full_text for d in corpus}
+    qrels = sp.qrels.subset(q.id for q in dev_queries)
+    if dev_queries and dev_metric is not None:
         def dev(model: CrossEncoder) -> float:
-            pipe = Pipeline(bm25, reranker=model, texts=texts, k_retrieve=dev_depth, k=min(10, dev_depth))
-            return dev_metric(qrels, {q.id: pipe.ranked(q.text, dev_depth) for q in dev_queries})
+            return float(np.mean([dev_metric(qrels, {q.id: Pipeline(fs, reranker=model, texts=texts,
+                                                                    k_retrieve=dev_depth, k=min(10, dev_depth),
+                                                                    interpolation=None).ranked(q.text, dev_depth)
+                                                     for q in dev_queries}) for fs in first_stages.values()]))
 
     model = CrossEncoder.load(base, allow_untrained_head=True)
     info = {"data": str(ds.root), "split": split, "base": base, "train_queries": len(queries),
-            "dev_queries": len(dev_queries)}
-    return train_reranker(model, groups, config, out, dev=dev, show_progress=show_progress, info=info)
+            "dev_queries": [q.id for q in dev_queries], "title_groups": config.title_groups, "command": command}
+    result = train_reranker(model, groups, config, out, dev=dev, resume=resume, show_progress=show_progress,
+                            info=info)
+    if dev is not None:
+        trained = CrossEncoder.load(out)
+        choice = select_interpolation(trained, first_stages, dev_queries, qrels, texts, dev_depth, dev_metric)
+        trained.interpolation = choice.alpha
+        result["interpolation"] = asdict(choice)
+        trained.save(out, training=result)
+    return result

@@ -20,7 +20,7 @@ import torch
 from indexer.atomic import atomic_directory
 from indexer.errors import ConfigError, DataError
 from indexer.manifest import EncoderInfo
-from retriever.hf import cap_max_length, with_precision
+from retriever.hf import cap_max_length, check_tokenizer, with_precision
 from retriever.pooling import check_pooling, mode_from_st_config, pool, st_pooling_config
 from retriever.weights import ModelNotFoundError, resolve_model
 
@@ -140,6 +140,7 @@ class BiEncoder(torch.nn.Module):
         config = replace(config, **{k: v for k, v in overrides.items() if v is not None})
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
         model = AutoModel.from_pretrained(path, trust_remote_code=False, use_safetensors=True)
+        check_tokenizer(model, tokenizer, path)
         config = replace(config, max_length=cap_max_length(model, config.max_length))
         encoder = cls(model, tokenizer, config, name=str(name_or_path))
         encoder.path = path

@@ -22,6 +22,15 @@ def cap_max_length(model: Any, max_length: int) -> int:
     return max_length
 
 
+def check_tokenizer(model: Any, tokenizer: Any, where: Any) -> None:
+    """Refuse a tokenizer whose ids run past the model's embeddings (another model's tokenizer): it would fail
+    deep inside torch with an index error, or on some builds read garbage."""
+    vocab = getattr(model.config, "vocab_size", None)
+    if vocab and len(tokenizer) > vocab:
+        raise ConfigError(f"{where}: the tokenizer has {len(tokenizer)} tokens but the model's embeddings hold "
+                          f"{vocab}: the tokenizer belongs to another model; save the model with its own tokenizer")
+
+
 def with_precision(model: Any, precision: str) -> Any:
     """The model for inference in ``fp32``; ``bf16`` (weights cast in place); ``int8`` (dynamic int8 Linear
     layers, CPU only, a new module)."""

@@ -3,7 +3,7 @@
 AdamW, linear warm-up then linear decay, gradient clipping, fixed seeds, bf16 autocast when asked, the GPU
 when there is one. Batches come from one training set at a time (round robin), with no duplicate text in a
 batch. The batch order of every epoch depends only on the seed, so a resumed run continues exactly where the
-checkpoint stopped. Checkpoints hold the model (sentence-transformers layout), the optimizer state
+checkpoint stopped. Checkpoints (:mod:`retriever.checkpoint`) hold the weights and the optimizer state
 (safetensors) and the loop state (JSON); no pickle.
 
 Work directory ``OUT.train/``: ``last/`` (checkpoint), ``best/`` (best model on the dev metric), ``log.jsonl``.
@@ -25,9 +25,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from indexer.atomic import atomic_directory, write_json
+from indexer.atomic import write_json
 from indexer.errors import ConfigError
 from retriever.biencoder import BiEncoder
+from retriever.checkpoint import resume_from, save_checkpoint
 from retriever.gradcache import CachedMultipleNegativesRankingLoss
 from retriever.losses import (ContrastiveLoss, CosineSimilarityLoss, MultipleNegativesRankingLoss, SoftmaxLoss,
                               TripletLoss)
@@ -141,41 +142,6 @@ def linear_schedule(total: int, warmup: int) -> Callable[[int], float]:
     return factor
 
 
-def _save_checkpoint(path: Path, model: BiEncoder, optimizer: torch.optim.Optimizer, objectives: _Objectives,
-                     state: dict[str, Any]) -> None:
-    from safetensors.torch import save_file
-
-    with atomic_directory(path) as tmp:
-        model.save(tmp / "model", training={"checkpoint": True})
-        tensors: dict[str, torch.Tensor] = {"rng.torch": torch.get_rng_state()}
-        params = [p for g in optimizer.param_groups for p in g["params"]]
-        for i, p in enumerate(params):
-            for key, value in optimizer.state.get(p, {}).items():
-                tensors[f"opt.{i}.{key}"] = value.detach().cpu().contiguous() if torch.is_tensor(value) else torch.tensor(value)
-        tensors.update(objectives.extra_state())
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "optimizer.safetensors"))
-        (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2), encoding="utf-8")
-
-
-def _load_checkpoint(path: Path, model: BiEncoder, optimizer: torch.optim.Optimizer,
-                     objectives: _Objectives) -> dict[str, Any]:
-    from safetensors.torch import load_file
-
-    from transformers import AutoModel
-
-    fresh = AutoModel.from_pretrained(path / "model", use_safetensors=True)
-    model.model.load_state_dict(fresh.state_dict())
-    tensors = load_file(str(path / "optimizer.safetensors"))
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    for i, p in enumerate(params):
-        st = {k.split(".", 2)[2]: v.to(p.device) for k, v in tensors.items() if k.startswith(f"opt.{i}.")}
-        if st:
-            optimizer.state[p] = st
-    objectives.load_extra_state(tensors)
-    torch.set_rng_state(tensors["rng.torch"])
-    return json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
-
-
 def train(
     model: BiEncoder,
     sets: Sequence[TrainingSet],
@@ -212,18 +178,12 @@ def train(
                                 for i, s in enumerate(sets)]) for e in range(config.epochs)]
     total = sum(len(p) for p in epoch_plans)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_schedule(total, int(config.warmup_ratio * total)))
-    state: dict[str, Any] = {"config": asdict(config), "sets": [s.name for s in sets], "epoch": 0, "batch": 0,
-                             "step": 0, "best_dev": None, "history": [], "seconds": 0.0}
+    fresh = {"config": asdict(config), "sets": [s.name for s in sets], "epoch": 0, "batch": 0, "step": 0,
+             "best_dev": None, "history": [], "seconds": 0.0}
     last = work / "last"
-    if resume and (last / "trainer_state.json").is_file():
-        saved = json.loads((last / "trainer_state.json").read_text())
-        if saved.get("config") == state["config"] and saved.get("sets") == state["sets"]:
-            state = _load_checkpoint(last, model, optimizer, objectives)
-            for _ in range(state["step"]):
-                scheduler.step()
-            logger.info("resuming from %s at epoch %d, batch %d", last, state["epoch"], state["batch"])
-        else:
-            logger.warning("%s holds a checkpoint of another configuration; starting over", last)
+    state, extra = resume_from(last, model, optimizer, scheduler, fresh, ("config", "sets")) if resume else (fresh, {})
+    if extra:
+        objectives.load_extra_state(extra)
     started = time.perf_counter() - state["seconds"]
     autocast = config.bf16 and model.device.type in ("cpu", "cuda")
     bar = tqdm(total=total, initial=state["step"], desc="train", unit="step", disable=not show_progress)
@@ -247,7 +207,7 @@ def train(
                 logger.info("step %d/%d loss %.4f (%s)", state["step"], total, loss.item(), sets[set_index].name)
             if config.checkpoint_every and state["step"] % config.checkpoint_every == 0:
                 state["seconds"] = time.perf_counter() - started
-                _save_checkpoint(last, model, optimizer, objectives, state)
+                save_checkpoint(last, model, optimizer, state, objectives.extra_state())
         record: dict[str, Any] = {"epoch": epoch + 1, "step": state["step"], "seconds": time.perf_counter() - started}
         if dev is not None:
             score = float(dev(model))
@@ -261,7 +221,7 @@ def train(
         with open(work / "log.jsonl", "a", encoding="utf-8") as fh:
             fh.write(json.dumps(record) + "\n")
         state.update(epoch=epoch + 1, batch=0, seconds=time.perf_counter() - started)
-        _save_checkpoint(last, model, optimizer, objectives, state)
+        save_checkpoint(last, model, optimizer, state, objectives.extra_state())
     bar.close()
     seconds = time.perf_counter() - started
     model.eval()

@@ -149,4 +149,21 @@ def test_train_reranker_cli(tmp_path, sample_dir, tiny_bert_dir, capsys):
                str(tmp_path / "ce"), "--epochs", "2", "--lr", "1e-3", "--max-length", "64", "--dev-fraction", "0.2"])
     assert rc == 0 and "best dev nDCG@10" in capsys.readouterr().out
     meta = json.loads((tmp_path / "ce" / "twostage.json").read_text())
-    assert meta["head_trained"] and meta["training"]["dev_queries"] == 8
+    assert meta["head_trained"] and len(meta["training"]["dev_queries"]) == 8
+    tried = dict(meta["training"]["interpolation"]["dev_by_alpha"])  # alpha chosen on dev, saved with the model
+    assert len(tried) == 11 and meta["interpolation"] in tried
+    assert tried[meta["interpolation"]] == max(tried.values())
+
+
+def test_shard_and_search_shards_cli(tmp_path, sample_dir, tiny_bert_dir, capsys):
+    assert main(["-q", "index", "shard", "--corpus", str(sample_dir), "--model", str(tiny_bert_dir), "--out",
+                 str(tmp_path / "shards"), "--shards", "3"]) == 0
+    assert main(["-q", "index", "build", "--corpus", str(sample_dir), "--model", str(tiny_bert_dir), "--out",
+                 str(tmp_path / "one"), "--backend", "flat"]) == 0
+    capsys.readouterr()
+    assert main(["search", "--shards", str(tmp_path / "shards"), "--k", "5", "why do cats purr"]) == 0
+    sharded = capsys.readouterr().out.splitlines()
+    assert main(["search", "--index", str(tmp_path / "one"), "--k", "5", "why do cats purr"]) == 0
+    assert sharded == capsys.readouterr().out.splitlines() and len(sharded) == 5  # same hits, same scores
+    assert main(["search", "why do cats purr"]) == 2
+    assert "--index DIR or --shards DIR" in capsys.readouterr().err

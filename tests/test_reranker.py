@@ -128,3 +128,99 @@ def test_training_fits_the_training_queries(tmp_path, tiny_bert_dir, sample_dir)
     trained = CrossEncoder.load(tmp_path / "ce")
     assert trained.head_trained and accuracy(trained) == pytest.approx(result["best_dev"])
     assert result["best_dev"] > before + 0.2, (before, result["best_dev"])  # a fit on seen groups
+
+
+def test_a_killed_reranker_run_resumes_to_the_same_model(tmp_path, tiny_bert_dir, sample_dir, monkeypatch):
+    import json
+
+    import torch
+
+    import reranker.training as training
+    from indexer.beir import BeirDataset
+    from reranker.training import RerankerConfig, groups_from_split, train_reranker
+
+    ds = BeirDataset(sample_dir)
+    config = RerankerConfig(epochs=2, groups_per_batch=8, negatives=2, lr=1e-3, max_length=48, checkpoint_every=2)
+    groups = groups_from_split(ds, "train", config)
+
+    def fresh():  # the new head is drawn from torch's RNG: the same draw for every run
+        torch.manual_seed(0)
+        return CrossEncoder.load(tiny_bert_dir, allow_untrained_head=True)
+
+    train_reranker(fresh(), groups, config, tmp_path / "straight")
+
+    calls, real = {"n": 0}, training._batch_loss
+    per_epoch = -(-len(groups) // config.groups_per_batch)
+    done = per_epoch + 2  # killed during the third step of epoch 2
+
+    def crashing(model, batch, config):
+        calls["n"] += 1
+        if calls["n"] == done + 1:
+            raise KeyboardInterrupt("simulated kill")
+        return real(model, batch, config)
+
+    monkeypatch.setattr(training, "_batch_loss", crashing)
+    with pytest.raises(KeyboardInterrupt):
+        train_reranker(fresh(), groups, config, tmp_path / "resumed")
+    monkeypatch.setattr(training, "_batch_loss", real)
+    state = json.loads((tmp_path / "resumed.train" / "last" / "trainer_state.json").read_text())
+    assert state["step"] == max(per_epoch, done - done % 2) and state["epoch"] == 1  # the last checkpoint
+    train_reranker(fresh(), groups, config, tmp_path / "resumed")
+    a, b = CrossEncoder.load(tmp_path / "straight").predict(PAIRS), CrossEncoder.load(tmp_path / "resumed").predict(PAIRS)
+    np.testing.assert_allclose(a, b, atol=1e-5)
+    assert np.abs(a - fresh().predict(PAIRS)).max() > 1e-3  # training changed the scores
+
+
+def test_mixed_groups_titles_and_dense_mining(tiny_bert_dir, sample_dir):
+    from indexer.beir import BeirDataset
+    from indexer.errors import ConfigError as CE
+    from reranker.training import RerankerConfig, groups_from_split, title_groups
+
+    ds = BeirDataset(sample_dir)
+    config = RerankerConfig(negatives=4, mine_from=("bm25", "dense"))
+    with pytest.raises(CE, match="retriever-model"):
+        groups_from_split(ds, "train", config)
+    dense_scores = BM25Retriever.build(ds.corpus).scores  # any scorer stands in for the dense one
+    groups = groups_from_split(ds, "train", config, scorers={"dense": lambda q: -dense_scores(q)})
+    sp = ds.split("train")
+    for g in groups:
+        assert len(g.negatives) == 4 and len(set(g.negatives)) == 4 and g.positive not in g.negatives
+    q0 = next(q for q in sp.queries if q.text == groups[0].query)
+    assert not {ds.corpus.get(d).full_text for d in sp.qrels.relevant(q0.id)} & set(groups[0].negatives)
+    titled = title_groups(ds.corpus, 30, RerankerConfig(title_negatives=2))
+    assert len(titled) == 30 and all(len(g.negatives) == 2 and g.positive not in g.negatives for g in titled)
+    by_title = {d.title: d for d in ds.corpus}
+    assert all(by_title[g.query].text == g.positive for g in titled)
+    with pytest.raises(CE, match="mine_from"):
+        RerankerConfig(mine_from=("splade",))
+
+
+def test_interpolation_by_hand():
+    from reranker.interpolation import interpolate, minmax
+
+    first, rerank = np.array([10.0, 8.0, 6.0]), np.array([0.1, 0.9, 0.5])
+    np.testing.assert_allclose(minmax(first), [1, 0.5, 0])
+    np.testing.assert_allclose(interpolate(first, rerank, 0.5), [0.5 * 0 + 0.5 * 1, 0.5 * 1 + 0.5 * 0.5, 0.5 * 0.5 + 0])
+    np.testing.assert_allclose(interpolate(first, rerank, None), rerank)
+    assert np.argmax(interpolate(first, rerank, 0.0)) == 0 and np.argmax(interpolate(first, rerank, 1.0)) == 1
+    with pytest.raises(ConfigError):
+        interpolate(first, rerank, 1.5)
+
+
+def test_a_tokenizer_of_another_model_is_refused(tmp_path, tiny_bert_dir):
+    import shutil
+
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from retriever.biencoder import BiEncoder
+
+    small = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                       intermediate_size=64, max_position_embeddings=64, num_labels=1)
+    BertForSequenceClassification(small).save_pretrained(tmp_path / "m", safe_serialization=True)
+    for f in tiny_bert_dir.iterdir():  # the tiny BERT's tokenizer (1000+ tokens) next to a 64-token model
+        if "token" in f.name or f.name == "vocab.txt":
+            shutil.copy(f, tmp_path / "m" / f.name)
+    with pytest.raises(ConfigError, match="tokenizer belongs to another model"):
+        CrossEncoder.load(tmp_path / "m")
+    with pytest.raises(ConfigError, match="tokenizer belongs to another model"):
+        BiEncoder.load(tmp_path / "m")

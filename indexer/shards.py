@@ -1,0 +1,176 @@
+"""Sharded search: a corpus split into N index directories, queried together, results merged exactly.
+
+Layout: ``SHARDS_DIR/shards.json`` lists the shard directories (each a normal index directory, loadable on
+its own) in corpus order: shard 0 holds the first documents, shard 1 the next, and so on. A query is encoded
+once, every shard returns its own top k, and :func:`merge_topk` (pure, no Ray) keeps the global top k, as
+faiss's ``IndexShards`` does. Ties are broken by shard then by rank within the shard, which with contiguous
+shards is corpus order: exact shards give exactly the single exact index's answer.
+
+Shards are searched in this process (``ShardedIndex.open(..., ray=False)``) or by one Ray actor each
+(``ray=True``; ``address`` joins an existing cluster).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from indexer.atomic import atomic_write_text
+from indexer.corpus import CorpusSource, iter_documents
+from indexer.errors import ConfigError, DataNotFoundError, IndexFormatError
+from indexer.records import Document, RankedList
+from indexer.topk import check_k
+
+logger = logging.getLogger(__name__)
+
+MANIFEST = "shards.json"
+
+
+def merge_topk(results: Sequence[RankedList], k: int) -> RankedList:
+    """The global top ``k`` of per-shard results (each best first). Ties: earlier shard, then better rank."""
+    k = check_k(k)
+    results = [r for r in results if len(r)]
+    if not results:
+        return RankedList(np.array([], dtype=object), np.array([], dtype=np.float32))
+    ids = np.concatenate([np.asarray(r.ids, dtype=object) for r in results])
+    scores = np.concatenate([np.asarray(r.scores, dtype=np.float32) for r in results])
+    shard = np.concatenate([np.full(len(r), i) for i, r in enumerate(results)])
+    rank = np.concatenate([np.arange(len(r)) for r in results])
+    order = np.lexsort((rank, shard, -scores))[:k]
+    return RankedList(ids[order], scores[order])
+
+
+def split_contiguous(documents: Sequence[Document], shards: int) -> list[list[Document]]:
+    """``shards`` contiguous slices of nearly equal size, in corpus order."""
+    if shards <= 0:
+        raise ConfigError(f"the number of shards must be positive, got {shards}")
+    if shards > len(documents):
+        raise ConfigError(f"{shards} shards for {len(documents)} documents: use at most one shard per document")
+    bounds = np.linspace(0, len(documents), shards + 1).round().astype(int)
+    return [list(documents[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def build_shards(corpus: CorpusSource, encoder: Any, out: str | Path, shards: int, *, backend: Any = "flat",
+                 batch_size: int = 32, show_progress: bool = False) -> Path:
+    """Build ``shards`` index directories under ``out`` (one process; see retriever.distributed for Ray)."""
+    from indexer.build import build_index
+
+    out = Path(out)
+    docs = list(iter_documents(corpus))
+    names = []
+    for i, part in enumerate(split_contiguous(docs, shards)):
+        name = f"shard-{i:03d}"
+        build_index(part, encoder, out / name, backend=backend, batch_size=batch_size, show_progress=show_progress)
+        names.append(name)
+    write_manifest(out, names)
+    return out
+
+
+def write_manifest(out: Path, names: Sequence[str]) -> None:
+    atomic_write_text(out / MANIFEST, json.dumps({"format": "twostage-shards/1", "shards": list(names)}, indent=2) + "\n")
+
+
+def read_manifest(path: str | Path) -> list[Path]:
+    path = Path(path)
+    f = path / MANIFEST
+    if not f.is_file():
+        raise DataNotFoundError(f"{path}: no {MANIFEST}; build shards with `twostage index shard`")
+    try:
+        names = json.loads(f.read_text(encoding="utf-8"))["shards"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise IndexFormatError(f"{f}: not a shards manifest") from None
+    missing = [n for n in names if not (path / n / "CURRENT").is_file()]
+    if missing:
+        raise IndexFormatError(f"{path}: shard(s) {', '.join(missing)} listed in {MANIFEST} are not index directories")
+    return [path / n for n in names]
+
+
+class _LocalShard:
+    def __init__(self, path: str) -> None:
+        from indexer.index import Index
+
+        self.index = Index.load(path)
+
+    def search(self, vectors: np.ndarray, k: int, kw: dict[str, Any]) -> list[tuple[list[str], list[float]]]:
+        out = self.index.search(vectors, min(k, len(self.index)), **kw)  # a shard may hold fewer than k
+        return [([str(i) for i in r.ids], [float(s) for s in r.scores]) for r in out]
+
+    def documents(self, ids: Sequence[str]) -> list[dict[str, Any]]:
+        have = [i for i in ids if i in self.index._live_row]
+        return [{"id": d.id, "text": d.text, "title": d.title, "metadata": dict(d.metadata)}
+                for d in self.index.documents(have)]
+
+    def size(self) -> int:
+        return len(self.index)
+
+
+class ShardedIndex:
+    """Shards searched together; ``search(query, k)`` returns one :class:`RankedList` (a first stage)."""
+
+    def __init__(self, shards: list[Any], encoder: Any, *, remote: bool, ray: Any = None) -> None:
+        self._shards, self.encoder, self.remote, self._ray = shards, encoder, remote, ray
+        self._size = sum(self._call("size"))
+
+    @classmethod
+    def open(cls, path: str | Path, encoder: Any, *, ray: bool = False, address: str | None = None,
+             num_cpus: int | None = None, cpus_per_shard: float | None = None) -> ShardedIndex:
+        """Open the shards at ``path``; with ``ray``, one actor per shard holding ``cpus_per_shard`` CPUs (default:
+        one, or an equal share of the cluster when it has fewer CPUs than shards, so every actor can start)."""
+        paths = read_manifest(path)
+        if not ray:
+            return cls([_LocalShard(str(p)) for p in paths], encoder, remote=False)
+        from indexer.ray_util import connect
+
+        ray_mod = connect(address, num_cpus)
+        cluster_cpus = float(ray_mod.cluster_resources().get("CPU", 1.0))
+        if cpus_per_shard is None:
+            cpus_per_shard = min(1.0, cluster_cpus / len(paths))
+        if cpus_per_shard * len(paths) > cluster_cpus:
+            raise ConfigError(f"{len(paths)} shard actors x {cpus_per_shard} CPUs need more than the cluster's "
+                              f"{cluster_cpus:g} CPUs: they would wait forever; lower cpus_per_shard")
+        actor = ray_mod.remote(num_cpus=cpus_per_shard)(_LocalShard)
+        shards = [actor.remote(str(p.resolve())) for p in paths]
+        return cls(shards, encoder, remote=True, ray=ray_mod)
+
+    def __len__(self) -> int:
+        return self._size
+
+    def _call(self, method: str, *args: Any) -> list[Any]:
+        if self.remote:
+            return self._ray.get([getattr(s, method).remote(*args) for s in self._shards])
+        return [getattr(s, method)(*args) for s in self._shards]
+
+    def search_vectors(self, vectors: np.ndarray, k: int = 10, **kw: Any) -> list[RankedList]:
+        k = check_k(k)
+        if k > self._size and "where" not in kw:
+            raise ConfigError(f"k={k} is larger than the sharded index ({self._size} documents)")
+        per_shard = self._call("search", np.ascontiguousarray(vectors, dtype=np.float32), k, kw)
+        return [merge_topk([RankedList(np.array(ids, dtype=object), np.array(s, dtype=np.float32))
+                            for ids, s in (shard[q] for shard in per_shard)], k) for q in range(len(vectors))]
+
+    def search(self, query: str, k: int = 10, **kw: Any) -> RankedList:
+        if self.encoder is None:
+            raise ConfigError("this sharded index has no encoder: pass one to ShardedIndex.open")
+        return self.search_vectors(self.encoder.encode([query], kind="query"), k, **kw)[0]
+
+    def documents(self, ids: Sequence[str]) -> list[Document]:
+        found = {r["id"]: Document(r["id"], r["text"], r["title"], r["metadata"])
+                 for part in self._call("documents", list(ids)) for r in part}
+        return [found[i] for i in ids if i in found]
+
+    def text(self, doc_id: str) -> str:
+        docs = self.documents([doc_id])
+        if not docs:
+            raise KeyError(doc_id)
+        return docs[0].full_text
+
+    def close(self) -> None:
+        if self.remote:
+            for s in self._shards:
+                self._ray.kill(s)
+            self._shards = []

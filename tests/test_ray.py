@@ -1,0 +1,74 @@
+"""Ray encoding and Ray-served shards, on a local Ray instance (skipped when Ray is not installed)."""
+
+import sys
+
+import numpy as np
+import pytest
+
+from indexer.build import build_index
+from indexer.errors import MissingDependencyError
+from indexer.index import Index
+from indexer.shards import ShardedIndex, build_shards
+from tests.test_index import KeywordEncoder
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_ray_encoding_equals_serial_encoding(ray_local, tmp_path, tiny_bert_dir, sample_dir):
+    from retriever.biencoder import BiEncoder
+    from retriever.distributed import build_index_ray
+
+    serial = build_index(sample_dir, BiEncoder.load(tiny_bert_dir), tmp_path / "serial", backend="hnswlib")
+    build_index_ray(sample_dir, tiny_bert_dir, tmp_path / "ray", backend="hnswlib", num_actors=2, chunk_size=37)
+    loaded = Index.load(tmp_path / "ray")  # the normal loader, checksums verified
+    assert list(loaded.doc_ids) == list(serial.doc_ids)  # corpus order kept across actors and chunks
+    np.testing.assert_allclose(np.asarray(loaded.vectors()), np.asarray(serial.vectors()), atol=1e-5)
+    assert loaded.manifest.encoder == serial.manifest.encoder and loaded.manifest.backend == "hnswlib"
+    ids = list(serial.doc_ids[:5])
+    assert loaded.documents(ids) == serial.documents(ids)
+
+
+def test_ray_build_reads_parquet_and_names_bad_records(ray_local, tmp_path, tiny_bert_dir, sample_dir):
+    import pandas as pd
+
+    from indexer.corpus import load_corpus
+    from indexer.errors import DataError
+    from retriever.distributed import build_index_ray
+
+    frame = load_corpus(sample_dir).to_frame()
+    frame.to_parquet(tmp_path / "corpus.parquet")
+    index = build_index_ray(tmp_path / "corpus.parquet", tiny_bert_dir, tmp_path / "idx", backend="flat", num_actors=1)
+    assert len(index) == len(frame)
+    (tmp_path / "bad.jsonl").write_text('{"_id": "a", "text": "fine"}\n{"text": "no id here"}\n')
+    with pytest.raises(Exception, match="_id"):  # Ray wraps worker errors; the message names what is missing
+        build_index_ray(tmp_path / "bad.jsonl", tiny_bert_dir, tmp_path / "bad", backend="flat", num_actors=1)
+    assert not (tmp_path / "bad").exists()
+    del pd, DataError
+
+
+def test_ray_shards_equal_one_exact_index(ray_local, tmp_path, sample_dir):
+    single = build_index(sample_dir, KeywordEncoder(), tmp_path / "single", backend="flat")
+    single.attach_encoder(KeywordEncoder())
+    build_shards(sample_dir, KeywordEncoder(), tmp_path / "sharded", 3, backend="flat")
+    sharded = ShardedIndex.open(tmp_path / "sharded", KeywordEncoder(), ray=True)
+    try:
+        for q in ["cat", "rain and snow", "cook garden music", "history of money", "sleep"]:
+            for k in (1, 10, 100):
+                want, got = single.search(q, k)[0], sharded.search(q, k)
+                assert list(got.ids) == list(want.ids) and np.array_equal(got.scores, want.scores), (q, k)
+    finally:
+        sharded.close()
+
+
+def test_without_ray_the_error_says_how_to_install(monkeypatch):
+    from indexer.ray_util import require_ray
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    with pytest.raises(MissingDependencyError, match=r"pip install 'twostage\[ray\]'"):
+        require_ray()
