@@ -9,10 +9,19 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from indexer.errors import TwostageError
+from indexer.errors import ConfigError, TwostageError
 
 logger = logging.getLogger("twostage")
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "sample"
+
+
+def _interpolation(value: str) -> float | str | None:
+    if value in ("auto", "none"):
+        return None if value == "none" else "auto"
+    try:
+        return float(value)
+    except ValueError:
+        raise ConfigError(f"--rerank-interpolation must be auto, none or a number in [0, 1], got {value!r}") from None
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -23,14 +32,14 @@ def _bench(args: argparse.Namespace) -> int:
 
     options = SystemOptions(retriever_model=args.retriever_model, index=args.index, precision=args.precision,
                             reranker_model=args.reranker_model, rerank_depth=args.rerank_depth,
-                            batch_size=args.batch_size, show_progress=not args.quiet)
+                            rerank_interpolation=_interpolation(args.rerank_interpolation), batch_size=args.batch_size, show_progress=not args.quiet)
     result = run_bench(args.data, args.split, args.systems, k=args.k, ignore_identical_ids=args.ignore_identical_ids,
                        options=options, show_progress=not args.quiet)
     config = {"command": args.command_line, "data": str(args.data), "split": args.split,
               "systems": [s.name for s in result.systems], "k": args.k,
               "ignore_identical_ids": args.ignore_identical_ids, "retriever_model": args.retriever_model,
               "reranker_model": args.reranker_model, "rerank_depth": args.rerank_depth,
-              "precision": args.precision}
+              "rerank_interpolation": args.rerank_interpolation, "precision": args.precision}
     out = write_outputs(result, args.out, config)
     print(markdown_table(result.table()))
     print(f"wrote {out}/report.md, metrics.json, per_query.csv, runs/, recall_at_k.png")
@@ -135,6 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--index", default=None, help="index directory: the dense system searches its ANN structure")
     bench.add_argument("--reranker-model", default=None, help="cross-encoder name or directory (+rerank systems)")
     bench.add_argument("--rerank-depth", type=int, default=100, help="candidates the cross-encoder reads (default 100)")
+    bench.add_argument("--rerank-interpolation", default="auto", help="blend with the first stage's score: auto "
+                       "(the value saved with the reranker, if any), none (reranker alone) or a number in [0, 1]")
     bench.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "int8"], help="bi-encoder inference precision")
     bench.add_argument("--batch-size", type=int, default=32, help="encoding batch size")
     bench.set_defaults(func=_bench)

@@ -20,6 +20,7 @@ class SystemOptions:
     index: str | None = None  # a built index directory: dense search through its ANN structure
     reranker_model: str | None = None
     rerank_depth: int = 100
+    rerank_interpolation: float | str | None = "auto"  # see reranker.pipeline.Pipeline
     precision: str = "fp32"
     batch_size: int = 32
     show_progress: bool = False
@@ -83,7 +84,7 @@ def _reranked(first: SystemFactory) -> SystemFactory:
         texts = {d.id: d.full_text for d in corpus}
         return _Reranked(Pipeline(first(corpus, options), reranker=reranker, texts=texts,
                                   k_retrieve=options.rerank_depth, k=min(10, options.rerank_depth),
-                                  batch_size=options.batch_size))
+                                  batch_size=options.batch_size, interpolation=options.rerank_interpolation))
 
     return build
 

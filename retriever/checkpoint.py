@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -80,7 +81,9 @@ def resume_from(path: str | Path, module: torch.nn.Module, optimizer: torch.opti
         logger.warning("%s holds a checkpoint of another configuration; starting over", path)
         return fresh, {}
     state, extra = load_checkpoint(path, module, optimizer)
-    for _ in range(state["step"]):
-        scheduler.step()
+    with warnings.catch_warnings():  # fast-forwarding the schedule before the next optimizer step is intended
+        warnings.filterwarnings("ignore", message=".*lr_scheduler.step.*")
+        for _ in range(state["step"]):
+            scheduler.step()
     logger.info("resuming from %s at step %d", path, state["step"])
     return state, extra

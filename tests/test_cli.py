@@ -167,3 +167,20 @@ def test_shard_and_search_shards_cli(tmp_path, sample_dir, tiny_bert_dir, capsys
     assert sharded == capsys.readouterr().out.splitlines() and len(sharded) == 5  # same hits, same scores
     assert main(["search", "why do cats purr"]) == 2
     assert "--index DIR or --shards DIR" in capsys.readouterr().err
+
+
+def test_rerank_interpolation_flag(tmp_path, sample_dir, tiny_bert_dir, capsys):
+    from eval.run import Run
+    from reranker.cross_encoder import CrossEncoder
+
+    ce = CrossEncoder.load(tiny_bert_dir, allow_untrained_head=True)
+    ce.head_trained = True
+    ce.save(tmp_path / "ce")
+    args = ["-q", "bench", "--data", str(sample_dir), "--systems", "bm25,bm25+rerank", "--reranker-model",
+            str(tmp_path / "ce"), "--rerank-depth", "20"]
+    assert main([*args, "--rerank-interpolation", "0", "--out", str(tmp_path / "o")]) == 0
+    runs = tmp_path / "o" / "runs"
+    bm25, blended = Run.from_trec(runs / "bm25.trec"), Run.from_trec(runs / "bm25+rerank.trec")
+    assert all(list(blended[q].ids) == list(bm25[q].ids) for q in bm25)  # alpha 0: the first stage's order
+    assert main([*args, "--rerank-interpolation", "lots", "--out", str(tmp_path / "p")]) == 2
+    assert "--rerank-interpolation" in capsys.readouterr().err
