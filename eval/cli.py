@@ -7,6 +7,7 @@ import logging
 import shlex
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from indexer.errors import ConfigError, TwostageError
@@ -25,24 +26,48 @@ def _interpolation(value: str) -> float | str | None:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    import time
+
     from eval.harness import run_bench
     from eval.report import markdown_table, write_outputs
+    from eval.systems import NEEDS_MODEL, NEEDS_RERANKER, SYSTEMS, SystemOptions, resolve_systems
 
-    from eval.systems import SystemOptions
+    retriever_model, reranker_model, trained = args.retriever_model, args.reranker_model, None
+    if args.train_split:
+        from eval.train_models import TrainSettings, load_settings, train_models
 
-    options = SystemOptions(retriever_model=args.retriever_model, index=args.index, precision=args.precision,
-                            reranker_model=args.reranker_model, rerank_depth=args.rerank_depth,
-                            rerank_interpolation=_interpolation(args.rerank_interpolation), batch_size=args.batch_size, show_progress=not args.quiet)
+        names = list(SYSTEMS) if args.systems.strip() == "all" else resolve_systems(args.systems)
+        settings = load_settings(args.train_settings) if args.train_settings else TrainSettings()
+        if args.base:
+            settings = replace(settings, base=args.base)
+        trained = train_models(args.data, args.train_split, args.split,
+                               args.models_dir or Path(f"{args.out}.models"), settings,
+                               retriever=retriever_model or None,
+                               need_retriever=any(n in NEEDS_MODEL for n in names) and not args.index,
+                               need_reranker=any(n in NEEDS_RERANKER for n in names) and not reranker_model,
+                               show_progress=not args.quiet)
+        retriever_model, reranker_model = trained.retriever or retriever_model, trained.reranker or reranker_model
+    elif args.train_settings or args.base:
+        raise ConfigError("--train-settings and --base only apply with --train-split")
+    options = SystemOptions(retriever_model=retriever_model, index=args.index, precision=args.precision,
+                            reranker_model=reranker_model, rerank_depth=args.rerank_depth,
+                            rerank_interpolation=_interpolation(args.rerank_interpolation),
+                            batch_size=args.batch_size, show_progress=not args.quiet)
+    t = time.perf_counter()
     result = run_bench(args.data, args.split, args.systems, k=args.k, ignore_identical_ids=args.ignore_identical_ids,
                        options=options, show_progress=not args.quiet)
+    phases = {**(trained.seconds if trained else {}), "evaluate_s": time.perf_counter() - t}
     config = {"command": args.command_line, "data": str(args.data), "split": args.split,
               "systems": [s.name for s in result.systems], "k": args.k,
-              "ignore_identical_ids": args.ignore_identical_ids, "retriever_model": args.retriever_model,
-              "reranker_model": args.reranker_model, "rerank_depth": args.rerank_depth,
-              "rerank_interpolation": args.rerank_interpolation, "precision": args.precision}
+              "ignore_identical_ids": args.ignore_identical_ids, "retriever_model": retriever_model,
+              "reranker_model": reranker_model, "rerank_depth": args.rerank_depth,
+              "rerank_interpolation": args.rerank_interpolation, "precision": args.precision,
+              "train_split": args.train_split, "train_settings": trained.settings if trained else None,
+              "phase_seconds": phases}
     out = write_outputs(result, args.out, config)
     print(markdown_table(result.table()))
-    print(f"wrote {out}/report.md, metrics.json, per_query.csv, runs/, recall_at_k.png")
+    print("phases: " + ", ".join(f"{k} {v:.0f}" for k, v in phases.items()))
+    print(f"wrote {out}/report.md, metrics.json, per_query.csv, runs/, recall_at_k.png, config.json")
     return 0
 
 
@@ -144,6 +169,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--index", default=None, help="index directory: the dense system searches its ANN structure")
     bench.add_argument("--reranker-model", default=None, help="cross-encoder name or directory (+rerank systems)")
     bench.add_argument("--rerank-depth", type=int, default=100, help="candidates the cross-encoder reads (default 100)")
+    bench.add_argument("--train-split", default=None, help="train the missing models on this split first (a dev "
+                       "part is held out of it; the evaluated split is never used), e.g. train")
+    bench.add_argument("--base", default=None, help="base model for --train-split (default all-MiniLM-L6-v2)")
+    bench.add_argument("--train-settings", default=None, help="JSON file of training settings for --train-split "
+                       "(the shape config.json records; missing fields keep their defaults)")
+    bench.add_argument("--models-dir", type=Path, default=None, help="where --train-split puts the models "
+                       "(default: OUT.models)")
     bench.add_argument("--rerank-interpolation", default="auto", help="blend with the first stage's score: auto "
                        "(the value saved with the reranker, if any), none (reranker alone) or a number in [0, 1]")
     bench.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "int8"], help="bi-encoder inference precision")

@@ -184,3 +184,31 @@ def test_rerank_interpolation_flag(tmp_path, sample_dir, tiny_bert_dir, capsys):
     assert all(list(blended[q].ids) == list(bm25[q].ids) for q in bm25)  # alpha 0: the first stage's order
     assert main([*args, "--rerank-interpolation", "lots", "--out", str(tmp_path / "p")]) == 2
     assert "--rerank-interpolation" in capsys.readouterr().err
+
+
+def test_bench_trains_both_models_on_the_train_split(tmp_path, sample_dir, tiny_bert_dir, capsys):
+    settings = {"retriever": {"train": {"epochs": 1, "batch_size": 8, "bf16": False}},
+                "reranker": {"epochs": 1, "negatives": 2, "max_length": 48, "title_groups": 10, "bf16": False,
+                             "mining": {"num_negatives": 2, "depth": 20}}}
+    (tmp_path / "s.json").write_text(json.dumps(settings))
+    args = ["-q", "bench", "--data", str(sample_dir), "--split", "test", "--systems", "all", "--base", str(tiny_bert_dir),
+            "--train-settings", str(tmp_path / "s.json"), "--rerank-depth", "10", "--out", str(tmp_path / "o")]
+    assert main([*args, "--train-split", "train"]) == 0
+    config = json.loads((tmp_path / "o" / "config.json").read_text())
+    assert set(config["phase_seconds"]) == {"train_retriever_s", "train_reranker_s", "evaluate_s"}
+    assert config["train_settings"]["reranker"]["title_groups"] == 10 and config["train_split"] == "train"
+    metrics = json.loads((tmp_path / "o" / "metrics.json").read_text())
+    assert {"dense", "hybrid", "bm25+rerank", "dense+rerank", "hybrid+rerank"} <= set(metrics)
+    models = tmp_path / "o.models"
+    reranker = json.loads((models / "reranker" / "twostage.json").read_text())
+    test_ids = {line.split("\t")[0]
+                for line in (sample_dir / "qrels" / "test.tsv").read_text().splitlines()[1:]}
+    assert reranker["training"]["split"] == "train" and not set(reranker["training"]["dev_queries"]) & test_ids
+    assert reranker["training"]["config"]["mine_from"] == ["bm25", "dense"]  # dense negatives from the new model
+    capsys.readouterr()
+    assert main([*args, "--train-split", "test", "--out", str(tmp_path / "p")]) == 2
+    assert "never see the test" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text(json.dumps({"reranker": {"epoch": 1}}))
+    assert main([*args[:-6], "--train-settings", str(tmp_path / "bad.json"), "--train-split", "train", "--out",
+                 str(tmp_path / "q")]) == 2
+    assert "unknown setting(s) epoch" in capsys.readouterr().err

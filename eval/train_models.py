@@ -1,0 +1,131 @@
+"""Training both models for ``twostage bench --train-split``: the bi-encoder first, then the reranker (whose
+dense negatives come from that bi-encoder), both on the train split only.
+
+Both hold out the same train queries as dev (same fraction, same seed): they pick the bi-encoder's epoch, the
+reranker's epoch and the reranker's blend with the first stage. The evaluation split is never read here.
+Settings are dataclasses saved as JSON with the report, so a run can be repeated (``--train-settings FILE``
+reads the same shape back; any field left out keeps its default).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from indexer.errors import ConfigError
+from reranker.training import RerankerConfig, train_reranker_on
+from retriever.mining import MiningConfig
+from retriever.recipe import RetrieverRecipe, train_retriever
+from retriever.trainer import TrainConfig
+
+logger = logging.getLogger(__name__)
+
+
+def _default_retriever() -> RetrieverRecipe:
+    return RetrieverRecipe(train=TrainConfig(epochs=3, batch_size=32, lr=3e-5, bf16=True), negatives=1)
+
+
+def _default_reranker() -> RerankerConfig:
+    return RerankerConfig(epochs=2, negatives=7, lr=5e-5, max_length=192, bf16=True, mine_from=("bm25", "dense"),
+                          title_groups=1500, mining=MiningConfig(num_negatives=7, depth=50, skip_top=0))
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """What ``bench --train-split`` trains (defaults: the recipes measured on SciFact in benchmarks/results)."""
+
+    base: str = "all-MiniLM-L6-v2"
+    dev_fraction: float = 0.1
+    seed: int = 42
+    dev_depth: int = 30
+    retriever: RetrieverRecipe = field(default_factory=_default_retriever)
+    reranker: RerankerConfig = field(default_factory=_default_reranker)
+
+    def aligned(self) -> TrainSettings:
+        """The same dev queries for both models: one fraction, one seed."""
+        retriever = replace(self.retriever, dev_fraction=self.dev_fraction,
+                            train=replace(self.retriever.train, seed=self.seed))
+        return replace(self, retriever=retriever, reranker=replace(self.reranker, seed=self.seed))
+
+
+def _build(current: Any, data: dict[str, Any], where: str) -> Any:
+    """``current`` (a dataclass instance) with the fields ``data`` names replaced, nested ones too."""
+    known = [f.name for f in fields(current)]
+    unknown = set(data) - set(known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}; known: {', '.join(known)}")
+    values = {}
+    for name, value in data.items():
+        default = getattr(current, name)
+        if is_dataclass(default) and isinstance(value, dict):
+            values[name] = _build(default, value, f"{where}.{name}")
+        else:
+            values[name] = tuple(value) if isinstance(default, tuple) else value
+    try:
+        return replace(current, **values)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def load_settings(path: str | Path) -> TrainSettings:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the training settings ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the training settings must be a JSON object")
+    return _build(TrainSettings(), data, str(path))
+
+
+@dataclass(frozen=True)
+class TrainedModels:
+    retriever: str | None
+    reranker: str | None
+    seconds: dict[str, float]
+    settings: dict[str, Any]
+
+
+def train_models(data: str | Path, train_split: str, eval_split: str, models_dir: str | Path,
+                 settings: TrainSettings = TrainSettings(), *, retriever: str | None = None,
+                 need_retriever: bool = True, need_reranker: bool = True,
+                 show_progress: bool = False) -> TrainedModels:
+    """Train what is needed into ``models_dir`` (``retriever/``, ``reranker/``); a given ``retriever`` is used
+    as is (for the reranker's dense negatives)."""
+    from eval.metrics import evaluate
+    from retriever.biencoder import BiEncoder
+
+    if train_split == eval_split:
+        raise ConfigError(f"--train-split {train_split} is the evaluated split: models must never see the test "
+                          "queries; train on another split (e.g. train)")
+    settings = settings.aligned()
+    models_dir = Path(models_dir)
+    seconds: dict[str, float] = {}
+
+    def ndcg(qrels: Any, run: Any) -> float:
+        return float(evaluate(qrels, run, ["ndcg@10"])["ndcg@10"].mean())
+
+    if need_retriever and retriever is None:
+        t = time.perf_counter()
+        out = models_dir / "retriever"
+        train_retriever(data, train_split, settings.base, out, settings.retriever, dev_metric=ndcg,
+                        show_progress=show_progress)
+        retriever = str(out)
+        seconds["train_retriever_s"] = time.perf_counter() - t
+    reranker = None
+    if need_reranker:
+        t = time.perf_counter()
+        out = models_dir / "reranker"
+        config = settings.reranker
+        encoder = BiEncoder.load(retriever, precision="bf16" if config.bf16 else "fp32") if retriever else None
+        if encoder is None and "dense" in config.mine_from:
+            config = replace(config, mine_from=("bm25",))
+        train_reranker_on(data, train_split, settings.base, out, config, dev_fraction=settings.dev_fraction,
+                          dev_depth=settings.dev_depth, dev_metric=ndcg, retriever=encoder,
+                          show_progress=show_progress)
+        reranker = str(out)
+        seconds["train_reranker_s"] = time.perf_counter() - t
+    return TrainedModels(retriever, reranker, seconds, json.loads(json.dumps(asdict(settings), default=str)))
