@@ -80,24 +80,10 @@ def _download(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from eval.harness import run_bench
-    from eval.report import markdown_table, write_outputs
-    data = Path(args.data)
-    print(f"twostage demo on {data}: every system against BM25 on the test queries\n")
-    result = run_bench(data, "test", "all", k=100, show_progress=not args.quiet)
-    write_outputs(result, args.out, {"command": args.command_line, "data": str(data), "split": "test"})
-    print(markdown_table(result.table()))
-    bm25 = next(s for s in result.systems if s.name == "bm25")
-    from indexer.beir import BeirDataset
+    from eval.demo import run_demo
 
-    corpus = BeirDataset(data).corpus
-    for query in result.split.queries[:3]:
-        print(f"\nquery {query.id}: {query.text}")
-        relevant = result.split.qrels.relevant(query.id)
-        for rank, (doc_id, score) in enumerate(zip(bm25.run[query.id].ids[:5], bm25.run[query.id].scores), 1):
-            mark = "*" if doc_id in relevant else " "
-            print(f"  {rank}. {mark} [{score:6.2f}] {doc_id}: {corpus.get(doc_id).title}")
-    print(f"\n(* = judged relevant)  full report: {args.out}/report.md")
+    print(f"twostage demo on {args.data}: train both stages, index, evaluate every system against BM25\n")
+    run_demo(args.data, args.out, base=args.base, command=args.command_line, show_progress=not args.quiet)
     return 0
 
 
@@ -246,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="run the demo on the bundled sample collection")
     demo.add_argument("--data", type=Path, default=SAMPLE, help=argparse.SUPPRESS)
+    demo.add_argument("--base", default="all-MiniLM-L6-v2", help=argparse.SUPPRESS)
     demo.add_argument("--out", type=Path, default=Path("out/demo"), help="where the report goes (default: out/demo)")
     demo.set_defaults(func=_demo)
     return parser

@@ -40,10 +40,14 @@ def test_verbose_shows_the_traceback(tmp_path):
         main(["-v", "bench", "--data", str(tmp_path / "none"), "--out", str(tmp_path / "o")])
 
 
-def test_demo_runs_on_the_sample(tmp_path, capsys):
-    assert main(["-q", "demo", "--out", str(tmp_path / "demo")]) == 0
+def test_demo_runs_on_the_sample(tmp_path, capsys, tiny_bert_dir):
+    assert main(["-q", "demo", "--out", str(tmp_path / "demo"), "--base", str(tiny_bert_dir)]) == 0
     out = capsys.readouterr().out
-    assert "| bm25 |" in out and out.count("\nquery ") == 3
+    assert "| bm25 |" in out and "| hybrid+rerank |" in out and out.count("\nquery ") == 3
+    assert "dense first stage (HNSW)" in out and "reranked" in out
+    config = json.loads((tmp_path / "demo" / "config.json").read_text())
+    assert {"weights_s", "train_retriever_s", "train_reranker_s", "index_s", "evaluate_s"} == set(config["phase_seconds"])
+    assert (tmp_path / "demo.models" / "index" / "CURRENT").is_file()
 
 
 def test_train_retriever_then_bench_dense(tmp_path, sample_dir, tiny_bert_dir, capsys):
