@@ -25,7 +25,7 @@ from eval.report import versions  # noqa: E402
 from indexer.beir import BeirDataset  # noqa: E402
 from indexer.records import RankedList  # noqa: E402
 from reranker.cross_encoder import CrossEncoder  # noqa: E402
-from reranker.interpolation import interpolate, order_by  # noqa: E402
+from reranker.interpolation import rerank_order  # noqa: E402
 from retriever.biencoder import BiEncoder  # noqa: E402
 from retriever.dense import DenseRetriever  # noqa: E402
 
@@ -56,9 +56,8 @@ def main() -> None:
             run, start = {}, 0
             for q in queries:
                 first = firsts[q.id]
-                s = interpolate(first.scores, scores[start:start + len(first)], alpha)
+                o, s = rerank_order(first.scores, scores[start:start + len(first)], alpha)
                 start += len(first)
-                o = order_by(s)
                 run[q.id] = RankedList(first.ids[o], s[o])
             table = evaluate(split.qrels, run, ["ndcg@10", "mrr@10"])
             row[f"{mode} nDCG@10"], row[f"{mode} MRR@10"] = float(table["ndcg@10"].mean()), float(table["mrr@10"].mean())

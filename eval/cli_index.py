@@ -91,10 +91,11 @@ def _shard(args: argparse.Namespace) -> int:
 def _search(args: argparse.Namespace) -> int:
     where = dict(kv.split("=", 1) for kv in args.where or []) or None
     if args.shards:
-        from indexer.shards import ShardedIndex, read_manifest
-        from indexer.index import Index
+        from indexer.index import current_version
+        from indexer.manifest import read_manifest
+        from indexer.shards import ShardedIndex, shard_paths
 
-        model = Index.load(read_manifest(args.shards)[0], verify=False).manifest.encoder.name
+        model = read_manifest(current_version(shard_paths(args.shards)[0])).encoder.name
         index = ShardedIndex.open(args.shards, _encoder(model), ray=args.ray or bool(args.ray_address),
                                   address=args.ray_address)
         result = index.search(args.query, args.k, **({"where": where} if where else {}))

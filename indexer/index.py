@@ -171,6 +171,10 @@ class Index:
     def __len__(self) -> int:
         return self.manifest.live
 
+    def __contains__(self, doc_id: object) -> bool:
+        """Whether ``doc_id`` is a live (not deleted) document of this version."""
+        return doc_id in self._live_row
+
     @property
     def dim(self) -> int:
         return self.manifest.encoder.dim

@@ -75,7 +75,8 @@ def write_manifest(out: Path, names: Sequence[str]) -> None:
     atomic_write_text(out / MANIFEST, json.dumps({"format": "twostage-shards/1", "shards": list(names)}, indent=2) + "\n")
 
 
-def read_manifest(path: str | Path) -> list[Path]:
+def shard_paths(path: str | Path) -> list[Path]:
+    """The shard directories ``shards.json`` lists, in order, each checked to be an index directory."""
     path = Path(path)
     f = path / MANIFEST
     if not f.is_file():
@@ -100,10 +101,8 @@ class _LocalShard:
         out = self.index.search(vectors, min(k, len(self.index)), **kw)  # a shard may hold fewer than k
         return [([str(i) for i in r.ids], [float(s) for s in r.scores]) for r in out]
 
-    def documents(self, ids: Sequence[str]) -> list[dict[str, Any]]:
-        have = [i for i in ids if i in self.index._live_row]
-        return [{"id": d.id, "text": d.text, "title": d.title, "metadata": dict(d.metadata)}
-                for d in self.index.documents(have)]
+    def documents(self, ids: Sequence[str]) -> list[Document]:
+        return self.index.documents([i for i in ids if i in self.index])
 
     def size(self) -> int:
         return len(self.index)
@@ -121,7 +120,7 @@ class ShardedIndex:
              num_cpus: int | None = None, cpus_per_shard: float | None = None) -> ShardedIndex:
         """Open the shards at ``path``; with ``ray``, one actor per shard holding ``cpus_per_shard`` CPUs (default:
         one, or an equal share of the cluster when it has fewer CPUs than shards, so every actor can start)."""
-        paths = read_manifest(path)
+        paths = shard_paths(path)
         if not ray:
             return cls([_LocalShard(str(p)) for p in paths], encoder, remote=False)
         from indexer.ray_util import connect
@@ -159,8 +158,7 @@ class ShardedIndex:
         return self.search_vectors(self.encoder.encode([query], kind="query"), k, **kw)[0]
 
     def documents(self, ids: Sequence[str]) -> list[Document]:
-        found = {r["id"]: Document(r["id"], r["text"], r["title"], r["metadata"])
-                 for part in self._call("documents", list(ids)) for r in part}
+        found = {d.id: d for part in self._call("documents", list(ids)) for d in part}
         return [found[i] for i in ids if i in found]
 
     def text(self, doc_id: str) -> str:

@@ -19,7 +19,7 @@ import torch
 from indexer.atomic import atomic_directory
 from indexer.errors import ConfigError, DataError, TwostageError
 from retriever.biencoder import check_texts
-from retriever.hf import cap_max_length, check_tokenizer, with_precision
+from retriever.hf import cap_max_length, check_tokenizer, require_tokenizer_files, with_precision
 from retriever.weights import ModelNotFoundError, resolve_model
 
 logger = logging.getLogger(__name__)
@@ -69,8 +69,7 @@ class CrossEncoder(torch.nn.Module):
                        set(info.get("missing_keys", ())) | {m[0] for m in info.get("mismatched_keys", ())})
         meta = _read_meta(path)
         head_trained = not head_new and meta.get("head_trained", True)
-        if not any((path / f).is_file() for f in ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json")):
-            raise ModelNotFoundError(f"{path}: no tokenizer files (tokenizer.json or vocab.txt)")
+        require_tokenizer_files(path)
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
         check_tokenizer(model, tokenizer, path)
         limit = max_length or meta.get("max_length") or min(512, int(getattr(tokenizer, "model_max_length", 512) or 512))

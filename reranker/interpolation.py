@@ -41,6 +41,12 @@ def order_by(scores: np.ndarray) -> np.ndarray:
     return np.lexsort((np.arange(len(scores)), -np.asarray(scores)))
 
 
+def rerank_order(first: np.ndarray, rerank: np.ndarray, alpha: float | None) -> tuple[np.ndarray, np.ndarray]:
+    """The candidates' new order (best first) and their final scores (in candidate order)."""
+    scores = interpolate(first, rerank, alpha)
+    return order_by(scores), scores
+
+
 @dataclass(frozen=True)
 class InterpolationChoice:
     """The chosen ``alpha`` and the dev metric at every ``alpha`` tried (mean over the first stages)."""
@@ -73,12 +79,8 @@ def select_interpolation(model: Any, first_stages: Mapping[str, Any], queries: S
         for per_query in cached:
             run = {}
             for qid, (first, rerank) in per_query.items():
-                if not len(first):
-                    run[qid] = first
-                    continue
-                s = interpolate(first.scores, rerank, float(alpha))
-                o = order_by(s)
-                run[qid] = RankedList(first.ids[o], s[o])
+                order, scores = rerank_order(first.scores, rerank, float(alpha))
+                run[qid] = RankedList(first.ids[order], scores[order])
             values.append(float(metric(qrels, run)))
         results.append((float(alpha), float(np.mean(values))))
     best = max(results, key=lambda r: (round(r[1], 10), r[0]))

@@ -17,7 +17,7 @@ from indexer.errors import ConfigError
 from indexer.protocols import Retriever
 from indexer.records import Hit, RankedList
 from indexer.topk import check_k
-from reranker.interpolation import interpolate, order_by
+from reranker.interpolation import rerank_order
 
 
 @dataclass(frozen=True)
@@ -60,8 +60,7 @@ class Pipeline:
         """The new order of ``candidates`` (equal scores keep first-stage order) and their final scores: the
         reranker's, or blended with the first stage's when ``interpolation`` is set."""
         scores = self.reranker.score(query, [self._text(str(d)) for d in candidates.ids], batch_size=self.batch_size)
-        scores = interpolate(candidates.scores, scores, self.interpolation)
-        return order_by(scores), scores
+        return rerank_order(candidates.scores, scores, self.interpolation)
 
     def _run(self, query: str, k: int, k_retrieve: int) -> tuple[RankedList, np.ndarray | None, dict[str, float]]:
         t0 = time.perf_counter()

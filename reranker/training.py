@@ -153,8 +153,7 @@ def title_groups(corpus: Corpus, n: int, config: RerankerConfig, bm25: BM25Retri
     queries = [Query(f"title:{d.id}", d.title) for d in picked]
     qrels = Qrels(Judgment(q.id, d.id, 1) for q, d in zip(queries, picked))
     scorer = (bm25 or BM25Retriever.build(corpus)).scores
-    sub = RerankerConfig(**{**asdict(config), "mine_from": ("bm25",), "mining": config.mining})
-    negs = _mine(queries, qrels, corpus, {"bm25": scorer}, sub, config.title_negatives)
+    negs = _mine(queries, qrels, corpus, {"bm25": scorer}, config, config.title_negatives)
     return [Group(d.title, d.text, tuple(corpus.get(x).text or corpus.get(x).full_text for x in negs[q.id]))
             for q, d in zip(queries, picked)]
 

@@ -20,7 +20,7 @@ import torch
 from indexer.atomic import atomic_directory
 from indexer.errors import ConfigError, DataError
 from indexer.manifest import EncoderInfo
-from retriever.hf import cap_max_length, check_tokenizer, with_precision
+from retriever.hf import cap_max_length, check_tokenizer, require_tokenizer_files, with_precision
 from retriever.pooling import check_pooling, mode_from_st_config, pool, st_pooling_config
 from retriever.weights import ModelNotFoundError, resolve_model
 
@@ -131,8 +131,7 @@ class BiEncoder(torch.nn.Module):
                 raise ModelNotFoundError(f"{path}: only pickle-based .bin weights; twostage loads safetensors only "
                                          "(convert with transformers' save_pretrained(safe_serialization=True))")
             raise ModelNotFoundError(f"{path}: no model weights (model.safetensors)")
-        if not any((path / f).is_file() for f in ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json")):
-            raise ModelNotFoundError(f"{path}: no tokenizer files (tokenizer.json or vocab.txt)")
+        require_tokenizer_files(path)
         config = config_from_directory(path)
         unknown = set(overrides) - set(BiEncoderConfig.__dataclass_fields__)
         if unknown:

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from indexer.errors import ConfigError
+from retriever.weights import ModelNotFoundError
 
 logger = logging.getLogger(__name__)
 PRECISIONS = ("fp32", "bf16", "int8")
@@ -20,6 +21,15 @@ def cap_max_length(model: Any, max_length: int) -> int:
         logger.info("max_length %d capped at the model's %d positions", max_length, positions)
         return int(positions)
     return max_length
+
+
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json")
+
+
+def require_tokenizer_files(path: Any) -> None:
+    """A model directory must hold its tokenizer (we never fetch one from elsewhere)."""
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        raise ModelNotFoundError(f"{path}: no tokenizer files (tokenizer.json or vocab.txt)")
 
 
 def check_tokenizer(model: Any, tokenizer: Any, where: Any) -> None:
