@@ -96,14 +96,21 @@ def _train_retriever(args: argparse.Namespace) -> int:
     recipe = RetrieverRecipe(
         train=TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed, bf16=args.bf16,
                           scale=args.scale, symmetric=args.symmetric, mini_batch_size=args.mini_batch_size,
-                          warmup_ratio=args.warmup_ratio),
+                          warmup_ratio=args.warmup_ratio, margin_rank_weight=args.margin_rank_weight),
         negatives=args.negatives, mine_from=args.mine_from,
         mining=MiningConfig(depth=args.mine_depth, skip_top=args.mine_skip_top, max_ratio=args.mine_max_ratio,
                             seed=args.seed),
-        title_pairs=args.title_pairs, dev_fraction=args.dev_fraction, max_length=args.max_length)
+        title_pairs=args.title_pairs, dev_fraction=args.dev_fraction, max_length=args.max_length,
+        mine_with=args.mine_with, nli=tuple(str(p) for p in args.nli), nli_pairs=args.nli_pairs)
+    teacher = None
+    if args.teacher:
+        from reranker.cross_encoder import CrossEncoder
+
+        ce = CrossEncoder.load(args.teacher, precision="bf16" if args.bf16 else "fp32")
+        teacher = lambda pairs: ce.predict(pairs, activation=None, show_progress=not args.quiet)  # noqa: E731
     result = train_retriever(args.data, args.split, args.base, args.out, recipe,
                              dev_metric=lambda qrels, run: float(evaluate(qrels, run, ["ndcg@10"])["ndcg@10"].mean()),
-                             show_progress=not args.quiet)
+                             teacher=teacher, teacher_name=str(args.teacher or ""), show_progress=not args.quiet)
     print(f"trained {result.steps} steps in {result.seconds:.0f} s; model in {result.model_dir}"
           + (f" (best dev nDCG@10 {result.best_dev:.4f})" if result.best_dev is not None else ""))
     return 0
@@ -186,7 +193,16 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--mine-skip-top", type=int, default=3)
     tr.add_argument("--mine-max-ratio", type=float, default=0.95, help="false-negative guard: drop candidates "
                     "scoring above this fraction of the positive's score")
+    tr.add_argument("--mine-with", default=None, help="a trained bi-encoder to mine the dense negatives with "
+                    "(a second round; needs --mine-from dense)")
     tr.add_argument("--title-pairs", type=int, default=0, help="add this many (title, text) pairs of the corpus")
+    tr.add_argument("--nli", type=Path, nargs="*", default=[], help="NLI jsonl files (SNLI or SICK rows) added as "
+                    "(premise, entailed, contradiction) triplets")
+    tr.add_argument("--nli-pairs", type=int, default=0, help="at most this many NLI triplets (0: all)")
+    tr.add_argument("--teacher", default=None, help="a trained cross-encoder: distil its score margins on the "
+                    "(query, positive, hard negative) triples (MarginMSE, plus MNRL)")
+    tr.add_argument("--margin-rank-weight", type=float, default=1.0, help="weight of MNRL next to MarginMSE "
+                    "(0: distillation alone)")
     tr.add_argument("--mini-batch-size", type=int, default=0, help="GradCache mini-batch (0: off)")
     tr.add_argument("--dev-fraction", type=float, default=0.0, help="train queries held out to pick the best epoch")
     tr.add_argument("--max-length", type=int, default=None)

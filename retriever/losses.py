@@ -136,3 +136,29 @@ class CosineSimilarityLoss(torch.nn.Module):
 
     def forward(self, u: torch.Tensor, v: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         return F.mse_loss(F.cosine_similarity(u, v, dim=-1), scores.to(u.dtype))
+
+
+class MarginMSELoss(torch.nn.Module):
+    """Distillation of a teacher's score margins (Hofstätter et al. 2020, "Margin-MSE").
+
+    Input: ``anchors`` (B, d), ``positives`` (B, d), ``negatives`` (B, m, d) and ``margins`` (B, m): the
+    teacher's (e.g. the cross-encoder's) score of (anchor, positive) minus its score of (anchor, negative j).
+    The student's score is ``scale * cos`` (the same units as MultipleNegativesRankingLoss's logits):
+
+        L = mean_ij ( scale * (cos(a_i, p_i) - cos(a_i, n_ij)) - margin_ij )^2
+
+    Only differences are matched, so the teacher's scores need no calibration to the student's.
+    """
+
+    def __init__(self, scale: float = 20.0) -> None:
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, anchors: torch.Tensor, positives: torch.Tensor, negatives: torch.Tensor,
+                margins: torch.Tensor) -> torch.Tensor:
+        if negatives.dim() != 3 or margins.shape != negatives.shape[:2]:
+            raise ConfigError(f"negatives {tuple(negatives.shape)} must be (B, m, d) and margins {tuple(margins.shape)} (B, m)")
+        a = F.normalize(anchors, dim=-1)
+        pos = (a * F.normalize(positives, dim=-1)).sum(-1, keepdim=True)  # (B, 1)
+        neg = torch.einsum("bd,bmd->bm", a, F.normalize(negatives, dim=-1))
+        return F.mse_loss(self.scale * (pos - neg), margins.to(pos.dtype))

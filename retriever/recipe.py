@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from indexer.beir import BeirDataset
-from indexer.errors import ConfigError
+from indexer.errors import ConfigError, DataError
 from indexer.records import Qrels, RankedList
 from retriever.biencoder import BiEncoder
 from retriever.bm25 import BM25Retriever
 from retriever.dense import DenseRetriever
 from retriever.mining import MiningConfig, mine_hard_negatives, save_negatives
 from retriever.trainer import TrainConfig, TrainResult, train
-from retriever.training_data import hold_out, pairs_from_qrels, pairs_from_titles
+from retriever.training_data import (PairScorer, TrainingSet, hold_out, nli_triplets, pairs_from_qrels, pairs_from_titles,
+                                     with_margins)
 
 logger = logging.getLogger(__name__)
 
@@ -31,9 +32,12 @@ class RetrieverRecipe:
 
     train: TrainConfig = field(default_factory=TrainConfig)
     negatives: int = 1
-    mine_from: str = "bm25"  # "bm25" or "dense" (the base model)
+    mine_from: str = "bm25"  # "bm25" or "dense" (the base model, or ``mine_with``)
+    mine_with: str | None = None  # a trained bi-encoder to mine dense negatives with (a second round)
     mining: MiningConfig = field(default_factory=MiningConfig)
     title_pairs: int = 0  # add up to this many (title, text) pairs of the corpus as a second training set
+    nli: tuple[str, ...] = ()  # NLI jsonl files (SNLI / SICK rows) added as (premise, entailed, contradiction)
+    nli_pairs: int = 0  # at most this many NLI examples (0: all)
     dev_fraction: float = 0.0  # train queries held out for model selection
     dev_candidates: int = 30  # dev evaluation ranks the union of each dev query's BM25 top-N and positives
     max_length: int | None = None
@@ -43,12 +47,29 @@ class RetrieverRecipe:
             raise ConfigError(f"mine_from must be 'bm25' or 'dense', got {self.mine_from!r}")
         if not 0 <= self.dev_fraction < 1:
             raise ConfigError("dev_fraction must be in [0, 1)")
+        if self.mine_with and self.mine_from != "dense":
+            raise ConfigError("mine_with names a bi-encoder to mine with: it needs mine_from='dense'")
+
+
+def _sample(training_set: TrainingSet, n: int, seed: int) -> TrainingSet:
+    """At most ``n`` examples of ``training_set`` (a seeded sample, order kept); all of them when n is 0."""
+    if not n or n >= len(training_set.examples):
+        return training_set
+    pick = np.random.default_rng(seed).permutation(len(training_set.examples))[:n]
+    return replace(training_set, examples=tuple(training_set.examples[i] for i in sorted(pick)))
 
 
 def train_retriever(data: str | Path | BeirDataset, split: str, base: str, out: str | Path,
                     recipe: RetrieverRecipe = RetrieverRecipe(), *, dev_metric: DevMetric | None = None,
-                    show_progress: bool = False) -> TrainResult:
-    """Fine-tune ``base`` on ``split`` of a BEIR directory and save the model to ``out``."""
+                    teacher: PairScorer | None = None, teacher_name: str = "", show_progress: bool = False) -> TrainResult:
+    """Fine-tune ``base`` on ``split`` of a BEIR directory and save the model to ``out``.
+
+    With ``teacher`` (a function scoring (query, document) pairs, e.g. a cross-encoder's logits), the queries
+    with hard negatives train with MarginMSE distillation of the teacher's margins plus MNRL
+    (``recipe.train.margin_rank_weight``); the recipe needs ``negatives`` > 0 for that.
+    """
+    if teacher is not None and not recipe.negatives:
+        raise ConfigError("distillation from a teacher needs hard negatives: set negatives > 0")
     ds = data if isinstance(data, BeirDataset) else BeirDataset(data)
     sp = ds.split(split)
     corpus = ds.corpus
@@ -62,7 +83,8 @@ def train_retriever(data: str | Path | BeirDataset, split: str, base: str, out: 
         if recipe.mine_from == "bm25":
             scorer = bm25.scores  # type: ignore[union-attr]
         else:
-            scorer = DenseRetriever.build(corpus, model, show_progress=show_progress).scores
+            miner = BiEncoder.load(recipe.mine_with, max_length=recipe.max_length) if recipe.mine_with else model
+            scorer = DenseRetriever.build(corpus, miner, show_progress=show_progress).scores
         frame = mine_hard_negatives(queries, sp.qrels, corpus.ids, scorer, mining)
         out.parent.mkdir(parents=True, exist_ok=True)
         save_negatives(frame, out.parent / f"{out.name}.negatives.parquet")
@@ -74,15 +96,20 @@ def train_retriever(data: str | Path | BeirDataset, split: str, base: str, out: 
         # Queries whose candidates all failed the false-negative guard still train, on in-batch negatives.
         full = [q for q in queries if len(negatives.get(q.id, ())) >= recipe.negatives]
         rest = [q for q in queries if len(negatives.get(q.id, ())) < recipe.negatives]
+        if not full:
+            raise DataError(f"{name}: no query kept a hard negative past the false-negative guard "
+                            f"(max_ratio {recipe.mining.max_ratio}); raise it, mine deeper, or train with negatives=0")
         sets = [pairs_from_qrels(corpus, full, sp.qrels, negatives=negatives, num_negatives=recipe.negatives,
                                  name=f"{name}+negatives")]
+        if teacher is not None:
+            sets[0] = with_margins(sets[0], teacher)
         if rest:
             logger.info("%d queries have no hard negative past the guard; they train on in-batch negatives", len(rest))
             sets.append(pairs_from_qrels(corpus, rest, sp.qrels, name=f"{name}/in-batch"))
     if recipe.title_pairs:
-        titles = pairs_from_titles(corpus)
-        pick = np.random.default_rng(recipe.train.seed).permutation(len(titles.examples))[: recipe.title_pairs]
-        sets.append(type(titles)(titles.name, titles.objective, tuple(titles.examples[i] for i in sorted(pick))))
+        sets.append(_sample(pairs_from_titles(corpus), recipe.title_pairs, recipe.train.seed))
+    if recipe.nli:
+        sets.append(_sample(nli_triplets(recipe.nli), recipe.nli_pairs, recipe.train.seed))
     dev = None
     if dev_queries and dev_metric is not None:
         pool: set[str] = set()
@@ -98,5 +125,6 @@ def train_retriever(data: str | Path | BeirDataset, split: str, base: str, out: 
                                                   retriever.search_batch([q.text for q in dev_queries], 10))))
 
     info: dict[str, Any] = {"data": str(ds.root), "split": split, "base": base, "recipe": asdict(recipe),
-                            "train_queries": len(queries), "dev_queries": len(dev_queries)}
+                            "train_queries": len(queries), "dev_queries": len(dev_queries),
+                            **({"teacher": teacher_name or "given"} if teacher is not None else {})}
     return train(model, sets, recipe.train, out, dev=dev, show_progress=show_progress, info=info)

@@ -30,8 +30,8 @@ from indexer.errors import ConfigError
 from retriever.biencoder import BiEncoder
 from retriever.checkpoint import resume_from, save_checkpoint
 from retriever.gradcache import CachedMultipleNegativesRankingLoss
-from retriever.losses import (ContrastiveLoss, CosineSimilarityLoss, MultipleNegativesRankingLoss, SoftmaxLoss,
-                              TripletLoss)
+from retriever.losses import (ContrastiveLoss, CosineSimilarityLoss, MarginMSELoss, MultipleNegativesRankingLoss,
+                              SoftmaxLoss, TripletLoss)
 from retriever.training_data import TrainingSet, no_duplicate_batches, round_robin
 
 logger = logging.getLogger(__name__)
@@ -54,6 +54,7 @@ class TrainConfig:
     mini_batch_size: int = 0  # > 0: GradCache for the mnrl objective, this many texts per forward pass
     checkpoint_every: int = 50  # steps
     triplet_margin: float = 5.0
+    margin_rank_weight: float = 1.0  # margin_mse sets also train MNRL on the same batch, weighted by this
 
     def __post_init__(self) -> None:
         if self.epochs <= 0 or self.batch_size <= 0 or self.lr <= 0:
@@ -88,6 +89,8 @@ class _Objectives:
                     if config.mini_batch_size else MultipleNegativesRankingLoss(config.scale, config.symmetric))
             elif s.objective == "triplet":
                 loss = TripletLoss(margin=config.triplet_margin)
+            elif s.objective == "margin_mse":
+                loss = MarginMSELoss(config.scale)
             elif s.objective == "cosine":
                 loss = CosineSimilarityLoss()
             elif s.objective == "contrastive":
@@ -114,7 +117,7 @@ class _Objectives:
         if isinstance(loss, CachedMultipleNegativesRankingLoss):
             negs = [list(e.negatives) for e in examples] if examples[0].negatives else None
             return loss([e.anchor for e in examples], [e.positive for e in examples], negs)
-        if isinstance(loss, (MultipleNegativesRankingLoss, TripletLoss)):
+        if isinstance(loss, (MultipleNegativesRankingLoss, TripletLoss, MarginMSELoss)):
             a = embed(embed.tokenize([e.anchor for e in examples], "query"))
             p = embed(embed.tokenize([e.positive for e in examples], "document"))
             m = len(examples[0].negatives)
@@ -124,6 +127,13 @@ class _Objectives:
                 n = embed(embed.tokenize(flat, "document")).reshape(len(examples), m, -1)
             if isinstance(loss, TripletLoss):
                 return loss(a, p, n[:, 0])  # type: ignore[index]
+            if isinstance(loss, MarginMSELoss):
+                margins = torch.tensor([e.margins for e in examples], device=a.device)
+                distill = loss(a, p, n, margins)
+                if not self.config.margin_rank_weight:
+                    return distill
+                ranking = MultipleNegativesRankingLoss(self.config.scale, self.config.symmetric)(a, p, n)
+                return distill + self.config.margin_rank_weight * ranking
             return loss(a, p, n)
         u = embed(embed.tokenize([e.text1 for e in examples], "document"))
         v = embed(embed.tokenize([e.text2 for e in examples], "document"))

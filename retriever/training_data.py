@@ -7,7 +7,7 @@ Builders turn the data users have into examples: BEIR qrels (query, relevant doc
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,16 +21,21 @@ from indexer.records import Qrels, Query
 
 logger = logging.getLogger(__name__)
 
-OBJECTIVES = ("mnrl", "triplet", "cosine", "contrastive", "softmax")
+OBJECTIVES = ("mnrl", "triplet", "cosine", "contrastive", "softmax", "margin_mse")
 
 
 @dataclass(frozen=True)
 class PairExample:
-    """A query (or any anchor), one positive and any number of hard negatives."""
+    """A query (or any anchor), one positive and any number of hard negatives.
+
+    ``margins`` (objective ``margin_mse`` only): a teacher's score of (anchor, positive) minus its score of
+    (anchor, negative j), one per negative.
+    """
 
     anchor: str
     positive: str
     negatives: tuple[str, ...] = ()
+    margins: tuple[float, ...] = ()
 
     def texts(self) -> tuple[str, ...]:
         return (self.anchor, self.positive, *self.negatives)
@@ -62,12 +67,18 @@ class TrainingSet:
             raise ConfigError(f"unknown objective {self.objective!r}; use one of {', '.join(OBJECTIVES)}")
         if not self.examples:
             raise DataError(f"training set {self.name!r} is empty")
-        want = PairExample if self.objective in ("mnrl", "triplet") else ScoredPair
+        want = PairExample if self.objective in ("mnrl", "triplet", "margin_mse") else ScoredPair
         bad = next((i for i, e in enumerate(self.examples) if not isinstance(e, want)), None)
         if bad is not None:
             raise DataError(f"training set {self.name!r}: example #{bad} is not a {want.__name__}")
         if self.objective == "triplet" and any(not e.negatives for e in self.examples):  # type: ignore[union-attr]
             raise DataError(f"training set {self.name!r}: the triplet objective needs a negative in every example")
+        if self.objective == "margin_mse":
+            bad = next((i for i, e in enumerate(self.examples)  # type: ignore[union-attr]
+                        if not e.negatives or len(e.margins) != len(e.negatives)), None)  # type: ignore[union-attr]
+            if bad is not None:
+                raise DataError(f"training set {self.name!r}: example #{bad} needs one teacher margin per negative "
+                                "(and at least one negative) for the margin_mse objective")
 
 
 def pairs_from_qrels(corpus: Corpus, queries: Sequence[Query], qrels: Qrels, *,
@@ -99,6 +110,29 @@ def pairs_from_qrels(corpus: Corpus, queries: Sequence[Query], qrels: Qrels, *,
     if not examples:
         raise DataError(f"{name}: no training example: the qrels name no known document of the corpus")
     return TrainingSet(name, "mnrl", tuple(examples))
+
+
+PairScorer = Callable[[Sequence[tuple[str, str]]], np.ndarray]
+
+
+def with_margins(training_set: TrainingSet, teacher: PairScorer, name: str | None = None) -> TrainingSet:
+    """``training_set`` (examples with hard negatives) as a ``margin_mse`` set: the teacher scores every
+    (anchor, positive) and (anchor, negative) pair once, and each negative gets the margin
+    teacher(anchor, positive) - teacher(anchor, negative).
+    """
+    examples = [e for e in training_set.examples if isinstance(e, PairExample)]
+    if len(examples) != len(training_set.examples) or any(not e.negatives for e in examples):
+        raise DataError(f"training set {training_set.name!r}: distillation needs (anchor, positive, negatives) examples")
+    pairs = sorted({(e.anchor, t) for e in examples for t in (e.positive, *e.negatives)})
+    scores = np.asarray(teacher(pairs), dtype=np.float64).reshape(-1)
+    if len(scores) != len(pairs) or not np.isfinite(scores).all():
+        raise DataError(f"the teacher returned {len(scores)} scores (finite: {np.isfinite(scores).all()}) "
+                        f"for {len(pairs)} pairs")
+    score = dict(zip(pairs, scores.tolist()))
+    out = tuple(PairExample(e.anchor, e.positive, e.negatives,
+                            tuple(score[(e.anchor, e.positive)] - score[(e.anchor, n)] for n in e.negatives))
+                for e in examples)
+    return TrainingSet(name or f"{training_set.name}+margins", "margin_mse", out)
 
 
 def pairs_from_titles(corpus: Iterable, name: str = "title-text", min_chars: int = 20) -> TrainingSet:

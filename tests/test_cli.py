@@ -69,6 +69,26 @@ def test_train_retriever_then_bench_dense(tmp_path, sample_dir, tiny_bert_dir, c
     assert set(metrics) == {"bm25", "dense"} and 0 <= metrics["dense"]["ndcg@10"] <= 1
 
 
+def test_train_retriever_second_round_nli_and_distillation_flags(tmp_path, sample_dir, tiny_bert_dir):
+    from reranker.cross_encoder import CrossEncoder
+
+    ce = CrossEncoder.load(tiny_bert_dir, allow_untrained_head=True)
+    ce.head_trained = True
+    teacher = ce.save(tmp_path / "teacher")
+    nli = tmp_path / "nli.jsonl"
+    nli.write_text("\n".join(json.dumps({"premise": f"p{i}", "hypothesis": h, "label": lab}) for i in range(4)
+                             for h, lab in (("yes", "entailment"), ("no", "contradiction"))))
+    model = tmp_path / "model"
+    rc = main(["-q", "train-retriever", "--data", str(sample_dir), "--base", str(tiny_bert_dir), "--out", str(model),
+               "--epochs", "1", "--batch-size", "16", "--mine-from", "dense", "--mine-with", str(tiny_bert_dir),
+               "--mine-max-ratio", "10", "--nli", str(nli), "--nli-pairs", "2", "--teacher", str(teacher),
+               "--margin-rank-weight", "0.5"])
+    assert rc == 0
+    meta = json.loads((model / "twostage.json").read_text())["training"]
+    assert meta["teacher"] == str(teacher) and meta["config"]["margin_rank_weight"] == 0.5
+    assert meta["sets"]["nli"] == 2 and meta["recipe"]["mine_with"] == str(tiny_bert_dir)
+
+
 def test_dense_without_a_model_is_a_clear_error(tmp_path, sample_dir, capsys):
     assert main(["-q", "bench", "--data", str(sample_dir), "--systems", "dense", "--out", str(tmp_path / "o")]) == 2
     assert "--retriever-model" in capsys.readouterr().err

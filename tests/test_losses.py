@@ -5,8 +5,9 @@ import math
 import pytest
 import torch
 
-from retriever.losses import (ContrastiveLoss, CosineSimilarityLoss, MultipleNegativesRankingLoss, SoftmaxLoss,
-                              TripletLoss)
+from indexer.errors import ConfigError
+from retriever.losses import (ContrastiveLoss, CosineSimilarityLoss, MarginMSELoss, MultipleNegativesRankingLoss,
+                              SoftmaxLoss, TripletLoss)
 
 R = 1 / math.sqrt(2)
 A = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
@@ -75,3 +76,17 @@ def test_losses_backpropagate():
     a = torch.randn(4, 8, requires_grad=True)
     MultipleNegativesRankingLoss()(a, torch.randn(4, 8), torch.randn(4, 2, 8)).backward()
     assert a.grad is not None and torch.isfinite(a.grad).all()
+
+
+def test_margin_mse_matches_its_formula():
+    n = torch.tensor([[[0.0, 1.0], [-1.0, 0.0]], [[1.0, 0.0], [0.0, 1.0]]])  # two negatives per anchor
+    margins = torch.tensor([[1.0, 3.0], [0.5, -0.5]])
+    # cos(a1,p1)=1, cos(a1,n)=0,-1 ; cos(a2,p2)=R, cos(a2,n)=0,1
+    student = [[2 * (1 - 0), 2 * (1 + 1)], [2 * (R - 0), 2 * (R - 1)]]
+    expected = sum((s - m) ** 2 for row_s, row_m in zip(student, margins.tolist()) for s, m in zip(row_s, row_m)) / 4
+    got = MarginMSELoss(scale=2.0)(A, P, n, margins)
+    assert got.item() == pytest.approx(expected, abs=1e-6)
+    # zero when the student's margins are the teacher's
+    assert MarginMSELoss(scale=2.0)(A, P, n, torch.tensor(student)).item() == pytest.approx(0.0, abs=1e-6)
+    with pytest.raises(ConfigError, match="margins"):
+        MarginMSELoss()(A, P, n, margins[:, :1])

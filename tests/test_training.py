@@ -1,5 +1,6 @@
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -223,3 +224,79 @@ def test_dense_retriever_with_a_keyword_encoder():
     assert [r.ids[0] for r in dense.search_batch(["dog", "cat"], 1)] == ["d3", "d1"]
     with pytest.raises(DataError, match="NaN"):
         DenseRetriever(KeywordEncoder(), ["a"], np.array([[math.nan, 0, 0, 0]], dtype=np.float32))
+
+
+def test_with_margins_scores_each_pair_once_and_subtracts(sample):
+    from retriever.training_data import with_margins
+
+    ds, split = sample
+    docs = list(ds.corpus)
+    negatives = {q.id: [docs[0].id, docs[1].id] for q in split.queries}
+    ts = pairs_from_qrels(ds.corpus, split.queries, split.qrels, negatives=negatives, num_negatives=2)
+    calls = []
+
+    def teacher(pairs):
+        calls.append(len(pairs))
+        return np.array([len(d) / 100 for _, d in pairs])
+
+    distilled = with_margins(ts, teacher)
+    assert distilled.objective == "margin_mse" and len(distilled.examples) == len(ts.examples)
+    unique = {(e.anchor, t) for e in ts.examples for t in e.texts()[1:]}
+    assert calls == [len(unique)]  # one call, every distinct pair once
+    e = distilled.examples[0]
+    assert e.margins == pytest.approx(tuple((len(e.positive) - len(n)) / 100 for n in e.negatives))
+    with pytest.raises(DataError, match="distillation needs"):
+        with_margins(pairs_from_qrels(ds.corpus, split.queries, split.qrels), teacher)
+    with pytest.raises(DataError, match="teacher returned"):
+        with_margins(ts, lambda pairs: np.zeros(len(pairs) - 1))
+    with pytest.raises(DataError, match="one teacher margin per negative"):
+        TrainingSet("m", "margin_mse", (PairExample("a", "b", ("c",), ()),))
+
+
+def test_distillation_moves_the_student_toward_the_teacher(tmp_path, tiny_bert_dir, sample):
+    from retriever.losses import MarginMSELoss
+    from retriever.training_data import with_margins
+
+    ds, split = sample
+    docs = list(ds.corpus)
+    negatives = {q.id: [d.id for d in docs if d.id not in split.qrels.relevant(q.id)][:2] for q in split.queries}
+    ts = with_margins(pairs_from_qrels(ds.corpus, split.queries, split.qrels, negatives=negatives, num_negatives=2),
+                      lambda pairs: np.array([5.0 if (len(d) % 2) else -5.0 for _, d in pairs]))
+
+    def margin_loss(model):
+        with torch.no_grad():
+            emb = lambda texts: torch.tensor(model.encode(texts))  # noqa: E731
+            n = emb([t for e in ts.examples for t in e.negatives]).reshape(len(ts.examples), 2, -1)
+            return MarginMSELoss()(emb([e.anchor for e in ts.examples]), emb([e.positive for e in ts.examples]), n,
+                                   torch.tensor([e.margins for e in ts.examples])).item()
+
+    before = margin_loss(BiEncoder.load(tiny_bert_dir))
+    train(BiEncoder.load(tiny_bert_dir), [ts], TrainConfig(epochs=4, batch_size=8, lr=2e-3, seed=1,
+                                                           margin_rank_weight=0.0), tmp_path / "m")
+    after = margin_loss(BiEncoder.load(tmp_path / "m"))
+    assert after < 0.8 * before, (before, after)
+
+
+def test_recipe_second_round_nli_and_teacher(tmp_path, tiny_bert_dir, sample):
+    from retriever.recipe import RetrieverRecipe, train_retriever
+
+    ds, _ = sample
+    nli = tmp_path / "nli.jsonl"
+    nli.write_text("\n".join(json.dumps({"premise": f"p{i} a cat", "hypothesis": h, "label": lab})
+                             for i in range(5) for h, lab in (("an animal", "entailment"), ("no cat", "contradiction"))))
+    recipe = RetrieverRecipe(train=TrainConfig(epochs=1, batch_size=8), negatives=1, mine_from="dense",
+                             mine_with=str(tiny_bert_dir), nli=(str(nli),), nli_pairs=3,
+                             mining=MiningConfig(max_ratio=10.0))  # a random BERT scores everything alike
+    result = train_retriever(ds, "train", str(tiny_bert_dir), tmp_path / "m", recipe,
+                             teacher=lambda pairs: np.arange(len(pairs), dtype=float), teacher_name="counting")
+    meta = json.loads((tmp_path / "m" / "twostage.json").read_text())["training"]
+    assert meta["teacher"] == "counting" and meta["recipe"]["mine_with"] == str(tiny_bert_dir)
+    assert meta["sets"]["nli"] == 3 and any(name.endswith("+margins") for name in meta["sets"])
+    assert result.steps > 0 and (tmp_path / "m.negatives.parquet").is_file()
+    with pytest.raises(DataError, match="no query kept a hard negative"):
+        train_retriever(ds, "train", str(tiny_bert_dir), tmp_path / "g", replace(recipe, mining=MiningConfig(max_ratio=0.0)))
+    with pytest.raises(ConfigError, match="mine_from='dense'"):
+        RetrieverRecipe(mine_with="x")
+    with pytest.raises(ConfigError, match="needs hard negatives"):
+        train_retriever(ds, "train", str(tiny_bert_dir), tmp_path / "n", RetrieverRecipe(negatives=0),
+                        teacher=lambda pairs: np.zeros(len(pairs)))
