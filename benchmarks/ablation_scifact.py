@@ -81,11 +81,11 @@ RETRIEVERS = [
 ]
 RERANKERS = [
     Variant("ce-fast", "baseline: bench fast recipe (listwise, 1 epoch, 128 tokens, 500 title groups)", BASE_RERANKER),
-    Variant("ce-bce", "pointwise BCE loss instead of listwise", replace(BASE_RERANKER, loss="bce")),
-    Variant("ce-notitles", "no (title, text) groups", replace(BASE_RERANKER, title_groups=0)),
-    Variant("ce-2ep", "2 epochs", replace(BASE_RERANKER, epochs=2)),
     Variant("ce-full", "42-min recipe (2 epochs, 192 tokens, 1,500 title groups; scifact-ce2)", BASE_RERANKER,
             trained=TEACHER),
+    Variant("ce-2ep", "2 epochs", replace(BASE_RERANKER, epochs=2)),
+    Variant("ce-bce", "pointwise BCE loss instead of listwise", replace(BASE_RERANKER, loss="bce")),
+    Variant("ce-notitles", "no (title, text) groups", replace(BASE_RERANKER, title_groups=0)),
 ]
 
 
@@ -121,7 +121,17 @@ def _train_reranker(ds: BeirDataset, v: Variant) -> None:
                       command="python benchmarks/ablation_scifact.py")
 
 
+_FIRST_STAGES: dict[str, dict[str, dict[str, RankedList]]] = {}
+
+
 def _first_stages(ds: BeirDataset, model: Path, queries: list) -> dict[str, dict[str, RankedList]]:
+    """The dev queries' dense and hybrid top 100 with ``model`` (computed once per model and process)."""
+    if str(model) not in _FIRST_STAGES:
+        _FIRST_STAGES[str(model)] = _search_first_stages(ds, model, queries)
+    return _FIRST_STAGES[str(model)]
+
+
+def _search_first_stages(ds: BeirDataset, model: Path, queries: list) -> dict[str, dict[str, RankedList]]:
     from retriever.biencoder import BiEncoder
     from retriever.bm25 import BM25Retriever
     from retriever.dense import DenseRetriever
@@ -276,14 +286,16 @@ def main() -> None:
         if not (args.out / "variants" / "bm25.json").exists():
             (args.out / "variants").mkdir(parents=True, exist_ok=True)
             (args.out / "variants" / "bm25.json").write_text(json.dumps(_eval_bm25(ds), indent=1))
-        for kind, variants in (("retriever", RETRIEVERS), ("reranker", RERANKERS)):
-            for v in variants:
-                if not only or v.name in only:
-                    print(f"== {v.name}: {v.lever}", flush=True)
-                    t0 = time.perf_counter()
-                    run_variant(ds, v, args.out, kind)
-                    print(f"== {v.name} done in {time.perf_counter() - t0:.0f} s", flush=True)
-                    render(args.out)
+        # the baseline bi-encoder first (the rerankers mine with it), then the rerankers, then the other levers
+        order = [("retriever", RETRIEVERS[0])] + [("reranker", v) for v in RERANKERS] + \
+            [("retriever", v) for v in RETRIEVERS[1:]]
+        for kind, v in order:
+            if not only or v.name in only:
+                print(f"== {v.name}: {v.lever}", flush=True)
+                t0 = time.perf_counter()
+                run_variant(ds, v, args.out, kind)
+                print(f"== {v.name} done in {time.perf_counter() - t0:.0f} s", flush=True)
+                render(args.out)
     render(args.out)
 
 
