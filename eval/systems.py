@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from indexer.corpus import Corpus
 from indexer.errors import ConfigError
@@ -36,7 +38,20 @@ class IndexSearch:
         return self.index.search(query, k)[0]  # type: ignore[attr-defined]
 
 
+# One dense first stage per (corpus, model settings): dense, hybrid and their +rerank systems share one encoding
+# of the corpus within a bench run (searching it never changes it). Dropped with the corpus.
+_DENSE: weakref.WeakKeyDictionary[Corpus, dict[tuple[Any, ...], SearchSystem]] = weakref.WeakKeyDictionary()
+
+
 def _dense(corpus: Corpus, options: SystemOptions) -> SearchSystem:
+    key = (options.retriever_model, options.index, options.precision, options.batch_size)
+    shared = _DENSE.setdefault(corpus, {})
+    if key not in shared:
+        shared[key] = _build_dense(corpus, options)
+    return shared[key]
+
+
+def _build_dense(corpus: Corpus, options: SystemOptions) -> SearchSystem:
     from retriever.biencoder import BiEncoder
     from retriever.dense import DenseRetriever
 

@@ -30,7 +30,7 @@ def _default_retriever() -> RetrieverRecipe:
 
 
 def _default_reranker() -> RerankerConfig:
-    return RerankerConfig(epochs=2, negatives=7, lr=5e-5, max_length=192, bf16=True, mine_from=("bm25", "dense"),
+    return RerankerConfig(epochs=2, negatives=7, lr=5e-5, max_length=128, bf16=True, mine_from=("bm25", "dense"),
                           title_groups=1500, mining=MiningConfig(num_negatives=7, depth=50, skip_top=0))
 
 

@@ -88,3 +88,24 @@ def test_unknown_systems(sample_dir, systems):
 def test_k_too_small_for_recall_at_100(sample_dir):
     with pytest.raises(ConfigError, match="k >= 100"):
         run_bench(sample_dir, "test", "bm25", k=10)
+
+
+def test_dense_systems_share_one_encoding_of_the_corpus(sample_dir, tiny_bert_dir, monkeypatch):
+    from eval.systems import SystemOptions
+    from retriever.dense import DenseRetriever
+
+    calls = []
+    real = DenseRetriever.build.__func__
+
+    def counting(cls, corpus, encoder, **kw):
+        calls.append(len(corpus))
+        return real(cls, corpus, encoder, **kw)
+
+    monkeypatch.setattr(DenseRetriever, "build", classmethod(counting))
+    result = run_bench(sample_dir, "test", "dense,hybrid", options=SystemOptions(retriever_model=str(tiny_bert_dir)))
+    assert len(calls) == 1  # hybrid reuses dense's embeddings
+    dense, hybrid = result.systems
+    assert dense.summary()["ndcg@10"] >= 0 and len(hybrid.run) == len(dense.run)
+    result = run_bench(sample_dir, "test", "dense", options=SystemOptions(retriever_model=str(tiny_bert_dir),
+                                                                          precision="bf16"))
+    assert len(calls) == 2  # another corpus object or other settings: encoded again
