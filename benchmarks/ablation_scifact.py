@@ -8,7 +8,7 @@ Protocol. dev = the 10% of SciFact's train queries that `twostage bench --train-
 seed 42); every model here trains on the other 728 only. Retriever variants differ from the baseline (MNRL +
 1 BM25 hard negative, bs 32, lr 3e-5, bf16, **2 epochs**, a shorter budget than the shipped 3 to afford
 seven trainings) in one lever each; each is evaluated on dev over the *whole* corpus, dense alone and
-RRF(BM25, dense). Reranker variants differ from the bench's fast recipe (listwise, 7 negatives from BM25 and
+RRF(BM25, dense). Reranker variants differ from the first fast recipe (listwise, 7 negatives from BM25 and
 the baseline bi-encoder, 1 epoch, 128 tokens, 500 title groups) in one lever each; each reranks the baseline's
 dense and hybrid top 10 / 20 / 50 of the dev queries, alone and blended with the first stage at the alpha its
 training chose. The rerankers choose their epoch and alpha on these same dev queries, so their blended rows
@@ -82,7 +82,7 @@ RETRIEVERS = [
             replace(BASE_RETRIEVER, train=replace(BASE_RETRIEVER.train, margin_rank_weight=10.0)), teacher=TEACHER),
 ]
 RERANKERS = [
-    Variant("ce-fast", "baseline: bench fast recipe (listwise, 1 epoch, 128 tokens, 500 title groups)", BASE_RERANKER),
+    Variant("ce-fast", "baseline: the first fast recipe (listwise, 1 epoch, 128 tokens, 500 title groups)", BASE_RERANKER),
     Variant("ce-full", "42-min recipe (2 epochs, 192 tokens, 1,500 title groups; scifact-ce2)", BASE_RERANKER,
             trained=TEACHER),
     Variant("ce-e2e", "2 epochs + 1,500 title groups (128 tokens): the reranker `bench --train-split` trains with "

@@ -86,12 +86,23 @@ def render_report(result: BenchResult, config: Mapping[str, Any]) -> str:
         parts.append("\n".join(lines) + "\n")
     elif len(result.systems) > 1:
         parts.append("\nNo significance test: `bm25` is not among the systems.\n")
+    if config.get("phase_seconds"):
+        parts.append(phase_section(config["phase_seconds"]))
     notes = result.check.lines()
     parts.append("\n## Data check\n")
     parts.append("\n".join(f"- {n}" for n in notes) + "\n" if notes else "Qrels, queries and corpus agree.\n")
     parts.append("\n## Versions\n")
     parts.append(", ".join(f"{k} {v}" for k, v in config.get("versions", {}).items()) + "\n")
     return "\n".join(parts)
+
+
+def phase_section(phase_seconds: Mapping[str, float]) -> str:
+    """The wall time of each phase of a run (training, evaluation) as a markdown section."""
+    total = sum(phase_seconds.values())
+    lines = ["| phase | seconds | minutes |", "|---|---|---|"]
+    lines += [f"| {name.removesuffix('_s')} | {sec:.0f} | {sec / 60:.1f} |" for name, sec in phase_seconds.items()]
+    lines.append(f"| total | {total:.0f} | {total / 60:.1f} |")
+    return "\n## Time of each phase (wall clock)\n\n" + "\n".join(lines) + "\n"
 
 
 def plot_recall(result: BenchResult, path: Path) -> None:

@@ -220,6 +220,8 @@ def test_bench_trains_both_models_on_the_train_split(tmp_path, sample_dir, tiny_
     assert main([*args, "--train-split", "train"]) == 0
     config = json.loads((tmp_path / "o" / "config.json").read_text())
     assert set(config["phase_seconds"]) == {"train_retriever_s", "train_reranker_s", "evaluate_s"}
+    report = (tmp_path / "o" / "report.md").read_text()
+    assert "## Time of each phase" in report and "| train_reranker |" in report and "| total |" in report
     assert config["train_settings"]["reranker"]["title_groups"] == 10 and config["train_split"] == "train"
     metrics = json.loads((tmp_path / "o" / "metrics.json").read_text())
     assert {"dense", "hybrid", "bm25+rerank", "dense+rerank", "hybrid+rerank"} <= set(metrics)
