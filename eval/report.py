@@ -46,10 +46,7 @@ def markdown_table(table: pd.DataFrame, *, digits: int = 3, mark_best: bool = Tr
     for name, row in table.iterrows():
         cells = []
         for c in cols:
-            if isinstance(row[c], str) or isinstance(row[c], (bool, np.bool_)):
-                cells.append(str(row[c]))
-                continue
-            if isinstance(row[c], (int, np.integer)):
+            if isinstance(row[c], (str, bool, np.bool_, int, np.integer)):  # text and counts as they are
                 cells.append(str(row[c]))
                 continue
             try:
