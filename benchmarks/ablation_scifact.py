@@ -32,15 +32,15 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from scipy.stats import ttest_rel  # noqa: E402
 
-from eval.metrics import evaluate  # noqa: E402
-from eval.report import markdown_table, versions  # noqa: E402
-from indexer.beir import BeirDataset  # noqa: E402
-from indexer.records import RankedList  # noqa: E402
-from reranker.training import RerankerConfig  # noqa: E402
-from retriever.mining import MiningConfig  # noqa: E402
-from retriever.recipe import RetrieverRecipe  # noqa: E402
-from retriever.trainer import TrainConfig  # noqa: E402
-from retriever.training_data import hold_out  # noqa: E402
+from twostage.eval.metrics import evaluate  # noqa: E402
+from twostage.eval.report import markdown_table, versions  # noqa: E402
+from twostage.indexer.beir import BeirDataset  # noqa: E402
+from twostage.indexer.records import RankedList  # noqa: E402
+from twostage.reranker.training import RerankerConfig  # noqa: E402
+from twostage.retriever.mining import MiningConfig  # noqa: E402
+from twostage.retriever.recipe import RetrieverRecipe  # noqa: E402
+from twostage.retriever.trainer import TrainConfig  # noqa: E402
+from twostage.retriever.training_data import hold_out  # noqa: E402
 
 METRICS = ["ndcg@10", "mrr@10", "recall@100"]
 DEV_FRACTION, SEED = 0.1, 42
@@ -105,8 +105,8 @@ def _ndcg(qrels: Any, run: Any) -> float:
 
 
 def _train_retriever(ds: BeirDataset, v: Variant) -> None:
-    from reranker.cross_encoder import CrossEncoder
-    from retriever.recipe import train_retriever
+    from twostage.reranker.cross_encoder import CrossEncoder
+    from twostage.retriever.recipe import train_retriever
 
     teacher = None
     if v.teacher:
@@ -117,8 +117,8 @@ def _train_retriever(ds: BeirDataset, v: Variant) -> None:
 
 
 def _train_reranker(ds: BeirDataset, v: Variant) -> None:
-    from reranker.training import train_reranker_on
-    from retriever.biencoder import BiEncoder
+    from twostage.reranker.training import train_reranker_on
+    from twostage.retriever.biencoder import BiEncoder
 
     retriever = BiEncoder.load(MODELS / "r-bm25neg", precision="bf16")
     train_reranker_on(ds, "train", "all-MiniLM-L6-v2", MODELS / v.name, v.recipe, dev_fraction=DEV_FRACTION,
@@ -137,10 +137,10 @@ def _first_stages(ds: BeirDataset, model: Path, queries: list) -> dict[str, dict
 
 
 def _search_first_stages(ds: BeirDataset, model: Path, queries: list) -> dict[str, dict[str, RankedList]]:
-    from retriever.biencoder import BiEncoder
-    from retriever.bm25 import BM25Retriever
-    from retriever.dense import DenseRetriever
-    from retriever.hybrid import HybridRetriever
+    from twostage.retriever.biencoder import BiEncoder
+    from twostage.retriever.bm25 import BM25Retriever
+    from twostage.retriever.dense import DenseRetriever
+    from twostage.retriever.hybrid import HybridRetriever
 
     bm25 = BM25Retriever.build(ds.corpus)
     dense = DenseRetriever.build(ds.corpus, BiEncoder.load(model, precision="bf16"), show_progress=True)
@@ -150,7 +150,7 @@ def _search_first_stages(ds: BeirDataset, model: Path, queries: list) -> dict[st
 
 
 def _eval_bm25(ds: BeirDataset) -> dict[str, Any]:
-    from retriever.bm25 import BM25Retriever
+    from twostage.retriever.bm25 import BM25Retriever
 
     queries, qrels = _dev(ds)
     bm25 = BM25Retriever.build(ds.corpus)
@@ -171,8 +171,8 @@ def _eval_retriever(ds: BeirDataset, v: Variant) -> dict[str, Any]:
 
 
 def _eval_reranker(ds: BeirDataset, v: Variant, depths: tuple[int, ...] = (10, 20, 50)) -> dict[str, Any]:
-    from reranker.cross_encoder import CrossEncoder
-    from reranker.interpolation import rerank_order
+    from twostage.reranker.cross_encoder import CrossEncoder
+    from twostage.reranker.interpolation import rerank_order
 
     queries, qrels = _dev(ds)
     texts = {d.id: d.full_text for d in ds.corpus}

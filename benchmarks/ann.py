@@ -22,9 +22,9 @@ import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from eval.report import versions  # noqa: E402
-from indexer.build import ann_from_vectors  # noqa: E402
-from indexer.vectors import BackendConfig, default_params, prepare  # noqa: E402
+from twostage.eval.report import versions  # noqa: E402
+from twostage.indexer.build import ann_from_vectors  # noqa: E402
+from twostage.indexer.vectors import BackendConfig, default_params, prepare  # noqa: E402
 
 SETTINGS = {
     "hnswlib": [{"M": 16, "ef_construction": 100, "ef_search": ef} for ef in (64, 128, 256)],
@@ -51,8 +51,8 @@ def synthetic(n: int, dim: int, queries: int, seed: int = 0) -> tuple[np.ndarray
 
 
 def scifact(data: Path) -> tuple[np.ndarray, np.ndarray]:
-    from indexer.beir import BeirDataset
-    from retriever.biencoder import BiEncoder
+    from twostage.indexer.beir import BeirDataset
+    from twostage.retriever.biencoder import BiEncoder
 
     ds = BeirDataset(data)
     enc = BiEncoder.load("all-MiniLM-L6-v2", precision="bf16")

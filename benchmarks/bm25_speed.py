@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from eval.harness import measure_system
-from eval.report import versions
-from indexer.beir import BeirDataset
-from retriever.bm25 import BM25Config, BM25Retriever
+from twostage.eval.harness import measure_system
+from twostage.eval.report import versions
+from twostage.indexer.beir import BeirDataset
+from twostage.retriever.bm25 import BM25Config, BM25Retriever
 
 
 def qps(retriever: BM25Retriever, queries: list[str], k: int) -> float:

@@ -23,12 +23,12 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from eval.metrics import evaluate  # noqa: E402
-from eval.report import versions  # noqa: E402
-from indexer.beir import BeirDataset  # noqa: E402
-from retriever.biencoder import BiEncoder  # noqa: E402
-from retriever.dense import DenseRetriever  # noqa: E402
-from retriever.weights import resolve_model  # noqa: E402
+from twostage.eval.metrics import evaluate  # noqa: E402
+from twostage.eval.report import versions  # noqa: E402
+from twostage.indexer.beir import BeirDataset  # noqa: E402
+from twostage.retriever.biencoder import BiEncoder  # noqa: E402
+from twostage.retriever.dense import DenseRetriever  # noqa: E402
+from twostage.retriever.weights import resolve_model  # noqa: E402
 
 OUT = Path("benchmarks/results/dense-scifact")
 MODELS = Path("runs/models")
@@ -75,7 +75,7 @@ def stage_st_train(ds: BeirDataset) -> dict:
 
 
 def stage_ours(ds: BeirDataset) -> dict:
-    from eval.cli import main
+    from twostage.eval.cli import main
 
     path = MODELS / "scifact-ours"
     args = ["-q", "train-retriever", "--data", str(ds.root), "--split", "train", "--base", BASE, "--out", str(path), *RECIPE]

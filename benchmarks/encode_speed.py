@@ -19,10 +19,10 @@ import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from eval.report import versions  # noqa: E402
-from indexer.beir import BeirDataset  # noqa: E402
-from retriever.biencoder import BiEncoder  # noqa: E402
-from retriever.weights import resolve_model  # noqa: E402
+from twostage.eval.report import versions  # noqa: E402
+from twostage.indexer.beir import BeirDataset  # noqa: E402
+from twostage.retriever.biencoder import BiEncoder  # noqa: E402
+from twostage.retriever.weights import resolve_model  # noqa: E402
 
 
 def main() -> None:

@@ -26,10 +26,10 @@ sys.path.insert(0, str(ROOT))
 def step(batch: int, mini: int) -> dict:
     import torch
 
-    from indexer.beir import BeirDataset
-    from retriever.biencoder import BiEncoder
-    from retriever.gradcache import CachedMultipleNegativesRankingLoss
-    from retriever.losses import MultipleNegativesRankingLoss
+    from twostage.indexer.beir import BeirDataset
+    from twostage.retriever.biencoder import BiEncoder
+    from twostage.retriever.gradcache import CachedMultipleNegativesRankingLoss
+    from twostage.retriever.losses import MultipleNegativesRankingLoss
 
     ds = BeirDataset(ROOT.parent / "shared" / "data" / "scifact")
     split = ds.split("train")

@@ -37,23 +37,23 @@ class KeywordEncoder:
         return np.array([[t.lower().count(w) for w in self.words] + [0.05] for t in texts], dtype=np.float32)
 
     def info(self):
-        from indexer.manifest import EncoderInfo
+        from twostage.indexer.manifest import EncoderInfo
 
         return EncoderInfo("kw", len(self.words) + 1, weights_sha256="kw")
 
 
 def answers(path: Path) -> list:
-    from indexer.index import Index
+    from twostage.indexer.index import Index
 
     index = Index.load(path, encoder=KeywordEncoder(), verify=True)
-    return [(list(r.ids), [round(float(s), 5) for s in r.scores]) for r in index.search(QUERIES, 5)]
+    return [(list(r.ids), [round(float(s), 5) for s in r.scores]) for r in index.search_batch(QUERIES, 5)]
 
 
 def apply(path: Path, op: dict) -> None:
-    from indexer.build import build_index
-    from indexer.corpus import load_corpus
-    from indexer.index import Index
-    from indexer.records import Document
+    from twostage.indexer.build import build_index
+    from twostage.indexer.corpus import load_corpus
+    from twostage.indexer.index import Index
+    from twostage.indexer.records import Document
 
     if op["kind"] == "rebuild":
         docs = list(load_corpus(ROOT / "data" / "sample"))[: op["n"]]
@@ -138,9 +138,9 @@ def main() -> None:
         import pandas  # noqa: F401
         import pyarrow.parquet  # noqa: F401
 
-        import indexer.build  # noqa: F401
-        import indexer.corpus  # noqa: F401
-        import indexer.index  # noqa: F401
+        import twostage.indexer.build  # noqa: F401
+        import twostage.indexer.corpus  # noqa: F401
+        import twostage.indexer.index  # noqa: F401
 
         print("ready", flush=True)
         apply(Path(args.worker[0]), json.loads(args.worker[1]))

@@ -27,14 +27,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
 
-from eval.report import versions  # noqa: E402
-from indexer.build import build_index  # noqa: E402
-from indexer.corpus import iter_documents  # noqa: E402
-from indexer.index import Index  # noqa: E402
-from indexer.manifest import EncoderInfo  # noqa: E402
-from indexer.shards import ShardedIndex, write_manifest  # noqa: E402
-from retriever.biencoder import BiEncoder  # noqa: E402
-from retriever.distributed import build_index_ray  # noqa: E402
+from twostage.eval.report import versions  # noqa: E402
+from twostage.indexer.build import build_index  # noqa: E402
+from twostage.indexer.corpus import iter_documents  # noqa: E402
+from twostage.indexer.index import Index  # noqa: E402
+from twostage.indexer.manifest import EncoderInfo  # noqa: E402
+from twostage.indexer.shards import ShardedIndex, write_manifest  # noqa: E402
+from twostage.retriever.biencoder import BiEncoder  # noqa: E402
+from twostage.retriever.distributed import build_index_ray  # noqa: E402
 
 
 class TableEncoder:
@@ -82,7 +82,7 @@ def search(tmp: Path, n: int, dim: int = 384, queries: int = 200) -> list[dict]:
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     q = rng.standard_normal((queries, dim)).astype(np.float32)
     q /= np.linalg.norm(q, axis=1, keepdims=True)
-    from indexer.records import Document
+    from twostage.indexer.records import Document
 
     texts = [f"d{i}" for i in range(n)]
     enc = TableEncoder(dict(zip(texts, vectors)), dim)
@@ -140,7 +140,7 @@ def estimate(enc: dict, srch: list[dict], n: float = 100e6, shard: float = 10e6)
     """The 100M-document estimate, every input a measured number of this machine."""
     import math
 
-    from indexer.corpus import load_corpus
+    from twostage.indexer.corpus import load_corpus
 
     frame = load_corpus("../shared/data/scifact").to_frame()
     path = Path(tempfile.mkdtemp()) / "docs.parquet"

@@ -20,14 +20,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 
-from eval.metrics import evaluate  # noqa: E402
-from eval.report import versions  # noqa: E402
-from indexer.beir import BeirDataset  # noqa: E402
-from indexer.records import RankedList  # noqa: E402
-from reranker.cross_encoder import CrossEncoder  # noqa: E402
-from reranker.interpolation import rerank_order  # noqa: E402
-from retriever.biencoder import BiEncoder  # noqa: E402
-from retriever.dense import DenseRetriever  # noqa: E402
+from twostage.eval.metrics import evaluate  # noqa: E402
+from twostage.eval.report import versions  # noqa: E402
+from twostage.indexer.beir import BeirDataset  # noqa: E402
+from twostage.indexer.records import RankedList  # noqa: E402
+from twostage.reranker.cross_encoder import CrossEncoder  # noqa: E402
+from twostage.reranker.interpolation import rerank_order  # noqa: E402
+from twostage.retriever.biencoder import BiEncoder  # noqa: E402
+from twostage.retriever.dense import DenseRetriever  # noqa: E402
 
 
 def main() -> None:

@@ -27,14 +27,14 @@ import pandas as pd  # noqa: E402
 from scipy.stats import ttest_rel  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
-from eval.metrics import evaluate  # noqa: E402
-from eval.report import markdown_table, versions  # noqa: E402
-from indexer.beir import BeirDataset  # noqa: E402
-from reranker.cross_encoder import CrossEncoder  # noqa: E402
-from reranker.pipeline import Pipeline  # noqa: E402
-from retriever.biencoder import BiEncoder  # noqa: E402
-from retriever.bm25 import BM25Retriever  # noqa: E402
-from retriever.dense import DenseRetriever  # noqa: E402
+from twostage.eval.metrics import evaluate  # noqa: E402
+from twostage.eval.report import markdown_table, versions  # noqa: E402
+from twostage.indexer.beir import BeirDataset  # noqa: E402
+from twostage.reranker.cross_encoder import CrossEncoder  # noqa: E402
+from twostage.reranker.pipeline import Pipeline  # noqa: E402
+from twostage.retriever.biencoder import BiEncoder  # noqa: E402
+from twostage.retriever.bm25 import BM25Retriever  # noqa: E402
+from twostage.retriever.dense import DenseRetriever  # noqa: E402
 
 METRICS = ["ndcg@10", "mrr@10", "recall@10", "recall@100"]
 

@@ -17,11 +17,11 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from eval.report import versions  # noqa: E402
-from retriever.biencoder import BiEncoder  # noqa: E402
-from retriever.sts import sts_spearman  # noqa: E402
-from retriever.trainer import TrainConfig, train  # noqa: E402
-from retriever.training_data import nli_triplets  # noqa: E402
+from twostage.eval.report import versions  # noqa: E402
+from twostage.retriever.biencoder import BiEncoder  # noqa: E402
+from twostage.retriever.sts import sts_spearman  # noqa: E402
+from twostage.retriever.trainer import TrainConfig, train  # noqa: E402
+from twostage.retriever.training_data import nli_triplets  # noqa: E402
 
 OUT = Path("benchmarks/results/sts.md")
 

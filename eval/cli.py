@@ -10,10 +10,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from indexer.errors import ConfigError, TwostageError
+from twostage.indexer.engine_dir import PRECISIONS, EngineSettings
+from twostage.indexer.errors import ConfigError, TwostageError
 
 logger = logging.getLogger("twostage")
-SAMPLE = Path(__file__).resolve().parent.parent / "data" / "sample"
+SAMPLE = Path(__file__).resolve().parent.parent / "data" / "sample"  # package data in a wheel (twostage/data)
 
 
 def _interpolation(value: str) -> float | str | None:
@@ -28,13 +29,13 @@ def _interpolation(value: str) -> float | str | None:
 def _bench(args: argparse.Namespace) -> int:
     import time
 
-    from eval.harness import run_bench
-    from eval.report import markdown_table, write_outputs
-    from eval.systems import NEEDS_MODEL, NEEDS_RERANKER, SYSTEMS, SystemOptions, resolve_systems
+    from twostage.eval.harness import run_bench
+    from twostage.eval.report import markdown_table, write_outputs
+    from twostage.eval.systems import NEEDS_MODEL, NEEDS_RERANKER, SYSTEMS, SystemOptions, resolve_systems
 
     retriever_model, reranker_model, trained = args.retriever_model, args.reranker_model, None
     if args.train_split:
-        from eval.train_models import TrainSettings, load_settings, train_models
+        from twostage.eval.train_models import TrainSettings, load_settings, train_models
 
         names = list(SYSTEMS) if args.systems.strip() == "all" else resolve_systems(args.systems)
         settings = load_settings(args.train_settings) if args.train_settings else TrainSettings()
@@ -43,13 +44,14 @@ def _bench(args: argparse.Namespace) -> int:
         trained = train_models(args.data, args.train_split, args.split,
                                args.models_dir or Path(f"{args.out}.models"), settings,
                                retriever=retriever_model or None,
-                               need_retriever=any(n in NEEDS_MODEL for n in names) and not args.index,
+                               need_retriever=any(n in NEEDS_MODEL for n in names) and not args.engine,
                                need_reranker=any(n in NEEDS_RERANKER for n in names) and not reranker_model,
                                show_progress=not args.quiet)
         retriever_model, reranker_model = trained.retriever or retriever_model, trained.reranker or reranker_model
     elif args.train_settings or args.base:
         raise ConfigError("--train-settings and --base only apply with --train-split")
-    options = SystemOptions(retriever_model=retriever_model, index=args.index, precision=args.precision,
+    options = SystemOptions(retriever_model=retriever_model, engine=args.engine, precision=args.precision,
+                            backend=args.backend,
                             reranker_model=reranker_model, rerank_depth=args.rerank_depth,
                             rerank_interpolation=_interpolation(args.rerank_interpolation),
                             batch_size=args.batch_size, show_progress=not args.quiet)
@@ -72,7 +74,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _download(args: argparse.Namespace) -> int:
-    from indexer.download import download_beir
+    from twostage.indexer.download import download_beir
 
     path = download_beir(args.name, args.dest, base_url=args.base_url, sha256=args.sha256, show_progress=not args.quiet)
     print(path)
@@ -80,7 +82,7 @@ def _download(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from eval.demo import run_demo
+    from twostage.eval.demo import run_demo
 
     print(f"twostage demo on {args.data}: train both stages, index, evaluate every system against BM25\n")
     run_demo(args.data, args.out, base=args.base, command=args.command_line, show_progress=not args.quiet)
@@ -88,10 +90,10 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _train_retriever(args: argparse.Namespace) -> int:
-    from eval.metrics import evaluate
-    from retriever.mining import MiningConfig
-    from retriever.recipe import RetrieverRecipe, train_retriever
-    from retriever.trainer import TrainConfig
+    from twostage.eval.metrics import evaluate
+    from twostage.retriever.mining import MiningConfig
+    from twostage.retriever.recipe import RetrieverRecipe, train_retriever
+    from twostage.retriever.trainer import TrainConfig
 
     recipe = RetrieverRecipe(
         train=TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed, bf16=args.bf16,
@@ -104,7 +106,7 @@ def _train_retriever(args: argparse.Namespace) -> int:
         mine_with=args.mine_with, nli=tuple(str(p) for p in args.nli), nli_pairs=args.nli_pairs)
     teacher = None
     if args.teacher:
-        from reranker.cross_encoder import CrossEncoder
+        from twostage.reranker.cross_encoder import CrossEncoder
 
         ce = CrossEncoder.load(args.teacher, precision="bf16" if args.bf16 else "fp32")
         teacher = lambda pairs: ce.predict(pairs, activation=None, show_progress=not args.quiet)  # noqa: E731
@@ -117,10 +119,10 @@ def _train_retriever(args: argparse.Namespace) -> int:
 
 
 def _train_reranker(args: argparse.Namespace) -> int:
-    from eval.metrics import evaluate
-    from reranker.training import RerankerConfig, train_reranker_on
-    from retriever.biencoder import BiEncoder
-    from retriever.mining import MiningConfig
+    from twostage.eval.metrics import evaluate
+    from twostage.reranker.training import RerankerConfig, train_reranker_on
+    from twostage.retriever.biencoder import BiEncoder
+    from twostage.retriever.mining import MiningConfig
 
     mine_from = tuple(s.strip() for s in args.mine_from.split(",") if s.strip())
     config = RerankerConfig(epochs=args.epochs, groups_per_batch=args.groups_per_batch, negatives=args.negatives,
@@ -144,6 +146,19 @@ def _train_reranker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _quiet_libraries() -> None:
+    """No third-party noise on the console: transformers' load reports and progress bars, hub bars."""
+    import os
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # read when transformers is first imported
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' own bars follow this too
+    if "transformers" in sys.modules:  # already imported (main called from Python)
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="twostage", description="Retrieve, then rerank: build, train and benchmark search.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log more and show tracebacks on errors")
@@ -159,9 +174,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--ignore-identical-ids", action="store_true",
                        help="drop retrieved documents whose id equals the query id (ArguAna, Quora)")
     bench.add_argument("--retriever-model", default=None, help="bi-encoder name or directory (dense systems)")
-    bench.add_argument("--index", default=None, help="index directory: the dense system searches its ANN structure")
+    bench.add_argument("--engine", default=None, help="an engine directory built from this corpus (twostage build): "
+                       "the dense, hybrid and +rerank systems search it with its models")
+    bench.add_argument("--backend", default=EngineSettings().backend, help="ANN backend of the engine the dense "
+                       "systems search (default: the engine's default)")
     bench.add_argument("--reranker-model", default=None, help="cross-encoder name or directory (+rerank systems)")
-    bench.add_argument("--rerank-depth", type=int, default=100, help="candidates the cross-encoder reads (default 100)")
+    bench.add_argument("--rerank-depth", type=int, default=EngineSettings().k_retrieve,
+                       help=f"candidates the cross-encoder reads (default {EngineSettings().k_retrieve}, the engine's)")
     bench.add_argument("--train-split", default=None, help="train the missing models on this split first (a dev "
                        "part is held out of it; the evaluated split is never used), e.g. train")
     bench.add_argument("--base", default=None, help="base model for --train-split (default all-MiniLM-L6-v2)")
@@ -171,7 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "(default: OUT.models)")
     bench.add_argument("--rerank-interpolation", default="auto", help="blend with the first stage's score: auto "
                        "(the value saved with the reranker, if any), none (reranker alone) or a number in [0, 1]")
-    bench.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "int8"], help="bi-encoder inference precision")
+    bench.add_argument("--precision", default=EngineSettings().precision, choices=list(PRECISIONS),
+                       help="inference precision of both models (auto: bf16 where the CPU has it, as the engine)")
     bench.add_argument("--batch-size", type=int, default=32, help="encoding batch size")
     bench.set_defaults(func=_bench)
 
@@ -242,9 +262,10 @@ def build_parser() -> argparse.ArgumentParser:
     rr.add_argument("--bf16", action="store_true", help="bf16 autocast (fp32 weights)")
     rr.set_defaults(func=_train_reranker)
 
-    from eval.cli_index import add_commands
+    from twostage.eval import cli_engine, cli_index
 
-    add_commands(sub)
+    cli_engine.add_commands(sub)
+    cli_index.add_commands(sub)
 
     demo = sub.add_parser("demo", help="run the demo on the bundled sample collection")
     demo.add_argument("--data", type=Path, default=SAMPLE, help=argparse.SUPPRESS)
@@ -263,6 +284,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:  # some libraries (bm25s) set their own loggers to DEBUG
         handler.setLevel(level)
+    if not args.verbose:
+        _quiet_libraries()
     try:
         return int(args.func(args))
     except TwostageError as exc:

@@ -7,17 +7,17 @@ import json
 from pathlib import Path
 from typing import Any
 
-from indexer.errors import ConfigError
+from twostage.indexer.errors import ConfigError
 
 
 def _encoder(model: str, precision: str = "fp32") -> Any:
-    from retriever.biencoder import BiEncoder
+    from twostage.retriever.biencoder import BiEncoder
 
     return BiEncoder.load(model, precision=precision)
 
 
 def _open(path: Path, with_encoder: bool = True) -> Any:
-    from indexer.index import Index
+    from twostage.indexer.index import Index
 
     index = Index.load(path)
     if with_encoder:
@@ -26,14 +26,14 @@ def _open(path: Path, with_encoder: bool = True) -> Any:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from indexer.build import build_index
-    from indexer.vectors import BackendConfig
+    from twostage.indexer.build import build_index
+    from twostage.indexer.vectors import BackendConfig
 
     params = dict(kv.split("=", 1) for kv in args.param or [])
     params = {k: (float(v) if "." in v else int(v)) if v.replace(".", "", 1).isdigit() else v for k, v in params.items()}
     backend = BackendConfig(args.backend, args.metric, params)
     if args.ray:
-        from retriever.distributed import build_index_ray
+        from twostage.retriever.distributed import build_index_ray
 
         index = build_index_ray(args.corpus, args.model, args.out, backend=backend, num_actors=args.ray_actors,
                                 cpus_per_actor=args.ray_cpus_per_actor, chunk_size=args.chunk_size,
@@ -46,7 +46,7 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from indexer.index import Index
+    from twostage.indexer.index import Index
 
     print(json.dumps(Index.load(args.index, verify=not args.fast).info(), indent=2))
     return 0
@@ -54,7 +54,7 @@ def _info(args: argparse.Namespace) -> int:
 
 def _add(args: argparse.Namespace) -> int:
     index = _open(args.index)
-    from indexer.corpus import iter_documents
+    from twostage.indexer.corpus import iter_documents
 
     docs = list(iter_documents(args.corpus))
     index = index.upsert(docs) if args.upsert else index.add(docs)
@@ -80,7 +80,7 @@ def _compact(args: argparse.Namespace) -> int:
 
 
 def _shard(args: argparse.Namespace) -> int:
-    from indexer.shards import build_shards
+    from twostage.indexer.shards import build_shards
 
     out = build_shards(args.corpus, _encoder(args.model), args.out, args.shards, backend=args.backend,
                        batch_size=args.batch_size, show_progress=not args.quiet)
@@ -89,11 +89,13 @@ def _shard(args: argparse.Namespace) -> int:
 
 
 def _search(args: argparse.Namespace) -> int:
-    where = dict(kv.split("=", 1) for kv in args.where or []) or None
+    from twostage.eval.cli_engine import parse_where
+
+    where = parse_where(args.where)
     if args.shards:
-        from indexer.index import current_version
-        from indexer.manifest import read_manifest
-        from indexer.shards import ShardedIndex, shard_paths
+        from twostage.indexer.index import current_version
+        from twostage.indexer.manifest import read_manifest
+        from twostage.indexer.shards import ShardedIndex, shard_paths
 
         model = read_manifest(current_version(shard_paths(args.shards)[0])).encoder.name
         index = ShardedIndex.open(args.shards, _encoder(model), ray=args.ray or bool(args.ray_address),
@@ -101,9 +103,9 @@ def _search(args: argparse.Namespace) -> int:
         result = index.search(args.query, args.k, **({"where": where} if where else {}))
     elif args.index:
         index = _open(args.index)
-        result = index.search([args.query], args.k, where=where)[0]
+        result = index.search(args.query, args.k, where=where)
     else:
-        raise ConfigError("search needs --index DIR or --shards DIR")
+        raise ConfigError("index search needs --index DIR or --shards DIR")
     docs = index.documents(list(result.ids))
     for rank, (doc, score) in enumerate(zip(docs, result.scores), 1):
         print(f"{rank:3d}. [{score:.4f}] {doc.id}: {doc.title or doc.text[:80]}")
@@ -122,7 +124,7 @@ def add_commands(sub: Any) -> None:
     b.add_argument("--param", action="append", help="backend parameter KEY=VALUE (M, ef_construction, nlist...)")
     b.add_argument("--chunk-size", type=int, default=4096)
     b.add_argument("--batch-size", type=int, default=32)
-    b.add_argument("--ray", action="store_true", help="encode with Ray Data (pip install 'twostage[ray]')")
+    b.add_argument("--ray", action="store_true", help="encode with Ray Data (pip install 'twostage-search[ray]')")
     b.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting a local one")
     b.add_argument("--ray-actors", type=int, default=2, help="encoder actors (default 2)")
     b.add_argument("--ray-cpus-per-actor", type=float, default=1.0)
@@ -152,7 +154,7 @@ def add_commands(sub: Any) -> None:
     c = isub.add_parser("compact", help="rewrite without deleted documents")
     c.add_argument("--index", required=True, type=Path)
     c.set_defaults(func=_compact)
-    s = sub.add_parser("search", help="search an index directory")
+    s = isub.add_parser("search", help="search a bare dense index directory (or --shards)")
     s.add_argument("--index", type=Path, help="an index directory")
     s.add_argument("--shards", type=Path, help="a directory of index shards (twostage index shard)")
     s.add_argument("--ray", action="store_true", help="serve the shards with Ray actors (a local Ray by default)")

@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from indexer.beir import BeirDataset, QrelsCheck, Split
-from indexer.errors import ConfigError
-from indexer.topk import check_k
-from eval.metrics import DEFAULT_METRICS, evaluate, recall_curve
-from eval.run import Run
-from eval.systems import SYSTEMS, SearchSystem, SystemOptions, resolve_systems
+from twostage.indexer.beir import BeirDataset, QrelsCheck, Split
+from twostage.indexer.errors import ConfigError
+from twostage.indexer.topk import check_k
+from twostage.eval.metrics import DEFAULT_METRICS, evaluate, recall_curve
+from twostage.eval.run import Run
+from twostage.eval.systems import SYSTEMS, SearchSystem, SystemOptions, resolve_systems
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ def run_bench(
 ) -> BenchResult:
     """Build (or take) each system, run the split's queries, and measure.
 
-    ``systems`` is a comma list or sequence of registered names (see :data:`eval.systems.SYSTEMS`), or a
+    ``systems`` is a comma list or sequence of registered names (see :data:`twostage.eval.systems.SYSTEMS`), or a
     mapping of name -> ready :class:`SearchSystem` for systems built elsewhere.
     """
     k = check_k(k)

@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from indexer.errors import ConfigError
-from indexer.records import Qrels, RankedList
+from twostage.indexer.errors import ConfigError
+from twostage.indexer.records import Qrels, RankedList
 
 DEFAULT_METRICS = ("ndcg@10", "mrr@10", "recall@10", "recall@100", "map@100")
 _FAMILIES = {"ndcg": "ndcg", "mrr": "mrr", "recall": "recall", "map": "map", "p": "precision", "precision": "precision"}

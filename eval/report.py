@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from indexer.atomic import atomic_directory
-from indexer.errors import ConfigError
-from eval.harness import BenchResult
+from twostage.indexer.atomic import atomic_directory
+from twostage.indexer.errors import ConfigError
+from twostage.eval.harness import BenchResult
 
 HIGHER_IS_BETTER = {"latency_ms_p50": False, "latency_ms_p95": False, "build_s": False}
 SIGNIFICANCE_METRICS = ("ndcg@10", "mrr@10", "recall@100")
@@ -24,7 +24,7 @@ def versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {"python": platform.python_version()}
-    for pkg in ("twostage", "bm25s", "rank-bm25", "ranx", "numpy", "torch", "transformers"):
+    for pkg in ("twostage-search", "bm25s", "rank-bm25", "ranx", "numpy", "torch", "transformers"):
         try:
             out[pkg] = version(pkg)
         except PackageNotFoundError:

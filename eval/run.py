@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
-from indexer.atomic import atomic_write_text
-from indexer.errors import DataError
-from indexer.jsonl import iter_lines
-from indexer.records import RankedList
+from twostage.indexer.atomic import atomic_write_text
+from twostage.indexer.errors import DataError
+from twostage.indexer.jsonl import iter_lines
+from twostage.indexer.records import RankedList
 
 
 class Run(Mapping[str, RankedList]):

@@ -7,101 +7,115 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from indexer.corpus import Corpus
-from indexer.errors import ConfigError
-from indexer.protocols import Retriever as SearchSystem
-from indexer.records import RankedList
-from retriever.bm25 import BM25Config, BM25Retriever
+from twostage.indexer.corpus import Corpus
+from twostage.indexer.engine_dir import EngineSettings, resolve_precision
+from twostage.indexer.errors import ConfigError
+from twostage.indexer.protocols import Retriever as SearchSystem
+from twostage.indexer.records import RankedList
+from twostage.retriever.bm25 import BM25Config, BM25Retriever
 
 
 @dataclass(frozen=True)
 class SystemOptions:
-    """Settings systems need beyond the corpus (models, batch sizes)."""
+    """Settings systems need beyond the corpus (models, batch sizes). Defaults are the engine's."""
 
     retriever_model: str | None = None
-    index: str | None = None  # a built index directory: dense search through its ANN structure
+    engine: str | None = None  # a built engine directory of this corpus: its models and indexes are used
     reranker_model: str | None = None
-    rerank_depth: int = 100
-    rerank_interpolation: float | str | None = "auto"  # see reranker.pipeline.Pipeline
-    precision: str = "fp32"
+    rerank_depth: int = EngineSettings().k_retrieve
+    rerank_interpolation: float | str | None = "auto"  # see twostage.reranker.pipeline.Pipeline
+    precision: str = EngineSettings().precision
+    backend: str = EngineSettings().backend
     batch_size: int = 32
     show_progress: bool = False
 
 
-class IndexSearch:
-    """An index directory as a first stage (`search(query, k)` -> one RankedList, through its ANN backend)."""
-
-    def __init__(self, index: object) -> None:
-        self.index = index
-
-    def search(self, query: str, k: int) -> RankedList:
-        return self.index.search(query, k)[0]  # type: ignore[attr-defined]
+# One engine per (corpus, model settings): dense, hybrid and their +rerank systems are views of it, so a bench run
+# encodes the corpus once and evaluates exactly what `twostage build` / `twostage search` answer. Dropped with the
+# corpus (its temporary directory with it).
+_ENGINES: weakref.WeakKeyDictionary[Corpus, dict[tuple[Any, ...], Any]] = weakref.WeakKeyDictionary()
 
 
-# One dense first stage per (corpus, model settings): dense, hybrid and their +rerank systems share one encoding
-# of the corpus within a bench run (searching it never changes it). Dropped with the corpus.
-_DENSE: weakref.WeakKeyDictionary[Corpus, dict[tuple[Any, ...], SearchSystem]] = weakref.WeakKeyDictionary()
-
-
-def _dense(corpus: Corpus, options: SystemOptions) -> SearchSystem:
-    key = (options.retriever_model, options.index, options.precision, options.batch_size)
-    shared = _DENSE.setdefault(corpus, {})
+def engine_for(corpus: Corpus, options: SystemOptions, *, need_reranker: bool = False) -> Any:
+    """The search engine the harness's dense, hybrid and +rerank systems are views of."""
+    key = (options.retriever_model, options.engine, options.reranker_model, options.precision, options.backend, options.batch_size, options.rerank_depth,
+           str(options.rerank_interpolation))
+    shared = _ENGINES.setdefault(corpus, {})
     if key not in shared:
-        shared[key] = _build_dense(corpus, options)
-    return shared[key]
+        shared[key] = _build_engine(corpus, options)
+    engine = shared[key]
+    if need_reranker and engine.manifest.reranker is None:
+        raise ConfigError("the +rerank systems need a cross-encoder: pass --reranker-model NAME_OR_DIR"
+                          + (f" (engine {options.engine} has none; rebuild it with --reranker)" if options.engine else ""))
+    return engine
 
 
-def _build_dense(corpus: Corpus, options: SystemOptions) -> SearchSystem:
-    from retriever.biencoder import BiEncoder
-    from retriever.dense import DenseRetriever
+def _build_engine(corpus: Corpus, options: SystemOptions) -> Any:
+    import shutil
+    import tempfile
 
-    if options.index:
-        from indexer.index import Index
+    from twostage.reranker.engine import SearchEngine
 
-        index = Index.load(options.index)
-        missing = [d.id for d in corpus if d.id not in index][:3]
-        if missing:
-            raise ConfigError(f"index {options.index} lacks documents of this corpus (e.g. {', '.join(missing)}); "
-                              "build it from the same corpus")
-        index.attach_encoder(BiEncoder.load(options.retriever_model or index.manifest.encoder.name,
-                                            precision=options.precision))
-        return IndexSearch(index)
+    settings = EngineSettings(k_retrieve=options.rerank_depth, interpolation=options.rerank_interpolation,
+                              precision=options.precision, backend=options.backend, batch_size=options.batch_size)
+    if options.engine:
+        engine = SearchEngine.load(options.engine)
+        missing = [d.id for d in corpus if d.id not in engine][:3]
+        if missing or len(engine) != len(corpus):
+            raise ConfigError(f"engine {options.engine} holds other documents than this corpus (e.g. "
+                              f"{', '.join(missing) or 'a different count'}); build it from the same corpus")
+        return _with_settings(engine, settings)
     if not options.retriever_model:
-        raise ConfigError("the dense system needs a model: pass --retriever-model NAME_OR_DIR")
-    encoder = BiEncoder.load(options.retriever_model, precision=options.precision)
-    return DenseRetriever.build(corpus, encoder, batch_size=options.batch_size, show_progress=options.show_progress)
+        raise ConfigError("the dense systems need a model: pass --retriever-model NAME_OR_DIR (or --engine DIR)")
+    tmp = tempfile.mkdtemp(prefix="twostage-bench-")
+    engine = SearchEngine.build(corpus, f"{tmp}/engine", retriever=options.retriever_model,
+                                reranker=options.reranker_model, settings=settings,
+                                show_progress=options.show_progress)
+    weakref.finalize(engine, shutil.rmtree, tmp, True)
+    return engine
 
 
-def _hybrid(corpus: Corpus, options: SystemOptions) -> SearchSystem:
-    from retriever.hybrid import HybridRetriever
+def _with_settings(engine: Any, settings: EngineSettings) -> Any:
+    """The engine searching with the harness's depth, blend and precision (its files are not changed)."""
+    from dataclasses import replace
 
-    return HybridRetriever([BM25Retriever.build(corpus), _dense(corpus, options)], depth=max(100, options.rerank_depth))
+    keep = ("first_stage", "fusion", "k_rrf", "depth", "backend", "metric")
+    merged = replace(settings, **{f: getattr(engine.settings, f) for f in keep})
+    engine.manifest = replace(engine.manifest, settings=merged)
+    return engine
+
+
+def _view(first_stage: str, rerank: bool) -> SystemFactory:
+    def build(corpus: Corpus, options: SystemOptions) -> SearchSystem:
+        return engine_for(corpus, options, need_reranker=rerank).as_retriever(first_stage=first_stage, rerank=rerank)
+
+    return build
+
+
+def _bm25_rerank(corpus: Corpus, options: SystemOptions) -> SearchSystem:
+    """BM25 then the reranker: a view of the engine when there is a retriever model, else a Pipeline over BM25."""
+    if options.retriever_model or options.engine:
+        return _view("bm25", True)(corpus, options)
+    from twostage.reranker.cross_encoder import CrossEncoder
+    from twostage.reranker.pipeline import Pipeline
+
+    if not options.reranker_model:
+        raise ConfigError("the +rerank systems need a cross-encoder: pass --reranker-model NAME_OR_DIR")
+    reranker = CrossEncoder.load(options.reranker_model, precision=resolve_precision(options.precision))
+    texts = {d.id: d.full_text for d in corpus}
+    return _Reranked(Pipeline(BM25Retriever.build(corpus), reranker=reranker, texts=texts,
+                              k_retrieve=options.rerank_depth, k=min(10, options.rerank_depth),
+                              batch_size=options.batch_size, interpolation=options.rerank_interpolation))
 
 
 class _Reranked:
-    """A first stage followed by the cross-encoder, through the same Pipeline users call."""
+    """A Pipeline as a harness system (``search(query, k)`` -> the reranked head, then the first stage's rest)."""
 
-    def __init__(self, pipeline: object) -> None:
+    def __init__(self, pipeline: Any) -> None:
         self.pipeline = pipeline
 
     def search(self, query: str, k: int) -> RankedList:
-        return self.pipeline.ranked(query, k)  # type: ignore[attr-defined]
-
-
-def _reranked(first: SystemFactory) -> SystemFactory:
-    def build(corpus: Corpus, options: SystemOptions) -> SearchSystem:
-        from reranker.cross_encoder import CrossEncoder
-        from reranker.pipeline import Pipeline
-
-        if not options.reranker_model:
-            raise ConfigError("the +rerank systems need a cross-encoder: pass --reranker-model NAME_OR_DIR")
-        reranker = CrossEncoder.load(options.reranker_model, precision=options.precision)
-        texts = {d.id: d.full_text for d in corpus}
-        return _Reranked(Pipeline(first(corpus, options), reranker=reranker, texts=texts,
-                                  k_retrieve=options.rerank_depth, k=min(10, options.rerank_depth),
-                                  batch_size=options.batch_size, interpolation=options.rerank_interpolation))
-
-    return build
+        return self.pipeline.ranked(query, k)
 
 
 SystemFactory = Callable[[Corpus, SystemOptions], SearchSystem]
@@ -114,17 +128,17 @@ def _bm25(corpus: Corpus, options: SystemOptions) -> SearchSystem:
 SYSTEMS: dict[str, SystemFactory] = {
     "bm25": _bm25,
     "rank-bm25": lambda corpus, options: BM25Retriever.build(corpus, BM25Config(engine="rank-bm25")),
-    "dense": _dense,
-    "hybrid": _hybrid,
-    "bm25+rerank": _reranked(_bm25),
-    "dense+rerank": _reranked(_dense),
-    "hybrid+rerank": _reranked(_hybrid),
+    "dense": _view("dense", False),
+    "hybrid": _view("hybrid", False),
+    "bm25+rerank": _bm25_rerank,
+    "dense+rerank": _view("dense", True),
+    "hybrid+rerank": _view("hybrid", True),
 }
 DESCRIPTIONS = {
     "bm25": "BM25 (Lucene formula, k1=1.5, b=0.75, stemming + stopwords), bm25s engine",
     "rank-bm25": "the same BM25 computed by rank-bm25 (reference engine, slow)",
-    "dense": "bi-encoder (--retriever-model), exact search over the corpus embeddings, or --index",
-    "hybrid": "reciprocal rank fusion of bm25 and dense",
+    "dense": "bi-encoder (--retriever-model) through the engine's ANN index (--backend), or an --engine's",
+    "hybrid": "reciprocal rank fusion of bm25 and dense (top 100 each), as the engine does",
     "bm25+rerank": "bm25, top --rerank-depth reranked by the cross-encoder (--reranker-model)",
     "dense+rerank": "dense, top --rerank-depth reranked by the cross-encoder",
     "hybrid+rerank": "hybrid, top --rerank-depth reranked by the cross-encoder",
@@ -141,8 +155,8 @@ def resolve_systems(spec: str | Sequence[str], options: SystemOptions | None = N
     names = [s.strip() for s in spec.split(",")] if isinstance(spec, str) else [str(s).strip() for s in spec]
     names = [n for n in names if n]
     if names == ["all"]:
-        have_model = bool(options and (options.retriever_model or options.index))
-        have_reranker = bool(options and options.reranker_model)
+        have_model = bool(options and (options.retriever_model or options.engine))
+        have_reranker = bool(options and (options.reranker_model or options.engine))
         return [n for n in SYSTEMS
                 if (have_model or n not in NEEDS_MODEL) and (have_reranker or n not in NEEDS_RERANKER)]
     unknown = [n for n in names if n not in SYSTEMS]

@@ -16,11 +16,11 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from indexer.errors import ConfigError
-from reranker.training import RerankerConfig, train_reranker_on
-from retriever.mining import MiningConfig
-from retriever.recipe import RetrieverRecipe, train_retriever
-from retriever.trainer import TrainConfig
+from twostage.indexer.errors import ConfigError
+from twostage.reranker.training import RerankerConfig, train_reranker_on
+from twostage.retriever.mining import MiningConfig
+from twostage.retriever.recipe import RetrieverRecipe, train_retriever
+from twostage.retriever.trainer import TrainConfig
 
 logger = logging.getLogger(__name__)
 
@@ -95,8 +95,8 @@ def train_models(data: str | Path, train_split: str, eval_split: str, models_dir
                  show_progress: bool = False) -> TrainedModels:
     """Train what is needed into ``models_dir`` (``retriever/``, ``reranker/``); a given ``retriever`` is used
     as is (for the reranker's dense negatives)."""
-    from eval.metrics import evaluate
-    from retriever.biencoder import BiEncoder
+    from twostage.eval.metrics import evaluate
+    from twostage.retriever.biencoder import BiEncoder
 
     if train_split == eval_split:
         raise ConfigError(f"--train-split {train_split} is the evaluated split: models must never see the test "

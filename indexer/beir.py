@@ -6,10 +6,10 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from indexer.corpus import Corpus, load_corpus
-from indexer.errors import ConfigError, DataError, DataNotFoundError
-from indexer.jsonl import iter_jsonl, iter_lines, optional_string, require_string_id
-from indexer.records import Judgment, Qrels, Query
+from twostage.indexer.corpus import Corpus, load_corpus
+from twostage.indexer.errors import ConfigError, DataError, DataNotFoundError
+from twostage.indexer.jsonl import iter_jsonl, iter_lines, optional_string, require_string_id
+from twostage.indexer.records import Judgment, Qrels, Query
 
 logger = logging.getLogger(__name__)
 

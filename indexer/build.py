@@ -20,12 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from indexer.corpus import CorpusSource, iter_documents
-from indexer.errors import ConfigError, DataError
-from indexer.index import Index, commit_version, write_segment
-from indexer.manifest import EncoderInfo, Segment, read_manifest
-from indexer.records import Document
-from indexer.vectors import BackendConfig, FaissIndex, HnswlibIndex, default_params, prepare
+from twostage.indexer.corpus import CorpusSource, iter_documents
+from twostage.indexer.errors import ConfigError, DataError
+from twostage.indexer.index import Index, IndexChange, write_index_files, write_segment
+from twostage.indexer.manifest import EncoderInfo, Segment
+from twostage.indexer.records import Document
+from twostage.indexer.vectors import BackendConfig, FaissIndex, HnswlibIndex, default_params, prepare
+from twostage.indexer.versions import commit, writer_lock
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +43,13 @@ def _chunks(source: CorpusSource, size: int) -> Iterator[list[Document]]:
 
 
 def _ids_hash(docs: list[Document]) -> str:
-    return hashlib.sha256("\n".join(d.id for d in docs).encode()).hexdigest()
+    """A hash of everything a chunk holds (id, title, text, metadata of each document): a resumed build reuses
+    a chunk only when its documents are exactly the same."""
+    h = hashlib.sha256()
+    for d in docs:
+        h.update(json.dumps([d.id, d.title, d.text, dict(d.metadata)], sort_keys=True, default=str).encode())
+        h.update(b"\n")
+    return h.hexdigest()
 
 
 def ann_from_vectors(backend: BackendConfig, vectors: np.ndarray, batch: int = 65536) -> Any:
@@ -93,21 +100,19 @@ def write_chunk(work: Path, plan: dict[str, Any], done: list[dict[str, Any]], ve
     os.replace(state_tmp, work / "state.json")
 
 
-def build_index(corpus: CorpusSource, encoder: Any, out: str | Path, *, backend: BackendConfig | str = "hnswlib",
-                encoder_info: EncoderInfo | None = None, chunk_size: int = 4096, batch_size: int = 32,
-                resume: bool = True, show_progress: bool = False) -> Index:
-    """Encode ``corpus`` with ``encoder`` and write an index directory at ``out`` (replacing any there)."""
+def check_out_dir(out: Path, what: str = "an index directory") -> None:
+    """``out`` may be created, or is already a versioned directory (CURRENT) to replace; anything else is refused."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out}: is a file; choose a directory for --out")
+    if out.is_dir() and not (out / "CURRENT").is_file() and any(p.name != "LOCK" for p in out.iterdir()):
+        raise ConfigError(f"{out}: exists and is not {what}; choose another --out")
+
+
+def encode_chunks(corpus: CorpusSource, encoder: Any, work: Path, plan: dict[str, Any], done: list[dict[str, Any]], *,
+                  metric: str, dim: int | None, chunk_size: int, batch_size: int, show_progress: bool) -> None:
+    """Encode the corpus ``chunk_size`` documents at a time into ``work``, skipping chunks already done."""
     from tqdm.auto import tqdm
 
-    if isinstance(backend, str):
-        backend = BackendConfig(backend)
-    if chunk_size <= 0:
-        raise ConfigError(f"chunk_size must be positive, got {chunk_size}")
-    out = Path(out)
-    info = encoder_info or (encoder.info() if hasattr(encoder, "info") else None)
-    plan = {"encoder": asdict(info) if info else None, "metric": backend.metric, "chunk_size": chunk_size}
-    work, done = start_build(out, plan, resume)
-    dim = info.dim if info else None
     bar = tqdm(desc="encode corpus", unit="doc", disable=not show_progress)
     for i, docs in enumerate(_chunks(corpus, chunk_size)):
         if i < len(done) and done[i]["ids"] == _ids_hash(docs) and (work / f"{done[i]['name']}.npy").is_file():
@@ -115,18 +120,34 @@ def build_index(corpus: CorpusSource, encoder: Any, out: str | Path, *, backend:
             continue
         del done[i:]
         vectors = encoder.encode([d.full_text for d in docs], kind="document", batch_size=batch_size, allow_empty=True)
-        vectors = prepare(vectors, backend.metric, dim, f"document vectors (chunk {i})")
+        vectors = prepare(vectors, metric, dim, f"document vectors (chunk {i})")
         dim = vectors.shape[1]
         write_chunk(work, plan, done, vectors, docs)
         bar.update(len(docs))
     bar.close()
-    info = info or EncoderInfo(name=type(encoder).__name__, dim=dim or 0)
+
+
+def build_index(corpus: CorpusSource, encoder: Any, out: str | Path, *, backend: BackendConfig | str = "hnswlib",
+                encoder_info: EncoderInfo | None = None, chunk_size: int = 4096, batch_size: int = 32,
+                resume: bool = True, show_progress: bool = False) -> Index:
+    """Encode ``corpus`` with ``encoder`` and write an index directory at ``out`` (replacing any there)."""
+    if isinstance(backend, str):
+        backend = BackendConfig(backend)
+    if chunk_size <= 0:
+        raise ConfigError(f"chunk_size must be positive, got {chunk_size}")
+    out = Path(out)
+    check_out_dir(out)
+    info = encoder_info or (encoder.info() if hasattr(encoder, "info") else None)
+    plan = {"encoder": asdict(info) if info else None, "metric": backend.metric, "chunk_size": chunk_size}
+    work, done = start_build(out, plan, resume)
+    encode_chunks(corpus, encoder, work, plan, done, metric=backend.metric, dim=info.dim if info else None,
+                  chunk_size=chunk_size, batch_size=batch_size, show_progress=show_progress)
+    info = info or EncoderInfo(name=type(encoder).__name__, dim=0)
     return finish_build(work, done, out, backend, info, encoder)
 
 
-def finish_build(work: Path, done: list[dict[str, Any]], out: Path, backend: BackendConfig, info: EncoderInfo,
-                 encoder: Any = None) -> Index:
-    """Merge the chunks into one segment, build the ANN structure and commit the version atomically."""
+def merge_chunks(work: Path, done: list[dict[str, Any]], info: EncoderInfo) -> tuple[np.ndarray, list[Document], EncoderInfo]:
+    """The chunks as one memory-mapped (n, dim) matrix, the documents in order, and the encoder's identity."""
     import pyarrow.parquet as pq
 
     total = sum(int(c["rows"]) for c in done)
@@ -138,8 +159,7 @@ def finish_build(work: Path, done: list[dict[str, Any]], out: Path, backend: Bac
             raise DataError(f"the encoder {info.name} declares dimension {info.dim} but its vectors have {dim}")
         info = replace(info, dim=dim)
     seen: set[str] = set()
-    merged = work / "merged.npy"
-    vectors = np.lib.format.open_memmap(merged, mode="w+", dtype=np.float32, shape=(total, dim))
+    vectors = np.lib.format.open_memmap(work / "merged.npy", mode="w+", dtype=np.float32, shape=(total, dim))
     row = 0
     docs_all: list[Document] = []
     for c in done:
@@ -152,15 +172,28 @@ def finish_build(work: Path, done: list[dict[str, Any]], out: Path, backend: Bac
             seen.add(r["id"])
             docs_all.append(Document(r["id"], r["text"], r["title"], json.loads(r["metadata"])))
     vectors.flush()
+    return vectors, docs_all, info
+
+
+def first_version(vectors: np.ndarray, docs: list[Document], backend: BackendConfig) -> tuple[IndexChange, dict[str, Any]]:
+    """The change that makes a fresh index of ``vectors`` and ``docs`` (ANN built), and its backend parameters."""
+    total, dim = vectors.shape
     logger.info("building %s over %d x %d vectors", backend.name, total, dim)
     ann = ann_from_vectors(backend, vectors)
     params = {**default_params(backend.name, total, dim), **backend.params}
-    if out.exists() and not (out / "CURRENT").is_file():
-        if any(out.iterdir()):
-            raise ConfigError(f"{out}: exists and is not an index directory; choose another --out")
+    change = IndexChange([Segment("000000", 0, total)], {"000000": (vectors, docs)}, np.array([], dtype=np.int64), ann)
+    return change, params
+
+
+def finish_build(work: Path, done: list[dict[str, Any]], out: Path, backend: BackendConfig, info: EncoderInfo,
+                 encoder: Any = None) -> Index:
+    """Merge the chunks into one segment, build the ANN structure and commit the version atomically."""
+    vectors, docs_all, info = merge_chunks(work, done, info)
+    change, params = first_version(vectors, docs_all, backend)
+    check_out_dir(out)
     # a rebuild replaces the contents of an existing index directory as a new version
-    version = commit_version(out, None, [Segment("000000", 0, total)], {"000000": (vectors, docs_all)},
-                             np.array([], dtype=np.int64), ann, info, backend.metric, backend.name, params)
-    del vectors
+    with writer_lock(out), commit(out) as version:
+        write_index_files(version.tmp, None, change, info, backend.metric, backend.name, params)
+    del vectors, change
     shutil.rmtree(work, ignore_errors=True)
-    return Index(out, version, read_manifest(version), encoder)
+    return Index.load(out, encoder=encoder, verify=False)

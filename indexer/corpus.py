@@ -8,9 +8,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, overload
 
-from indexer.errors import DataError, DataNotFoundError
-from indexer.jsonl import iter_jsonl, optional_string, require_string_id
-from indexer.records import Document
+from twostage.indexer.errors import DataError, DataNotFoundError
+from twostage.indexer.jsonl import iter_jsonl, optional_string, require_string_id
+from twostage.indexer.records import Document
 
 logger = logging.getLogger(__name__)
 

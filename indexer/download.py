@@ -12,8 +12,8 @@ import uuid
 import zipfile
 from pathlib import Path, PurePosixPath
 
-from indexer.atomic import atomic_directory
-from indexer.errors import ConfigError, DownloadError
+from twostage.indexer.atomic import atomic_directory
+from twostage.indexer.errors import ConfigError, DownloadError
 
 logger = logging.getLogger(__name__)
 

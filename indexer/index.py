@@ -16,25 +16,25 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from indexer.atomic import fsync_dir
-from indexer.errors import ConfigError, DataError, IndexFormatError
-from indexer.manifest import EncoderInfo, Manifest, Segment, describe_files, read_manifest, verify_files
-from indexer.records import Document, RankedList
-from indexer.topk import check_k
-from indexer.vectors import (BackendConfig, FaissIndex, FlatIndex, HnswlibIndex, prepare)
+from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
+from twostage.indexer.manifest import EncoderInfo, Manifest, Segment, describe_files, read_manifest, verify_files
+from twostage.indexer.records import Document, RankedList
+from twostage.indexer.topk import check_k
+from twostage.indexer.vectors import BackendConfig, FaissIndex, FlatIndex, HnswlibIndex, prepare
+from twostage.indexer.versions import Lease, commit, open_current, writer_lock
+from twostage.indexer.versions import current_version as _current_version
 
 logger = logging.getLogger(__name__)
-_VERSION = re.compile(r"^v(\d{6})$")
 EXACT_BELOW = 20_000  # filtered searches over at most this many allowed rows are exact
 
 
@@ -42,7 +42,7 @@ def _versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
-    for pkg in ("twostage", "numpy", "faiss-cpu", "hnswlib", "pyarrow"):
+    for pkg in ("twostage-search", "numpy", "faiss-cpu", "hnswlib", "pyarrow"):
         try:
             out[pkg] = version(pkg)
         except PackageNotFoundError:
@@ -51,13 +51,8 @@ def _versions() -> dict[str, str]:
 
 
 def current_version(root: Path) -> Path:
-    pointer = root / "CURRENT"
-    if not pointer.is_file():
-        raise IndexFormatError(f"{root}: no CURRENT file; not an index directory (build one with `twostage index build`)")
-    name = pointer.read_text(encoding="utf-8").strip()
-    if not _VERSION.match(name) or not (root / name).is_dir():
-        raise IndexFormatError(f"{pointer}: names {name!r}, which is not a version directory here; restore the index")
-    return root / name
+    """The live version directory of an index directory."""
+    return _current_version(root, "an index directory (build one with `twostage index build`)")
 
 
 def write_segment(dir: Path, name: str, vectors: np.ndarray, docs: Sequence[Document]) -> None:
@@ -72,12 +67,14 @@ def write_segment(dir: Path, name: str, vectors: np.ndarray, docs: Sequence[Docu
 
 
 class Index:
-    """A loaded index directory. Build with :func:`indexer.build.build_index`; open with :meth:`load`."""
+    """A loaded index directory. Build with :func:`twostage.indexer.build.build_index`; open with :meth:`load`."""
 
-    def __init__(self, root: Path, version_dir: Path, manifest: Manifest, encoder: Any = None) -> None:
+    def __init__(self, root: Path, version_dir: Path, manifest: Manifest, encoder: Any = None,
+                 lease: Lease | None = None) -> None:
         import pyarrow.parquet as pq
 
         self.root, self.version_dir, self.manifest = root, version_dir, manifest
+        self._lease = lease  # keeps this version on disk while the object lives (indexer.versions)
         self._lock = threading.Lock()
         vectors = []
         for seg in manifest.segments:
@@ -121,21 +118,35 @@ class Index:
     # ---- opening ---------------------------------------------------------------------------
     @classmethod
     def load(cls, path: str | Path, *, encoder: Any = None, verify: bool = True) -> Index:
-        """Open an index directory: manifest first, then every file's size (and sha256 when ``verify``)."""
+        """Open an index directory: manifest first, then every file's size (and sha256 when ``verify``).
+
+        The opened version stays on disk while this object lives, whatever other processes commit;
+        :meth:`refresh` moves to the newest version.
+        """
         root = Path(path)
         if not root.is_dir():
             raise IndexFormatError(f"{root}: no such index directory")
-        for attempt in range(3):
-            version_dir = current_version(root)
-            try:
-                manifest = read_manifest(version_dir)
-                verify_files(version_dir, manifest, checksums=verify)
-                return cls(root, version_dir, manifest, encoder)
-            except IndexFormatError:
-                # a writer switched CURRENT and removed this version while we read it: read the new one
-                if attempt == 2 or current_version(root) == version_dir:
-                    raise
-        raise AssertionError("unreachable")
+        return open_current(root, lambda version_dir, lease: cls.open_version(root, version_dir, encoder, verify, lease),
+                            "an index directory (build one with `twostage index build`)")
+
+    @classmethod
+    def open_version(cls, root: Path, version_dir: Path, encoder: Any = None, verify: bool = True,
+                     lease: Lease | None = None) -> Index:
+        """Open one version directory (its manifest checked, then its files)."""
+        manifest = read_manifest(version_dir)
+        verify_files(version_dir, manifest, checksums=verify)
+        return cls(root, version_dir, manifest, encoder, lease)
+
+    def refresh(self, *, verify: bool = False) -> Index:
+        """This index at the newest committed version (``self`` when nothing changed)."""
+        if current_version(self.root) == self.version_dir:
+            return self
+        return Index.load(self.root, encoder=self.encoder, verify=verify)
+
+    def close(self) -> None:
+        """Release this version (a later commit may then remove it from disk)."""
+        if self._lease is not None:
+            self._lease.release()
 
     def _open_ann(self) -> Any:
         m, d = self.manifest, self.version_dir
@@ -216,17 +227,33 @@ class Index:
             return np.array([bool(where(d)) for d in docs])
         return np.array([all(m.get(k) == v for k, v in where.items()) for m in metas])
 
-    def search(self, queries: str | Sequence[str] | np.ndarray, k: int = 10, *,
+    def search(self, query: str | np.ndarray, k: int = 10, *,
                where: Mapping[str, Any] | Callable[[Document], bool] | None = None,
-               ef_search: int | None = None, nprobe: int | None = None) -> list[RankedList]:
-        """The ``k`` best live documents for each query (texts need an attached encoder, or pass vectors).
+               ef_search: int | None = None, nprobe: int | None = None) -> RankedList:
+        """The ``k`` best live documents for one query (a text, which needs the attached encoder, or a vector).
+
+        Fewer than ``k`` come back when fewer documents are live (or pass ``where``), as with every retriever.
+        """
+        if isinstance(query, np.ndarray) and (query.ndim == 1 or (query.ndim == 2 and len(query) == 1)):
+            query = query.reshape(1, -1)
+        elif isinstance(query, str):
+            query = [query]  # type: ignore[assignment]
+        else:
+            raise ConfigError(f"search takes one query (a string or a 1-d vector); use search_batch for "
+                              f"{type(query).__name__}")
+        return self.search_batch(query, k, where=where, ef_search=ef_search, nprobe=nprobe)[0]
+
+    def search_batch(self, queries: Sequence[str] | np.ndarray, k: int = 10, *,
+                     where: Mapping[str, Any] | Callable[[Document], bool] | None = None,
+                     ef_search: int | None = None, nprobe: int | None = None) -> list[RankedList]:
+        """:meth:`search` for many queries (texts encoded in one pass, or an (n, dim) array of vectors).
 
         ``where`` keeps documents whose metadata has the given values (or for which a function is true).
         Scores are similarities: higher is better, whatever the backend's own convention.
         """
         k = check_k(k)
         if isinstance(queries, str):
-            queries = [queries]
+            raise ConfigError("search_batch takes a list of queries; use search for one")
         if isinstance(queries, np.ndarray):
             vectors = queries
         else:
@@ -234,15 +261,16 @@ class Index:
                 raise ConfigError("text queries need the index's encoder: Index.load(path, encoder=...) or attach_encoder")
             vectors = self.encoder.encode(list(queries), kind="query")
         q = prepare(vectors, self.manifest.metric, self.dim, "query vectors")
-        allowed = ~self.deleted if where is None else (~self.deleted & self._metadata_mask(where))
+        allowed = self.allowed(where)
         n_allowed = int(allowed.sum())
-        if where is None and k > n_allowed:
-            raise ConfigError(f"k={k} is larger than the index ({n_allowed} live documents)")
+        k = min(k, n_allowed)
+        if k == 0:
+            return [RankedList(np.array([], dtype=object), np.array([], dtype=np.float32)) for _ in q]
         params = dict(self.manifest.params)
         params.update({k_: v for k_, v in (("ef_search", ef_search), ("nprobe", nprobe)) if v is not None})
         excluded = len(allowed) - n_allowed
         if self._ann is None or (where is not None and n_allowed <= EXACT_BELOW):
-            return self._exact(q, min(k, n_allowed), allowed)
+            return self._exact(q, k, allowed)
         fetch = min(len(allowed), k + excluded)
         with self._lock:
             labels, scores = self._ann.search(q, fetch, params)
@@ -250,17 +278,24 @@ class Index:
         for i, (lab, sc) in enumerate(zip(labels, scores)):
             keep = (lab >= 0) & allowed[np.clip(lab, 0, None)]
             lab, sc = lab[keep], sc[keep]
-            if len(lab) < min(k, n_allowed):  # the graph missed some: fall back to exact search for this query
-                out.extend(self._exact(q[i:i + 1], min(k, n_allowed), allowed))
+            if len(lab) < k:  # the graph missed some: fall back to exact search for this query
+                out.extend(self._exact(q[i:i + 1], k, allowed))
                 continue
             order = np.lexsort((lab, -sc))[:k]
             out.append(RankedList(self.doc_ids[lab[order]], sc[order].astype(np.float32)))
         return out
 
+    def allowed(self, where: Mapping[str, Any] | Callable[[Document], bool] | None = None) -> np.ndarray:
+        """A boolean mask over rows: live and (when given) passing ``where``."""
+        return ~self.deleted if where is None else (~self.deleted & self._metadata_mask(where))
+
+    def metadata_fields(self) -> set[str]:
+        """Every metadata key some live document has."""
+        self._metadata_mask({})
+        return {k for i, m in enumerate(self._metadata or []) if not self.deleted[i] for k in m}
+
     def _exact(self, q: np.ndarray, k: int, allowed: np.ndarray) -> list[RankedList]:
         rows = np.flatnonzero(allowed)
-        if k == 0:
-            return [RankedList(np.array([], dtype=object), np.array([], dtype=np.float32)) for _ in q]
         flat = FlatIndex(self.manifest.metric, np.asarray(self.vectors())[rows])
         labels, scores = flat.search(q, k, {})
         return [RankedList(self.doc_ids[rows[lab]], sc) for lab, sc in zip(labels, scores)]
@@ -272,46 +307,42 @@ class Index:
                 "params": m.params, "encoder": m.encoder.__dict__, "segments": len(m.segments),
                 "bytes": sum(f["bytes"] for f in m.files.values()), "versions": m.versions}
 
-    # ---- writing ---------------------------------------------------------------------------
-    def _commit(self, segments: list[Segment], new_segments: Mapping[str, tuple[np.ndarray, Sequence[Document]]],
-                deleted: np.ndarray, ann: Any) -> Index:
-        """Write a complete new version beside the current one and switch CURRENT to it."""
-        version = commit_version(self.root, self.version_dir, segments, new_segments, deleted, ann, self.manifest.encoder,
-                                 self.manifest.metric, self.manifest.backend, dict(self.manifest.params))
-        return Index(self.root, version, read_manifest(version), self.encoder)
 
-    def _encode_docs(self, docs: Sequence[Document], encoder: Any, batch_size: int) -> np.ndarray:
+    # ---- writing ---------------------------------------------------------------------------
+    # Each update is computed as an IndexChange from the version current under the writer lock, written into a
+    # new version directory (write_index_files) and committed; the engine writes the same change into its own
+    # version together with BM25 (twostage.reranker.engine).
+    def encode_documents(self, docs: Sequence[Document], encoder: Any = None, batch_size: int = 32) -> np.ndarray:
+        """Vectors of ``docs`` by the index's encoder (checked: finite, the index's width, normalised)."""
         enc = encoder or self.encoder
         if enc is None:
             raise ConfigError("adding documents needs the index's encoder (pass encoder= or attach_encoder)")
         if encoder is not None:
             self.attach_encoder(encoder)
-        return enc.encode([d.full_text for d in docs], kind="document", batch_size=batch_size, allow_empty=True)
+        vectors = enc.encode([d.full_text for d in docs], kind="document", batch_size=batch_size, allow_empty=True)
+        return prepare(vectors, self.manifest.metric, self.dim, "document vectors")
 
-    def add(self, documents: Iterable[Document], *, encoder: Any = None, batch_size: int = 32) -> Index:
-        """Append documents (new ids only) and return the updated index; the old version stays intact until then."""
-        return self._add(documents, self.deleted, encoder, batch_size)
-
-    def _add(self, documents: Iterable[Document], deleted: np.ndarray, encoder: Any, batch_size: int) -> Index:
-        from indexer.corpus import iter_documents
-
-        docs = list(iter_documents(documents))
-        live = {d for d, r in self._row.items() if not deleted[r]}
-        dup = next((d.id for d in docs if d.id in live), None)
-        if dup is not None:
-            raise DataError(f"document id {dup!r} is already in the index; use upsert to replace it")
-        vectors = prepare(self._encode_docs(docs, encoder, batch_size), self.manifest.metric, self.dim, "document vectors")
+    def change_add(self, docs: Sequence[Document], vectors: np.ndarray, *, replace: bool = False) -> IndexChange:
+        """The change that appends ``docs`` (new ids only, unless ``replace`` tombstones the old rows first)."""
+        deleted = self.deleted.copy()
+        if replace:
+            deleted[[self._live_row[d.id] for d in docs if d.id in self._live_row]] = True
+        else:
+            dup = next((d.id for d in docs if d.id in self._live_row), None)
+            if dup is not None:
+                raise DataError(f"document id {dup!r} is already in the index; use upsert to replace it")
+        if len(vectors) != len(docs):
+            raise DataError(f"{len(docs)} documents but {len(vectors)} vectors")
         start = self.manifest.rows
         name = f"{len(self.manifest.segments):06d}-{uuid.uuid4().hex[:6]}"
         ann = self._ann_copy()
-        if ann is not None:
+        if ann is not None and len(docs):
             ann.add(vectors, np.arange(start, start + len(docs)))
         segments = [*self.manifest.segments, Segment(name, start, len(docs))]
-        return self._commit(segments, {name: (vectors, docs)}, np.flatnonzero(deleted), ann)
+        return IndexChange(segments, {name: (vectors, list(docs))}, np.flatnonzero(deleted), ann)
 
-    def delete(self, ids: Iterable[str]) -> Index:
-        """Tombstone documents by id (an unknown or already deleted id is an error naming it)."""
-        ids = list(ids)
+    def change_delete(self, ids: Sequence[str]) -> IndexChange:
+        """The change that tombstones ``ids`` (an unknown or already deleted id is an error naming it)."""
         missing = [i for i in ids if i not in self._live_row]
         if missing:
             raise DataError(f"cannot delete {len(missing)} unknown id(s): {', '.join(map(repr, missing[:5]))}")
@@ -319,25 +350,59 @@ class Index:
         deleted[[self._live_row[i] for i in ids]] = True
         if not (~deleted).any():
             raise DataError("deleting every document would leave an empty index; build a new one instead")
-        return self._commit(list(self.manifest.segments), {}, np.flatnonzero(deleted), self._ann_for_commit())
+        return IndexChange(list(self.manifest.segments), {}, np.flatnonzero(deleted), self._ann_for_commit())
 
-    def upsert(self, documents: Iterable[Document], *, encoder: Any = None, batch_size: int = 32) -> Index:
-        """Replace documents with these ids (old rows are tombstoned) and add the new ones, in one version."""
-        docs = list(documents)
-        deleted = self.deleted.copy()
-        deleted[[self._live_row[d.id] for d in docs if d.id in self._live_row]] = True
-        return self._add(docs, deleted, encoder, batch_size)
-
-    def compact(self) -> Index:
-        """Rewrite the index without tombstoned rows, in one segment, rebuilding the ANN structure."""
-        from indexer.build import ann_from_vectors
+    def change_compact(self) -> IndexChange:
+        """The change that rewrites the index without tombstoned rows, in one segment, with a new ANN structure."""
+        from twostage.indexer.build import ann_from_vectors
 
         live = np.flatnonzero(~self.deleted)
         vectors = np.asarray(self.vectors())[live]
         docs = self.documents(self.doc_ids[live])
         ann = ann_from_vectors(BackendConfig(self.manifest.backend, self.manifest.metric, self.manifest.params), vectors)
         name = f"{0:06d}-{uuid.uuid4().hex[:6]}"
-        return self._commit([Segment(name, 0, len(live))], {name: (vectors, docs)}, np.array([], dtype=np.int64), ann)
+        return IndexChange([Segment(name, 0, len(live))], {name: (vectors, docs)}, np.array([], dtype=np.int64), ann)
+
+    def write(self, directory: Path, change: IndexChange) -> None:
+        """Write this index with ``change`` applied into ``directory`` (unchanged files hard-linked)."""
+        m = self.manifest
+        write_index_files(directory, self.version_dir, change, m.encoder, m.metric, m.backend, dict(m.params))
+
+    def _update(self, make: Callable[[Index], IndexChange]) -> Index:
+        """Lock, re-open the version current now, apply ``make`` to it, commit, and return the new version."""
+        if self.version_dir.parent != self.root:
+            raise ConfigError("this index is part of a search engine; change it through SearchEngine (twostage add ...)")
+        with writer_lock(self.root):
+            base = self if current_version(self.root) == self.version_dir else self.refresh()
+            change = make(base)
+            with commit(self.root) as version:
+                base.write(version.tmp, change)
+            return Index.load(self.root, encoder=self.encoder, verify=False)
+
+    def add(self, documents: Iterable[Document], *, encoder: Any = None, batch_size: int = 32) -> Index:
+        """Append documents (new ids only) and return the updated index; this version stays readable."""
+        from twostage.indexer.corpus import iter_documents
+
+        docs = list(iter_documents(documents))
+        vectors = self.encode_documents(docs, encoder, batch_size)
+        return self._update(lambda base: base.change_add(docs, vectors))
+
+    def upsert(self, documents: Iterable[Document], *, encoder: Any = None, batch_size: int = 32) -> Index:
+        """Replace documents with these ids (old rows are tombstoned) and add the new ones, in one version."""
+        from twostage.indexer.corpus import iter_documents
+
+        docs = list(iter_documents(documents))
+        vectors = self.encode_documents(docs, encoder, batch_size)
+        return self._update(lambda base: base.change_add(docs, vectors, replace=True))
+
+    def delete(self, ids: Iterable[str]) -> Index:
+        """Tombstone documents by id (an unknown or already deleted id is an error naming it)."""
+        ids = list(ids)
+        return self._update(lambda base: base.change_delete(ids))
+
+    def compact(self) -> Index:
+        """Rewrite the index without tombstoned rows, in one segment, rebuilding the ANN structure."""
+        return self._update(lambda base: base.change_compact())
 
     def _ann_copy(self) -> Any:
         """A writable copy of the ANN structure (the live one keeps serving readers)."""
@@ -357,6 +422,16 @@ class Index:
         return None if self._ann is None else _Unchanged(self.version_dir, self.manifest.backend)
 
 
+@dataclass
+class IndexChange:
+    """What the next version of an index holds: its segments (new ones with their data), tombstones, ANN."""
+
+    segments: list[Segment]
+    new_segments: Mapping[str, tuple[np.ndarray, Sequence[Document]]]
+    deleted: np.ndarray
+    ann: Any  # an object with save(path), or None for the flat backend
+
+
 class _Unchanged:
     """An ANN file carried over to the next version as a hard link."""
 
@@ -364,69 +439,38 @@ class _Unchanged:
         self.path = version_dir / ("ann.hnswlib" if backend == "hnswlib" else "ann.faiss")
 
     def save(self, path: Path) -> None:
-        _link_or_copy(self.path, path)
+        link_or_copy(self.path, path)
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
+def link_or_copy(src: Path, dst: Path) -> None:
+    """Hard-link ``src`` to ``dst`` (the file never changes once written), or copy it across file systems."""
     try:
         os.link(src, dst)
     except OSError:
         shutil.copy2(src, dst)
 
 
-def commit_version(root: Path, previous: Path | None, segments: list[Segment],
-                   new_segments: Mapping[str, tuple[np.ndarray, Sequence[Document]]], deleted: np.ndarray, ann: Any,
-                   encoder: EncoderInfo, metric: str, backend: str, params: dict[str, Any]) -> Path:
-    """Write version N+1 completely (hard-linking unchanged segments), fsync it, then switch CURRENT."""
-    root.mkdir(parents=True, exist_ok=True)
-    numbers = [int(m.group(1)) for p in root.iterdir() if (m := _VERSION.match(p.name))]
-    name = f"v{max(numbers, default=0) + 1:06d}"
-    tmp = root / f".{name}.tmp-{uuid.uuid4().hex[:8]}"
-    (tmp / "segments").mkdir(parents=True)
-    try:
-        for seg in segments:
-            if seg.name in new_segments:
-                vectors, docs = new_segments[seg.name]
-                write_segment(tmp, seg.name, vectors, docs)
-            else:
-                for ext in (".npy", ".parquet"):
-                    _link_or_copy(previous / "segments" / f"{seg.name}{ext}", tmp / "segments" / f"{seg.name}{ext}")  # type: ignore[operator]
-        files = [f"segments/{s.name}{ext}" for s in segments for ext in (".npy", ".parquet")]
-        if ann is not None:
-            ann_name = "ann.hnswlib" if backend == "hnswlib" else "ann.faiss"
-            ann.save(tmp / ann_name)
-            files.append(ann_name)
-        if len(deleted):
-            np.save(tmp / "deleted.npy", np.asarray(deleted, dtype=np.int64), allow_pickle=False)
-            files.append("deleted.npy")
-        manifest = Manifest(encoder, metric, backend, params, tuple(segments), int(len(deleted)),
-                            describe_files(tmp, files), _versions())
-        (tmp / "manifest.json").write_text(manifest.to_json(), encoding="utf-8")
-        for dirpath, _, names in os.walk(tmp):
-            for n in names:
-                with open(os.path.join(dirpath, n), "rb") as fh:
-                    os.fsync(fh.fileno())
-            fsync_dir(Path(dirpath))
-        os.rename(tmp, root / name)
-        fsync_dir(root)
-        pointer = root / f".CURRENT.tmp-{uuid.uuid4().hex[:8]}"
-        with open(pointer, "w", encoding="utf-8") as fh:
-            fh.write(name + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(pointer, root / "CURRENT")
-        fsync_dir(root)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    _collect_garbage(root, keep=name)
-    return root / name
-
-
-def _collect_garbage(root: Path, keep: str) -> None:
-    """Remove old versions and leftovers of interrupted writes (never the version CURRENT names)."""
-    for p in root.iterdir():
-        if p.name in (keep, "CURRENT"):
-            continue
-        if _VERSION.match(p.name) or p.name.startswith((".v", ".CURRENT.tmp", ".ann-copy")):
-            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+def write_index_files(directory: Path, previous: Path | None, change: IndexChange, encoder: EncoderInfo, metric: str,
+                      backend: str, params: dict[str, Any]) -> None:
+    """Write a complete index version into ``directory`` (hard-linking unchanged segments from ``previous``)."""
+    (directory / "segments").mkdir(parents=True, exist_ok=True)
+    for seg in change.segments:
+        if seg.name in change.new_segments:
+            vectors, docs = change.new_segments[seg.name]
+            write_segment(directory, seg.name, vectors, docs)
+        else:
+            if previous is None:
+                raise ConfigError(f"segment {seg.name} is neither new nor in a previous version")
+            for ext in (".npy", ".parquet"):
+                link_or_copy(previous / "segments" / f"{seg.name}{ext}", directory / "segments" / f"{seg.name}{ext}")
+    files = [f"segments/{s.name}{ext}" for s in change.segments for ext in (".npy", ".parquet")]
+    if change.ann is not None:
+        ann_name = "ann.hnswlib" if backend == "hnswlib" else "ann.faiss"
+        change.ann.save(directory / ann_name)
+        files.append(ann_name)
+    if len(change.deleted):
+        np.save(directory / "deleted.npy", np.asarray(change.deleted, dtype=np.int64), allow_pickle=False)
+        files.append("deleted.npy")
+    manifest = Manifest(encoder, metric, backend, params, tuple(change.segments), int(len(change.deleted)),
+                        describe_files(directory, files), _versions())
+    (directory / "manifest.json").write_text(manifest.to_json(), encoding="utf-8")

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from indexer.errors import DataError, DataNotFoundError
+from twostage.indexer.errors import DataError, DataNotFoundError
 
 
 def iter_lines(path: str | Path) -> Iterator[tuple[int, str]]:

@@ -6,15 +6,26 @@ It is read and checked before any binary file is opened.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from indexer.atomic import sha256_file
-from indexer.errors import IndexFormatError
+from twostage.indexer.atomic import sha256_file
+from twostage.indexer.errors import IndexFormatError
 
 FORMAT = "twostage.index"
 FORMAT_VERSION = 1
+_PLAIN = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def check_file_name(rel: str, where: Path) -> str:
+    """A file name from a manifest: relative, inside the directory (``a/b.npy`` at most), never ``..`` or absolute."""
+    parts = rel.split("/") if isinstance(rel, str) else []
+    if not parts or any(not _PLAIN.match(p) or p in (".", "..") for p in parts):
+        raise IndexFormatError(f"{where}: file name {str(rel)[:80]!r} is not a plain name inside the directory; "
+                               "the manifest is damaged or crafted: restore or rebuild")
+    return rel
 
 
 @dataclass(frozen=True)
@@ -95,6 +106,16 @@ def read_manifest(root: Path) -> Manifest:
             deleted=int(data["counts"]["deleted"]), files=dict(data["files"]), versions=dict(data.get("versions", {})))
     except (KeyError, TypeError, ValueError) as exc:
         raise IndexFormatError(f"{path}: missing or malformed field ({exc}); restore or rebuild the index") from None
+    for seg in manifest.segments:
+        if not isinstance(seg.name, str) or not _PLAIN.match(seg.name) or not isinstance(seg.rows, int) \
+                or not isinstance(seg.start, int) or seg.rows < 0 or seg.start < 0:
+            raise IndexFormatError(f"{path}: malformed segment {seg!r}; restore or rebuild the index")
+    for rel, meta in manifest.files.items():
+        check_file_name(rel, path)
+        if not isinstance(meta, dict) or not isinstance(meta.get("bytes"), int) or not isinstance(meta.get("sha256"), str):
+            raise IndexFormatError(f"{path}: entry of {rel!r} needs integer bytes and a sha256; restore or rebuild")
+    if not isinstance(manifest.encoder.dim, int) or manifest.encoder.dim <= 0 or not isinstance(manifest.deleted, int):
+        raise IndexFormatError(f"{path}: malformed counts; restore or rebuild the index")
     if data["counts"].get("rows") != manifest.rows or data["counts"].get("dim") != manifest.encoder.dim:
         raise IndexFormatError(f"{path}: counts disagree with the segments listed; restore or rebuild the index")
     return manifest

@@ -7,7 +7,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from indexer.records import RankedList
+from twostage.indexer.records import RankedList
 
 
 @runtime_checkable

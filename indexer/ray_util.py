@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from indexer.errors import MissingDependencyError
+from twostage.indexer.errors import MissingDependencyError
 
 logger = logging.getLogger(__name__)
 
-INSTALL_HINT = "pip install 'twostage[ray]'"
+INSTALL_HINT = "pip install 'twostage-search[ray]'"
 
 
 def require_ray() -> Any:

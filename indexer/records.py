@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from indexer.errors import DataError
+from twostage.indexer.errors import DataError
 
 
 def _check_id(kind: str, value: object) -> None:
@@ -53,13 +53,49 @@ class Query:
 
 @dataclass(frozen=True)
 class Hit:
-    """One result shown to a user: higher ``score`` is better, ``rank`` starts at 1."""
+    """One result shown to a user: higher ``score`` is better, ``rank`` starts at 1.
+
+    ``stage_scores`` holds each stage's own score of the document (``bm25``, ``dense``, ``first_stage`` (the
+    fused score when the first stage is hybrid), ``rerank``); a stage that did not find the document is absent.
+    """
 
     doc_id: str
     score: float
     rank: int
     first_stage_score: float | None = None
     text: str | None = None
+    title: str = ""
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    stage_scores: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return self.doc_id
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: id, score, rank, title, text, metadata, stage_scores."""
+        return {"id": self.doc_id, "score": self.score, "rank": self.rank, "title": self.title, "text": self.text,
+                "metadata": dict(self.metadata), "stage_scores": dict(self.stage_scores)}
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """Hits of one query, best first, with the seconds spent in each stage (``timings``)."""
+
+    query: str
+    hits: tuple[Hit, ...]
+    timings: Mapping[str, float]
+
+    def __len__(self) -> int:
+        return len(self.hits)
+
+    @property
+    def ids(self) -> list[str]:
+        return [h.doc_id for h in self.hits]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: ``{"query", "hits": [...], "timings": {...}}``."""
+        return {"query": self.query, "hits": [h.to_dict() for h in self.hits], "timings": dict(self.timings)}
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from indexer.atomic import atomic_write_text
-from indexer.corpus import CorpusSource, iter_documents
-from indexer.errors import ConfigError, DataNotFoundError, IndexFormatError
-from indexer.records import Document, RankedList
-from indexer.topk import check_k
+from twostage.indexer.atomic import atomic_write_text
+from twostage.indexer.corpus import CorpusSource, iter_documents
+from twostage.indexer.errors import ConfigError, DataNotFoundError, IndexFormatError
+from twostage.indexer.records import Document, RankedList
+from twostage.indexer.topk import check_k
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def split_contiguous(documents: Sequence[Document], shards: int) -> list[list[Do
 def build_shards(corpus: CorpusSource, encoder: Any, out: str | Path, shards: int, *, backend: Any = "flat",
                  batch_size: int = 32, show_progress: bool = False) -> Path:
     """Build ``shards`` index directories under ``out`` (one process; see retriever.distributed for Ray)."""
-    from indexer.build import build_index
+    from twostage.indexer.build import build_index
 
     out = Path(out)
     docs = list(iter_documents(corpus))
@@ -93,12 +93,12 @@ def shard_paths(path: str | Path) -> list[Path]:
 
 class _LocalShard:
     def __init__(self, path: str) -> None:
-        from indexer.index import Index
+        from twostage.indexer.index import Index
 
         self.index = Index.load(path)
 
     def search(self, vectors: np.ndarray, k: int, kw: dict[str, Any]) -> list[tuple[list[str], list[float]]]:
-        out = self.index.search(vectors, min(k, len(self.index)), **kw)  # a shard may hold fewer than k
+        out = self.index.search_batch(vectors, k, **kw)  # a shard may hold fewer than k
         return [([str(i) for i in r.ids], [float(s) for s in r.scores]) for r in out]
 
     def documents(self, ids: Sequence[str]) -> list[Document]:
@@ -123,7 +123,7 @@ class ShardedIndex:
         paths = shard_paths(path)
         if not ray:
             return cls([_LocalShard(str(p)) for p in paths], encoder, remote=False)
-        from indexer.ray_util import connect
+        from twostage.indexer.ray_util import connect
 
         ray_mod = connect(address, num_cpus)
         cluster_cpus = float(ray_mod.cluster_resources().get("CPU", 1.0))
@@ -145,9 +145,7 @@ class ShardedIndex:
         return [getattr(s, method)(*args) for s in self._shards]
 
     def search_vectors(self, vectors: np.ndarray, k: int = 10, **kw: Any) -> list[RankedList]:
-        k = check_k(k)
-        if k > self._size and "where" not in kw:
-            raise ConfigError(f"k={k} is larger than the sharded index ({self._size} documents)")
+        k = check_k(k)  # more than the shards hold returns them all, as every retriever does
         per_shard = self._call("search", np.ascontiguousarray(vectors, dtype=np.float32), k, kw)
         return [merge_topk([RankedList(np.array(ids, dtype=object), np.array(s, dtype=np.float32))
                             for ids, s in (shard[q] for shard in per_shard)], k) for q in range(len(vectors))]
@@ -155,7 +153,12 @@ class ShardedIndex:
     def search(self, query: str, k: int = 10, **kw: Any) -> RankedList:
         if self.encoder is None:
             raise ConfigError("this sharded index has no encoder: pass one to ShardedIndex.open")
-        return self.search_vectors(self.encoder.encode([query], kind="query"), k, **kw)[0]
+        return self.search_batch([query], k, **kw)[0]
+
+    def search_batch(self, queries: Sequence[str], k: int = 10, **kw: Any) -> list[RankedList]:
+        if self.encoder is None:
+            raise ConfigError("this sharded index has no encoder: pass one to ShardedIndex.open")
+        return self.search_vectors(self.encoder.encode(list(queries), kind="query"), k, **kw)
 
     def documents(self, ids: Sequence[str]) -> list[Document]:
         found = {d.id: d for part in self._call("documents", list(ids)) for d in part}

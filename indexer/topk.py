@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from indexer.errors import ConfigError
+from twostage.indexer.errors import ConfigError
 
 
 def check_k(k: int) -> int:

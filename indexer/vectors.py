@@ -15,8 +15,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from indexer.errors import ConfigError, IndexFormatError
-from indexer.topk import top_k
+from twostage.indexer.errors import ConfigError, IndexFormatError
+from twostage.indexer.topk import top_k
 
 BACKENDS = ("flat", "faiss-flat", "faiss-hnsw", "faiss-ivf", "faiss-ivfpq", "hnswlib")
 METRICS = ("cosine", "ip", "l2")

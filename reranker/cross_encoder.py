@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from indexer.atomic import atomic_directory
-from indexer.errors import ConfigError, DataError, TwostageError
-from retriever.biencoder import check_texts
-from retriever.hf import cap_max_length, check_tokenizer, require_tokenizer_files, with_precision
-from retriever.weights import ModelNotFoundError, resolve_model
+from twostage.indexer.atomic import atomic_directory
+from twostage.indexer.errors import ConfigError, DataError, TwostageError
+from twostage.retriever.biencoder import check_texts
+from twostage.retriever.hf import cap_max_length, check_tokenizer, require_tokenizer_files, with_precision
+from twostage.retriever.weights import ModelNotFoundError, resolve_model
 
 logger = logging.getLogger(__name__)
 

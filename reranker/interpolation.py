@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from indexer.errors import ConfigError
-from indexer.records import Qrels, Query, RankedList
+from twostage.indexer.errors import ConfigError
+from twostage.indexer.records import Qrels, Query, RankedList
 
 GRID = tuple(round(a, 2) for a in np.linspace(0.0, 1.0, 11))
 

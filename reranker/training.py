@@ -6,7 +6,7 @@ Losses (``scores`` are the raw logits of one group, positive first):
   L = -log( exp(s_pos) / sum_j exp(s_j) ).
 
 Groups come from a split's qrels, negatives mined from the first stages the reranker will see (BM25 and/or a
-dense model, ``mine_from``) with the false-negative guard of :mod:`retriever.mining`, and optionally from
+dense model, ``mine_from``) with the false-negative guard of :mod:`twostage.retriever.mining`, and optionally from
 (title, text) pairs of the corpus (weak supervision: the title is the query, its own text the positive, BM25
 neighbours of the title the negatives). Work directory ``OUT.train/``: ``last/`` (checkpoint every
 ``checkpoint_every`` steps and at each epoch end), ``best/`` (best epoch on the dev metric); the final model
@@ -28,16 +28,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from indexer.beir import BeirDataset
-from indexer.corpus import Corpus
-from indexer.errors import ConfigError, DataError
-from indexer.records import Judgment, Qrels, Query
-from reranker.cross_encoder import CrossEncoder
-from retriever.bm25 import BM25Retriever
-from retriever.checkpoint import resume_from, save_checkpoint
-from retriever.mining import MiningConfig, mine_hard_negatives
-from retriever.trainer import linear_schedule
-from retriever.training_data import hold_out
+from twostage.indexer.beir import BeirDataset
+from twostage.indexer.corpus import Corpus
+from twostage.indexer.errors import ConfigError, DataError
+from twostage.indexer.records import Judgment, Qrels, Query
+from twostage.reranker.cross_encoder import CrossEncoder
+from twostage.retriever.bm25 import BM25Retriever
+from twostage.retriever.checkpoint import resume_from, save_checkpoint
+from twostage.retriever.mining import MiningConfig, mine_hard_negatives
+from twostage.retriever.trainer import linear_schedule
+from twostage.retriever.training_data import hold_out
 
 logger = logging.getLogger(__name__)
 
@@ -252,8 +252,8 @@ def train_reranker_on(data: str | Path | BeirDataset, split: str, base: str, out
     pick the best epoch by ``dev_metric(qrels, run)`` on the first stages' top ``dev_depth`` reranked, then the
     score interpolation with the first stage (saved with the model, used by :class:`Pipeline`).
     """
-    from reranker.interpolation import select_interpolation
-    from reranker.pipeline import Pipeline
+    from twostage.reranker.interpolation import select_interpolation
+    from twostage.reranker.pipeline import Pipeline
 
     ds = data if isinstance(data, BeirDataset) else BeirDataset(data)
     sp = ds.split(split)
@@ -262,7 +262,7 @@ def train_reranker_on(data: str | Path | BeirDataset, split: str, base: str, out
     bm25 = BM25Retriever.build(corpus)
     first_stages: dict[str, Any] = {"bm25": bm25}
     if retriever is not None:
-        from retriever.dense import DenseRetriever
+        from twostage.retriever.dense import DenseRetriever
 
         first_stages["dense"] = DenseRetriever.build(corpus, retriever, show_progress=show_progress)
     scorers = {name: fs.scores for name, fs in first_stages.items()}

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from indexer.errors import ConfigError, MissingDependencyError
+from twostage.indexer.errors import ConfigError, MissingDependencyError
 
 # Lucene's EnglishAnalyzer stop set (the classic 33 words), the list BM25 baselines use.
 ENGLISH_STOPWORDS = (

@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from indexer.atomic import atomic_directory
-from indexer.errors import ConfigError, DataError
-from indexer.manifest import EncoderInfo
-from retriever.hf import cap_max_length, check_tokenizer, require_tokenizer_files, with_precision
-from retriever.pooling import check_pooling, mode_from_st_config, pool, st_pooling_config
-from retriever.weights import ModelNotFoundError, resolve_model
+from twostage.indexer.atomic import atomic_directory
+from twostage.indexer.errors import ConfigError, DataError
+from twostage.indexer.manifest import EncoderInfo
+from twostage.retriever.hf import cap_max_length, check_tokenizer, require_tokenizer_files, with_precision
+from twostage.retriever.pooling import check_pooling, mode_from_st_config, pool, st_pooling_config
+from twostage.retriever.weights import ModelNotFoundError, resolve_model
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ class BiEncoder(torch.nn.Module):
     @classmethod
     def load(cls, name_or_path: str | Path, *, precision: str = "fp32", device: str | None = None,
              **overrides: Any) -> BiEncoder:
-        """Load a model directory or name (see :func:`retriever.weights.resolve_model`).
+        """Load a model directory or name (see :func:`twostage.retriever.weights.resolve_model`).
 
         ``overrides`` replace fields of the saved :class:`BiEncoderConfig` (pooling, normalize, max_length,
         query_prefix, document_prefix).
@@ -156,7 +156,7 @@ class BiEncoder(torch.nn.Module):
 
     def info(self) -> EncoderInfo:
         """Identity recorded in index manifests: name, dimension, weights hash, pooling, normalisation."""
-        from retriever.weights import sha256_of_weights
+        from twostage.retriever.weights import sha256_of_weights
 
         digest = sha256_of_weights(self.path) if self.path is not None else ""
         return EncoderInfo(name=self.name, dim=self.dim, weights_sha256=digest, pooling=self.config.pooling,

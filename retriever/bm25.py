@@ -1,6 +1,6 @@
 """BM25: the lexical first stage. bm25s by default (sparse, precomputed); rank-bm25 as the reference.
 
-Both engines score with the Lucene BM25 formula and the same :class:`~retriever.analyzer.Analyzer`, so
+Both engines score with the Lucene BM25 formula and the same :class:`~twostage.retriever.analyzer.Analyzer`, so
 they rank a corpus the same way; the scores differ by the constant factor ``k1 + 1`` that Lucene drops.
 
     idf(t)      = ln(1 + (N - df(t) + 0.5) / (df(t) + 0.5))
@@ -17,10 +17,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from indexer.errors import ConfigError, DataError
-from indexer.records import Document, RankedList
-from indexer.topk import check_k, top_k
-from retriever.analyzer import Analyzer, AnalyzerConfig
+from twostage.indexer.errors import ConfigError, DataError
+from twostage.indexer.records import Document, RankedList
+from twostage.indexer.topk import check_k, top_k
+from twostage.retriever.analyzer import Analyzer, AnalyzerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -167,13 +167,13 @@ class BM25Retriever:
         return [self.search(q, k) for q in tqdm(queries, desc="bm25", unit="q", disable=not show_progress)]
 
     def save(self, path: Any) -> None:
-        """Write the index to a directory (atomically); see :mod:`retriever.bm25_store`."""
-        from retriever.bm25_store import save_bm25
+        """Write the index to a directory (atomically); see :mod:`twostage.retriever.bm25_store`."""
+        from twostage.retriever.bm25_store import save_bm25
 
         save_bm25(self, path)
 
     @classmethod
     def load(cls, path: Any) -> BM25Retriever:
-        from retriever.bm25_store import load_bm25
+        from twostage.retriever.bm25_store import load_bm25
 
         return load_bm25(path)

@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from indexer.atomic import atomic_directory, sha256_file
-from indexer.errors import ConfigError, IndexFormatError
-from indexer.manifest import read_manifest_json
-from retriever.bm25 import BM25Config, BM25Retriever, Bm25sEngine
+from twostage.indexer.atomic import atomic_directory, sha256_file
+from twostage.indexer.errors import ConfigError, IndexFormatError
+from twostage.indexer.manifest import read_manifest_json
+from twostage.retriever.bm25 import BM25Config, BM25Retriever, Bm25sEngine
 
 FORMAT = "twostage.bm25"
 FORMAT_VERSION = 1
@@ -26,28 +26,34 @@ ARRAYS = ("data", "indices", "indptr")
 
 
 def save_bm25(retriever: BM25Retriever, path: str | Path) -> None:
+    """Write a BM25 directory at ``path`` atomically (built aside, then renamed into place)."""
+    with atomic_directory(path) as tmp:
+        write_bm25(retriever, tmp)
+
+
+def write_bm25(retriever: BM25Retriever, tmp: Path) -> None:
+    """Write the BM25 files into the existing directory ``tmp`` (the caller makes it atomic)."""
     engine = retriever._engine
     if not isinstance(engine, Bm25sEngine):
         raise ConfigError("only the bm25s engine can be saved; rank-bm25 is the in-memory reference engine")
     import bm25s
 
     model = engine.model
-    with atomic_directory(path) as tmp:
-        (tmp / "doc_ids.json").write_text(json.dumps([str(i) for i in retriever.doc_ids]), encoding="utf-8")
-        (tmp / "vocab.json").write_text(json.dumps(model.vocab_dict, ensure_ascii=False), encoding="utf-8")
-        for name in ARRAYS:
-            np.save(tmp / f"weights.{name}.npy", np.asarray(model.scores[name]), allow_pickle=False)
-        files = sorted(p.name for p in tmp.iterdir())
-        manifest = {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "config": retriever.config.to_dict(),
-            "num_docs": len(retriever),
-            "vocab_size": len(model.vocab_dict),
-            "versions": {"bm25s": bm25s.__version__},
-            "files": {name: sha256_file(tmp / name) for name in files},
-        }
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True), encoding="utf-8")
+    (tmp / "doc_ids.json").write_text(json.dumps([str(i) for i in retriever.doc_ids]), encoding="utf-8")
+    (tmp / "vocab.json").write_text(json.dumps(model.vocab_dict, ensure_ascii=False), encoding="utf-8")
+    for name in ARRAYS:
+        np.save(tmp / f"weights.{name}.npy", np.asarray(model.scores[name]), allow_pickle=False)
+    files = ["doc_ids.json", "vocab.json", *(f"weights.{a}.npy" for a in ARRAYS)]
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "config": retriever.config.to_dict(),
+        "num_docs": len(retriever),
+        "vocab_size": len(model.vocab_dict),
+        "versions": {"bm25s": bm25s.__version__},
+        "files": {name: sha256_file(tmp / name) for name in files},
+    }
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True), encoding="utf-8")
 
 
 def _read_manifest(root: Path) -> dict[str, Any]:
@@ -62,7 +68,10 @@ def load_bm25(path: str | Path) -> BM25Retriever:
     if not root.is_dir():
         raise IndexFormatError(f"{root}: no such BM25 index directory")
     manifest = _read_manifest(root)
-    for name, digest in manifest.get("files", {}).items():
+    files = manifest.get("files", {})
+    if not isinstance(files, dict) or set(files) != {"doc_ids.json", "vocab.json", *(f"weights.{a}.npy" for a in ARRAYS)}:
+        raise IndexFormatError(f"{root / 'manifest.json'}: lists other files than a BM25 index holds; rebuild it")
+    for name, digest in files.items():
         file = root / name
         if not file.is_file():
             raise IndexFormatError(f"{file}: missing; the index is incomplete, rebuild it")

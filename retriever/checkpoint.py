@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from indexer.atomic import atomic_directory
-from indexer.errors import ConfigError
+from twostage.indexer.atomic import atomic_directory
+from twostage.indexer.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

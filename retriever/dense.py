@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from indexer.errors import DataError
-from indexer.records import Document, RankedList
-from indexer.topk import check_k, top_k
+from twostage.indexer.errors import DataError
+from twostage.indexer.records import Document, RankedList
+from twostage.indexer.topk import check_k, top_k
 
 
 class DenseRetriever:

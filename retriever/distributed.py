@@ -2,10 +2,10 @@
 as the same index directory the single-machine build writes (``Index.load`` opens it).
 
 The corpus (BEIR ``corpus.jsonl`` or a directory holding it, ``.jsonl``, ``.parquet``) is read by Ray Data;
-each record is checked as :func:`indexer.corpus.document_from_record` checks it; ``map_batches`` runs
+each record is checked as :func:`twostage.indexer.corpus.document_from_record` checks it; ``map_batches`` runs
 ``num_actors`` actors that each load the bi-encoder once; the driver streams the encoded batches (in corpus
 order) into the build's chunk files, then merges them, builds the ANN structure and commits atomically, like
-:func:`indexer.build.build_index`. Model weights must be readable by every worker (a path on shared storage,
+:func:`twostage.indexer.build.build_index`. Model weights must be readable by every worker (a path on shared storage,
 or a name each worker can resolve).
 """
 
@@ -19,13 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from indexer.build import finish_build, start_build, write_chunk
-from indexer.corpus import document_from_record
-from indexer.errors import ConfigError, DataError, DataNotFoundError
-from indexer.jsonl import parse_object
-from indexer.index import Index
-from indexer.records import Document
-from indexer.vectors import BackendConfig, prepare
+from twostage.indexer.build import finish_build, start_build, write_chunk
+from twostage.indexer.corpus import document_from_record
+from twostage.indexer.errors import ConfigError, DataError, DataNotFoundError
+from twostage.indexer.jsonl import parse_object
+from twostage.indexer.index import Index
+from twostage.indexer.records import Document
+from twostage.indexer.vectors import BackendConfig, prepare
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ class _EncodeActor:
     def __init__(self, model: str, precision: str, batch_size: int, source: str, threads: int) -> None:
         import torch
 
-        from retriever.biencoder import BiEncoder
+        from twostage.retriever.biencoder import BiEncoder
 
         if threads:
             torch.set_num_threads(threads)
@@ -91,8 +91,8 @@ def build_index_ray(corpus: str | Path, model: str | Path, out: str | Path, *,
     """Encode ``corpus`` with ``num_actors`` Ray actors running the bi-encoder ``model``; write ``out``."""
     from tqdm.auto import tqdm
 
-    from indexer.ray_util import connect
-    from retriever.biencoder import BiEncoder
+    from twostage.indexer.ray_util import connect
+    from twostage.retriever.biencoder import BiEncoder
 
     if isinstance(backend, str):
         backend = BackendConfig(backend)

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from indexer.errors import ConfigError
-from retriever.losses import MultipleNegativesRankingLoss
+from twostage.indexer.errors import ConfigError
+from twostage.retriever.losses import MultipleNegativesRankingLoss
 
 
 class _RandState:
@@ -32,7 +32,7 @@ class _RandState:
 
 
 class CachedMultipleNegativesRankingLoss(torch.nn.Module):
-    """:class:`~retriever.losses.MultipleNegativesRankingLoss` computed with GradCache.
+    """:class:`~twostage.retriever.losses.MultipleNegativesRankingLoss` computed with GradCache.
 
     Input: the ``model`` (a BiEncoder) and texts: ``anchors`` (B queries), ``positives`` (B documents) and
     ``negatives`` (B lists of m documents each, m >= 0). Same formula as the plain loss; memory is that of

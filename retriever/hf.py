@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from indexer.errors import ConfigError
-from retriever.weights import ModelNotFoundError
+from twostage.indexer.errors import ConfigError
+from twostage.retriever.weights import ModelNotFoundError
 
 logger = logging.getLogger(__name__)
 PRECISIONS = ("fp32", "bf16", "int8")

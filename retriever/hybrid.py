@@ -12,10 +12,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from indexer.errors import ConfigError
-from indexer.protocols import Retriever
-from indexer.records import RankedList
-from indexer.topk import check_k
+from twostage.indexer.errors import ConfigError
+from twostage.indexer.protocols import Retriever
+from twostage.indexer.records import RankedList
+from twostage.indexer.topk import check_k
 
 
 def rrf(lists: Sequence[RankedList], k_rrf: float = 60.0) -> RankedList:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from indexer.errors import ConfigError
+from twostage.indexer.errors import ConfigError
 
 
 def _check_distance(distance: str) -> str:

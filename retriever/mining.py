@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from indexer.errors import ConfigError
-from indexer.records import Qrels, Query
-from indexer.topk import top_k
+from twostage.indexer.errors import ConfigError
+from twostage.indexer.records import Qrels, Query
+from twostage.indexer.topk import top_k
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from indexer.errors import ConfigError
+from twostage.indexer.errors import ConfigError
 
 POOLING_MODES = ("mean", "cls", "max")
 

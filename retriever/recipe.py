@@ -10,15 +10,15 @@ from typing import Any
 
 import numpy as np
 
-from indexer.beir import BeirDataset
-from indexer.errors import ConfigError, DataError
-from indexer.records import Qrels, RankedList
-from retriever.biencoder import BiEncoder
-from retriever.bm25 import BM25Retriever
-from retriever.dense import DenseRetriever
-from retriever.mining import MiningConfig, mine_hard_negatives, save_negatives
-from retriever.trainer import TrainConfig, TrainResult, train
-from retriever.training_data import (PairScorer, TrainingSet, hold_out, nli_triplets, pairs_from_qrels, pairs_from_titles,
+from twostage.indexer.beir import BeirDataset
+from twostage.indexer.errors import ConfigError, DataError
+from twostage.indexer.records import Qrels, RankedList
+from twostage.retriever.biencoder import BiEncoder
+from twostage.retriever.bm25 import BM25Retriever
+from twostage.retriever.dense import DenseRetriever
+from twostage.retriever.mining import MiningConfig, mine_hard_negatives, save_negatives
+from twostage.retriever.trainer import TrainConfig, TrainResult, train
+from twostage.retriever.training_data import (PairScorer, TrainingSet, hold_out, nli_triplets, pairs_from_qrels, pairs_from_titles,
                                      with_margins)
 
 logger = logging.getLogger(__name__)

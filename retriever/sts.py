@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from indexer.errors import DataError
-from indexer.jsonl import iter_jsonl
+from twostage.indexer.errors import DataError
+from twostage.indexer.jsonl import iter_jsonl
 
 
 def load_sts(path: str | Path, score_key: str | None = None) -> tuple[list[str], list[str], np.ndarray]:

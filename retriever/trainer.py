@@ -3,7 +3,7 @@
 AdamW, linear warm-up then linear decay, gradient clipping, fixed seeds, bf16 autocast when asked, the GPU
 when there is one. Batches come from one training set at a time (round robin), with no duplicate text in a
 batch. The batch order of every epoch depends only on the seed, so a resumed run continues exactly where the
-checkpoint stopped. Checkpoints (:mod:`retriever.checkpoint`) hold the weights and the optimizer state
+checkpoint stopped. Checkpoints (:mod:`twostage.retriever.checkpoint`) hold the weights and the optimizer state
 (safetensors) and the loop state (JSON); no pickle.
 
 Work directory ``OUT.train/``: ``last/`` (checkpoint), ``best/`` (best model on the dev metric), ``log.jsonl``.
@@ -25,14 +25,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from indexer.atomic import write_json
-from indexer.errors import ConfigError
-from retriever.biencoder import BiEncoder
-from retriever.checkpoint import resume_from, save_checkpoint
-from retriever.gradcache import CachedMultipleNegativesRankingLoss
-from retriever.losses import (ContrastiveLoss, CosineSimilarityLoss, MarginMSELoss, MultipleNegativesRankingLoss,
+from twostage.indexer.atomic import write_json
+from twostage.indexer.errors import ConfigError
+from twostage.retriever.biencoder import BiEncoder
+from twostage.retriever.checkpoint import resume_from, save_checkpoint
+from twostage.retriever.gradcache import CachedMultipleNegativesRankingLoss
+from twostage.retriever.losses import (ContrastiveLoss, CosineSimilarityLoss, MarginMSELoss, MultipleNegativesRankingLoss,
                               SoftmaxLoss, TripletLoss)
-from retriever.training_data import TrainingSet, no_duplicate_batches, round_robin
+from twostage.retriever.training_data import TrainingSet, no_duplicate_batches, round_robin
 
 logger = logging.getLogger(__name__)
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from indexer.corpus import Corpus
-from indexer.errors import ConfigError, DataError
-from indexer.jsonl import iter_jsonl
-from indexer.records import Qrels, Query
+from twostage.indexer.corpus import Corpus
+from twostage.indexer.errors import ConfigError, DataError
+from twostage.indexer.jsonl import iter_jsonl
+from twostage.indexer.records import Qrels, Query
 
 logger = logging.getLogger(__name__)
 

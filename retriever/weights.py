@@ -21,8 +21,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from indexer.atomic import atomic_directory, sha256_file
-from indexer.errors import ConfigError, TwostageError
+from twostage.indexer.atomic import atomic_directory, sha256_file
+from twostage.indexer.errors import ConfigError, TwostageError
 
 logger = logging.getLogger(__name__)
 

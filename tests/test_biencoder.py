@@ -4,9 +4,9 @@ import shutil
 import numpy as np
 import pytest
 
-from indexer.errors import ConfigError, DataError
-from retriever.biencoder import BiEncoder
-from retriever.weights import ModelNotFoundError, resolve_model
+from twostage.indexer.errors import ConfigError, DataError
+from twostage.retriever.biencoder import BiEncoder
+from twostage.retriever.weights import ModelNotFoundError, resolve_model
 
 TEXTS = ["why do cats purr", "a dog pants to cool down on hot days", "rain", "snowflakes are ice crystals with six arms"]
 

@@ -3,11 +3,11 @@ import json
 import numpy as np
 import pytest
 
-from indexer.beir import BeirDataset
-from indexer.errors import ConfigError, DataError, IndexFormatError
-from indexer.records import Document
-from retriever.analyzer import Analyzer, AnalyzerConfig
-from retriever.bm25 import BM25Config, BM25Retriever
+from twostage.indexer.beir import BeirDataset
+from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
+from twostage.indexer.records import Document
+from twostage.retriever.analyzer import Analyzer, AnalyzerConfig
+from twostage.retriever.bm25 import BM25Config, BM25Retriever
 
 
 @pytest.fixture(scope="module")

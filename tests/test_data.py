@@ -4,10 +4,10 @@ import logging
 import pandas as pd
 import pytest
 
-from indexer.beir import BeirDataset, load_qrels, load_queries
-from indexer.corpus import Corpus, iter_documents, load_corpus
-from indexer.errors import ConfigError, DataError, DataNotFoundError
-from indexer.records import Document
+from twostage.indexer.beir import BeirDataset, load_qrels, load_queries
+from twostage.indexer.corpus import Corpus, iter_documents, load_corpus
+from twostage.indexer.errors import ConfigError, DataError, DataNotFoundError
+from twostage.indexer.records import Document
 
 
 def write(path, text: str | bytes):

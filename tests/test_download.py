@@ -8,9 +8,9 @@ import zipfile
 
 import pytest
 
-from indexer.beir import BeirDataset
-from indexer.download import download_beir
-from indexer.errors import ConfigError, DownloadError
+from twostage.indexer.beir import BeirDataset
+from twostage.indexer.download import download_beir
+from twostage.indexer.errors import ConfigError, DownloadError
 
 
 def beir_zip(name: str, extra: dict[str, str] | None = None) -> bytes:

@@ -4,12 +4,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from indexer.errors import ConfigError
-from indexer.records import RankedList
-from eval.harness import run_bench
-from eval.report import write_outputs
-from eval.run import Run
-from retriever.bm25 import BM25Retriever
+from twostage.indexer.errors import ConfigError
+from twostage.indexer.records import RankedList
+from twostage.eval.harness import run_bench
+from twostage.eval.report import write_outputs
+from twostage.eval.run import Run
+from twostage.retriever.bm25 import BM25Retriever
 
 METRIC_KEYS = {"ndcg@10", "mrr@10", "recall@10", "recall@100", "map@100", "latency_ms_p50", "latency_ms_p95"}
 
@@ -50,7 +50,7 @@ def test_engines_score_the_same_and_recall_curve_rises(sample_result):
 
 
 def test_significance_finds_a_real_difference(sample_dir):
-    bm25 = BM25Retriever.build(__import__("indexer.corpus", fromlist=["x"]).load_corpus(sample_dir))
+    bm25 = BM25Retriever.build(__import__("twostage.indexer.corpus", fromlist=["x"]).load_corpus(sample_dir))
 
     class Worse:
         """BM25 with the first and second results swapped: worse, and on every query."""
@@ -91,19 +91,19 @@ def test_k_too_small_for_recall_at_100(sample_dir):
 
 
 def test_dense_systems_share_one_encoding_of_the_corpus(sample_dir, tiny_bert_dir, monkeypatch):
-    from eval.systems import SystemOptions
-    from retriever.dense import DenseRetriever
+    from twostage.eval.systems import SystemOptions
+    from twostage.reranker.engine import SearchEngine
 
     calls = []
-    real = DenseRetriever.build.__func__
+    real = SearchEngine.build.__func__
 
-    def counting(cls, corpus, encoder, **kw):
+    def counting(cls, corpus, path, **kw):
         calls.append(len(corpus))
-        return real(cls, corpus, encoder, **kw)
+        return real(cls, corpus, path, **kw)
 
-    monkeypatch.setattr(DenseRetriever, "build", classmethod(counting))
+    monkeypatch.setattr(SearchEngine, "build", classmethod(counting))
     result = run_bench(sample_dir, "test", "dense,hybrid", options=SystemOptions(retriever_model=str(tiny_bert_dir)))
-    assert len(calls) == 1  # hybrid reuses dense's embeddings
+    assert len(calls) == 1  # hybrid and dense are views of one engine: the corpus is encoded once
     dense, hybrid = result.systems
     assert dense.summary()["ndcg@10"] >= 0 and len(hybrid.run) == len(dense.run)
     result = run_bench(sample_dir, "test", "dense", options=SystemOptions(retriever_model=str(tiny_bert_dir),

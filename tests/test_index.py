@@ -4,12 +4,12 @@ import threading
 import numpy as np
 import pytest
 
-from indexer.build import build_index
-from indexer.errors import ConfigError, DataError, IndexFormatError
-from indexer.index import Index, current_version
-from indexer.manifest import EncoderInfo
-from indexer.records import Document
-from indexer.vectors import BACKENDS, BackendConfig
+from twostage.indexer.build import build_index
+from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
+from twostage.indexer.index import Index, current_version
+from twostage.indexer.manifest import EncoderInfo
+from twostage.indexer.records import Document
+from twostage.indexer.vectors import BACKENDS, BackendConfig
 
 
 class KeywordEncoder:
@@ -41,7 +41,7 @@ class TableEncoder:
 def corpus():
     from pathlib import Path
 
-    from indexer.corpus import load_corpus
+    from twostage.indexer.corpus import load_corpus
 
     return load_corpus(Path(__file__).resolve().parent.parent / "data" / "sample")
 
@@ -69,7 +69,7 @@ def test_every_backend_agrees_with_exact_search(tmp_path, backend):
     normed = vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
     qn = queries / np.linalg.norm(queries, axis=1, keepdims=True)
     exact = np.argsort(-(qn @ normed.T), axis=1)[:, :10]
-    got = Index.load(tmp_path / backend).search(queries, 10)
+    got = Index.load(tmp_path / backend).search_batch(queries, 10)
     recall = np.mean([len(set(r.ids) & {f"d{i}" for i in e}) / 10 for r, e in zip(got, exact)])
     assert recall >= (0.5 if backend == "faiss-ivfpq" else 0.95), recall  # PQ is lossy by design
     for r in got:
@@ -82,17 +82,17 @@ def test_l2_scores_are_negated_distances(tmp_path):
     docs, vecs, enc = random_corpus(300)
     for backend in ("flat", "hnswlib", "faiss-flat"):
         index = build_index(docs, enc, tmp_path / backend, backend=BackendConfig(backend, "l2"))
-        r = index.search(vecs[:1], 3)[0]
+        r = index.search(vecs[:1], 3)
         assert r.ids[0] == "d0" and r.scores[0] == pytest.approx(0.0, abs=1e-4) and r.scores[1] < 0
 
 
 def test_build_writes_the_documented_layout(built, tmp_path):
     v = current_version(tmp_path / "idx")
     names = sorted(p.relative_to(v).as_posix() for p in v.rglob("*") if p.is_file())
-    assert names == ["ann.hnswlib", "manifest.json", "segments/000000.npy", "segments/000000.parquet"]
+    assert names == ["READERS", "ann.hnswlib", "manifest.json", "segments/000000.npy", "segments/000000.parquet"]
     manifest = json.loads((v / "manifest.json").read_text())
     assert manifest["counts"] == {"rows": 205, "deleted": 0, "live": 205, "dim": 13}
-    assert manifest["encoder"]["name"] == "kw" and set(manifest["files"]) == set(names) - {"manifest.json"}
+    assert manifest["encoder"]["name"] == "kw" and set(manifest["files"]) == set(names) - {"manifest.json", "READERS"}
     assert not list(tmp_path.glob(".idx.build"))  # the work directory is gone
 
 
@@ -109,15 +109,20 @@ def test_text_search_needs_a_matching_encoder(built, tmp_path):
     with pytest.raises(ConfigError, match="normalisation False"):
         loaded.attach_encoder(Unnormalised())
     loaded.attach_encoder(KeywordEncoder())
-    assert loaded.search("rain and snow", 3)[0].ids[0] in {d for d in loaded.doc_ids}
+    assert loaded.search("rain and snow", 3).ids[0] in {d for d in loaded.doc_ids}
     with pytest.raises(ConfigError, match="dimension 5 but the index has 13"):
         loaded.search(np.ones((1, 5), dtype=np.float32), 3)
 
 
-@pytest.mark.parametrize("k", [0, -1, 206])
+@pytest.mark.parametrize("k", [0, -1, 2.5, True])
 def test_bad_k(built, k):
     with pytest.raises(ConfigError):
         built.search("rain", k)
+
+
+def test_k_larger_than_the_index_returns_every_document(built):
+    assert len(built.search("rain", 10_000)) == 205  # the one k rule of every retriever: fewer, never an error
+    assert len(built.search("rain", 10_000, where={"topic": "cook"})) == sum(d.startswith("cook") for d in built.doc_ids)
 
 
 def test_nan_vectors_are_refused(built, tmp_path):
@@ -137,34 +142,43 @@ def test_nan_vectors_are_refused(built, tmp_path):
 
 def test_updates(built, tmp_path):
     index = built.add([Document("new", "rain rain snow snow snow", metadata={"topic": "weather"})])
-    assert len(index) == 206 and index.search("snow rain", 1)[0].ids[0] == "new"
+    assert len(index) == 206 and index.search("snow rain", 1).ids[0] == "new"
     with pytest.raises(DataError, match="'new' is already in the index"):
         index.add([Document("new", "x")])
     index = index.delete(["new", "weather-07"])
-    for r in index.search(["snow rain", "snowflakes"], 204):
+    for r in index.search_batch(["snow rain", "snowflakes"], 204):
         assert "new" not in r.ids and "weather-07" not in r.ids and len(r) == 204
-    assert len(index.search("snow rain", 10)[0]) == 10  # still k live results
+    assert len(index.search("snow rain", 10)) == 10  # still k live results
     with pytest.raises(DataError, match="unknown id"):
         index.delete(["new"])  # deleted documents never come back
     index = index.upsert([Document("weather-01", "cat cat cat cat dog")])
-    assert index.search("cat cat cat cat dog", 1)[0].ids[0] == "weather-01"
+    assert index.search("cat cat cat cat dog", 1).ids[0] == "weather-01"
     assert index.documents(["weather-01"])[0].text == "cat cat cat cat dog"
     queries = ["cat", "rain", "music"]
-    before = [r.scores.round(5).tolist() for r in index.search(queries, 5)]
+    before = [r.scores.round(5).tolist() for r in index.search_batch(queries, 5)]
     compacted = index.compact()
     assert compacted.manifest.deleted == 0 and compacted.manifest.rows == len(index) == 204
     # a rebuilt graph may pick other documents among equal scores (this encoder makes many ties)
-    after = [list(r.ids) for r in compacted.search(queries, 5)]
-    assert [r.scores.round(5).tolist() for r in compacted.search(queries, 5)] == before
+    after = [list(r.ids) for r in compacted.search_batch(queries, 5)]
+    assert [r.scores.round(5).tolist() for r in compacted.search_batch(queries, 5)] == before
     reloaded = Index.load(tmp_path / "idx", encoder=KeywordEncoder())
-    assert [list(r.ids) for r in reloaded.search(queries, 5)] == after
-    assert sorted(p.name for p in (tmp_path / "idx").iterdir()) == ["CURRENT", reloaded.version_dir.name]
+    assert [list(r.ids) for r in reloaded.search_batch(queries, 5)] == after
+    # old versions stay while an object reads them; once released, the next commit removes them
+    for old in (built, index, compacted):
+        old.close()
+    final = reloaded.delete(["cook-02"])
+    reloaded.close()
+    final.close()
+    base = Index.load(tmp_path / "idx")
+    final = base.compact()  # base still reads its version while the commit collects the others
+    assert sorted(p.name for p in (tmp_path / "idx").iterdir()) == ["CURRENT", "LOCK", base.version_dir.name,
+                                                                    final.version_dir.name]
 
 
 def test_metadata_filter(built):
-    r = built.search("rain and snow", 10, where={"topic": "cook"})[0]
+    r = built.search("rain and snow", 10, where={"topic": "cook"})
     assert len(r) > 0 and all(d.startswith("cook-") for d in r.ids)
-    r = built.search("rain", 5, where=lambda d: d.id.endswith("1"))[0]
+    r = built.search("rain", 5, where=lambda d: d.id.endswith("1"))
     assert all(d.endswith("1") for d in r.ids)
 
 
@@ -231,11 +245,11 @@ def test_build_resumes_from_encoded_chunks(tmp_path, corpus):
 def test_concurrent_searches_equal_serial(built):
     rng = np.random.default_rng(0)
     queries = [" ".join(rng.choice(KeywordEncoder.words, 3)) for _ in range(500)]
-    serial = [(list(r.ids), r.scores.tolist()) for r in (built.search(q, 5)[0] for q in queries)]
+    serial = [(list(r.ids), r.scores.tolist()) for r in (built.search(q, 5) for q in queries)]
     results: dict[int, list] = {}
 
     def worker(t):
-        results[t] = [(list(r.ids), r.scores.tolist()) for r in (built.search(q, 5)[0] for q in queries)]
+        results[t] = [(list(r.ids), r.scores.tolist()) for r in (built.search(q, 5) for q in queries)]
 
     threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
     for t in threads:

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from indexer.errors import ConfigError
-from retriever.losses import (ContrastiveLoss, CosineSimilarityLoss, MarginMSELoss, MultipleNegativesRankingLoss,
+from twostage.indexer.errors import ConfigError
+from twostage.retriever.losses import (ContrastiveLoss, CosineSimilarityLoss, MarginMSELoss, MultipleNegativesRankingLoss,
                               SoftmaxLoss, TripletLoss)
 
 R = 1 / math.sqrt(2)

@@ -5,10 +5,10 @@ import sys
 import numpy as np
 import pytest
 
-from indexer.build import build_index
-from indexer.errors import MissingDependencyError
-from indexer.index import Index
-from indexer.shards import ShardedIndex, build_shards
+from twostage.indexer.build import build_index
+from twostage.indexer.errors import MissingDependencyError
+from twostage.indexer.index import Index
+from twostage.indexer.shards import ShardedIndex, build_shards
 from tests.test_index import KeywordEncoder
 
 
@@ -21,8 +21,8 @@ def ray_local():
 
 
 def test_ray_encoding_equals_serial_encoding(ray_local, tmp_path, tiny_bert_dir, sample_dir):
-    from retriever.biencoder import BiEncoder
-    from retriever.distributed import build_index_ray
+    from twostage.retriever.biencoder import BiEncoder
+    from twostage.retriever.distributed import build_index_ray
 
     serial = build_index(sample_dir, BiEncoder.load(tiny_bert_dir), tmp_path / "serial", backend="hnswlib")
     build_index_ray(sample_dir, tiny_bert_dir, tmp_path / "ray", backend="hnswlib", num_actors=2, chunk_size=37)
@@ -37,9 +37,9 @@ def test_ray_encoding_equals_serial_encoding(ray_local, tmp_path, tiny_bert_dir,
 def test_ray_build_reads_parquet_and_names_bad_records(ray_local, tmp_path, tiny_bert_dir, sample_dir):
     import pandas as pd
 
-    from indexer.corpus import load_corpus
-    from indexer.errors import DataError
-    from retriever.distributed import build_index_ray
+    from twostage.indexer.corpus import load_corpus
+    from twostage.indexer.errors import DataError
+    from twostage.retriever.distributed import build_index_ray
 
     frame = load_corpus(sample_dir).to_frame()
     frame.to_parquet(tmp_path / "corpus.parquet")
@@ -67,8 +67,8 @@ def test_ray_shards_equal_one_exact_index(ray_local, tmp_path, sample_dir):
 
 
 def test_without_ray_the_error_says_how_to_install(monkeypatch):
-    from indexer.ray_util import require_ray
+    from twostage.indexer.ray_util import require_ray
 
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
-    with pytest.raises(MissingDependencyError, match=r"pip install 'twostage\[ray\]'"):
+    with pytest.raises(MissingDependencyError, match=r"pip install 'twostage-search\[ray\]'"):
         require_ray()

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from indexer.errors import DataError
-from indexer.records import Document, Judgment, Qrels, Query, RankedList
+from twostage.indexer.errors import DataError
+from twostage.indexer.records import Document, Judgment, Qrels, Query, RankedList
 
 
 def test_document_requires_id_and_string_fields():

@@ -1,12 +1,12 @@
 import numpy as np
 import pytest
 
-from indexer.errors import ConfigError, DataError
-from indexer.records import Document, RankedList
-from reranker.cross_encoder import CrossEncoder, UntrainedHeadError
-from reranker.pipeline import Pipeline
-from retriever.bm25 import BM25Retriever
-from retriever.hybrid import HybridRetriever, rrf
+from twostage.indexer.errors import ConfigError, DataError
+from twostage.indexer.records import Document, RankedList
+from twostage.reranker.cross_encoder import CrossEncoder, UntrainedHeadError
+from twostage.reranker.pipeline import Pipeline
+from twostage.retriever.bm25 import BM25Retriever
+from twostage.retriever.hybrid import HybridRetriever, rrf
 
 PAIRS = [("why do cats purr", "cats purr when they are content"), ("rain", "snow is ice " * 60),
          ("how does rain form", "rain forms when water vapour condenses")]
@@ -69,7 +69,7 @@ def test_rrf_by_hand():
 
 
 def test_pipeline_reranks_first_stage_candidates(trained_dir, sample_dir):
-    from indexer.corpus import load_corpus
+    from twostage.indexer.corpus import load_corpus
 
     corpus = load_corpus(sample_dir)
     bm25 = BM25Retriever.build(corpus)
@@ -101,7 +101,7 @@ def test_group_losses_by_hand():
 
     import torch
 
-    from reranker.training import group_loss
+    from twostage.reranker.training import group_loss
 
     s = torch.tensor([[2.0, 0.0, 1.0]])
     assert group_loss(s, "listwise").item() == pytest.approx(-2 + math.log(math.exp(2) + 1 + math.exp(1)), abs=1e-6)
@@ -111,8 +111,8 @@ def test_group_losses_by_hand():
 
 
 def test_training_fits_the_training_queries(tmp_path, tiny_bert_dir, sample_dir):
-    from indexer.beir import BeirDataset
-    from reranker.training import RerankerConfig, groups_from_split, train_reranker
+    from twostage.indexer.beir import BeirDataset
+    from twostage.reranker.training import RerankerConfig, groups_from_split, train_reranker
 
     ds = BeirDataset(sample_dir)
     config = RerankerConfig(epochs=4, groups_per_batch=8, negatives=3, lr=2e-3, max_length=64)
@@ -135,9 +135,9 @@ def test_a_killed_reranker_run_resumes_to_the_same_model(tmp_path, tiny_bert_dir
 
     import torch
 
-    import reranker.training as training
-    from indexer.beir import BeirDataset
-    from reranker.training import RerankerConfig, groups_from_split, train_reranker
+    import twostage.reranker.training as training
+    from twostage.indexer.beir import BeirDataset
+    from twostage.reranker.training import RerankerConfig, groups_from_split, train_reranker
 
     ds = BeirDataset(sample_dir)
     config = RerankerConfig(epochs=2, groups_per_batch=8, negatives=2, lr=1e-3, max_length=48, checkpoint_every=2)
@@ -172,9 +172,9 @@ def test_a_killed_reranker_run_resumes_to_the_same_model(tmp_path, tiny_bert_dir
 
 
 def test_mixed_groups_titles_and_dense_mining(tiny_bert_dir, sample_dir):
-    from indexer.beir import BeirDataset
-    from indexer.errors import ConfigError as CE
-    from reranker.training import RerankerConfig, groups_from_split, title_groups
+    from twostage.indexer.beir import BeirDataset
+    from twostage.indexer.errors import ConfigError as CE
+    from twostage.reranker.training import RerankerConfig, groups_from_split, title_groups
 
     ds = BeirDataset(sample_dir)
     config = RerankerConfig(negatives=4, mine_from=("bm25", "dense"))
@@ -196,7 +196,7 @@ def test_mixed_groups_titles_and_dense_mining(tiny_bert_dir, sample_dir):
 
 
 def test_interpolation_by_hand():
-    from reranker.interpolation import interpolate, minmax
+    from twostage.reranker.interpolation import interpolate, minmax
 
     first, rerank = np.array([10.0, 8.0, 6.0]), np.array([0.1, 0.9, 0.5])
     np.testing.assert_allclose(minmax(first), [1, 0.5, 0])
@@ -212,7 +212,7 @@ def test_a_tokenizer_of_another_model_is_refused(tmp_path, tiny_bert_dir):
 
     from transformers import BertConfig, BertForSequenceClassification
 
-    from retriever.biencoder import BiEncoder
+    from twostage.retriever.biencoder import BiEncoder
 
     small = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                        intermediate_size=64, max_position_embeddings=64, num_labels=1)

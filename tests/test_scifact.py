@@ -2,7 +2,7 @@
 
 import pytest
 
-from eval.harness import run_bench
+from twostage.eval.harness import run_bench
 from tests.conftest import shared_dataset
 
 

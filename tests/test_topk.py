@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from indexer.errors import ConfigError
-from indexer.topk import top_k
+from twostage.indexer.errors import ConfigError
+from twostage.indexer.topk import top_k
 
 
 def test_top_k_matches_a_full_stable_sort():

@@ -7,18 +7,18 @@ import pandas as pd
 import pytest
 import torch
 
-from indexer.beir import BeirDataset
-from indexer.errors import ConfigError, DataError
-from indexer.records import Document, Judgment, Qrels
-from retriever.biencoder import BiEncoder
-from retriever.bm25 import BM25Retriever
-from retriever.dense import DenseRetriever
-from retriever.gradcache import CachedMultipleNegativesRankingLoss
-from retriever.losses import MultipleNegativesRankingLoss
-from retriever.mining import MiningConfig, load_negatives, mine_hard_negatives, save_negatives
-from retriever.sts import sts_spearman
-from retriever.trainer import TrainConfig, _Objectives, train
-from retriever.training_data import (PairExample, ScoredPair, TrainingSet, no_duplicate_batches, nli_triplets,
+from twostage.indexer.beir import BeirDataset
+from twostage.indexer.errors import ConfigError, DataError
+from twostage.indexer.records import Document, Judgment, Qrels
+from twostage.retriever.biencoder import BiEncoder
+from twostage.retriever.bm25 import BM25Retriever
+from twostage.retriever.dense import DenseRetriever
+from twostage.retriever.gradcache import CachedMultipleNegativesRankingLoss
+from twostage.retriever.losses import MultipleNegativesRankingLoss
+from twostage.retriever.mining import MiningConfig, load_negatives, mine_hard_negatives, save_negatives
+from twostage.retriever.sts import sts_spearman
+from twostage.retriever.trainer import TrainConfig, _Objectives, train
+from twostage.retriever.training_data import (PairExample, ScoredPair, TrainingSet, no_duplicate_batches, nli_triplets,
                                      pairs_from_qrels, pairs_from_titles, round_robin, scored_pairs)
 
 
@@ -136,7 +136,7 @@ def test_gradcache_equals_the_plain_loss(tiny_bert_dir, dropout):
 
 
 def _ndcg_on(model, ds, split):
-    from eval.metrics import evaluate
+    from twostage.eval.metrics import evaluate
 
     dense = DenseRetriever.build(ds.corpus, model)
     lists = dense.search_batch([q.text for q in split.queries], 10)
@@ -227,7 +227,7 @@ def test_dense_retriever_with_a_keyword_encoder():
 
 
 def test_with_margins_scores_each_pair_once_and_subtracts(sample):
-    from retriever.training_data import with_margins
+    from twostage.retriever.training_data import with_margins
 
     ds, split = sample
     docs = list(ds.corpus)
@@ -254,8 +254,8 @@ def test_with_margins_scores_each_pair_once_and_subtracts(sample):
 
 
 def test_distillation_moves_the_student_toward_the_teacher(tmp_path, tiny_bert_dir, sample):
-    from retriever.losses import MarginMSELoss
-    from retriever.training_data import with_margins
+    from twostage.retriever.losses import MarginMSELoss
+    from twostage.retriever.training_data import with_margins
 
     ds, split = sample
     docs = list(ds.corpus)
@@ -278,7 +278,7 @@ def test_distillation_moves_the_student_toward_the_teacher(tmp_path, tiny_bert_d
 
 
 def test_recipe_second_round_nli_and_teacher(tmp_path, tiny_bert_dir, sample):
-    from retriever.recipe import RetrieverRecipe, train_retriever
+    from twostage.retriever.recipe import RetrieverRecipe, train_retriever
 
     ds, _ = sample
     nli = tmp_path / "nli.jsonl"

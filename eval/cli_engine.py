@@ -1,0 +1,209 @@
+"""``twostage build|search|add|upsert|delete|compact|info``: the search engine from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from twostage.indexer.engine_dir import FIRST_STAGES, PRECISIONS, EngineSettings
+from twostage.indexer.errors import ConfigError
+
+BATCH = 32  # queries searched together when reading them from a file
+
+
+def parse_where(items: list[str] | None) -> dict[str, Any] | None:
+    """``KEY=VALUE`` filters; a value is read as a JSON scalar (``year=1951`` an integer, ``year="1951"`` a
+    string, ``ok=true`` a boolean), anything that is not JSON as a plain string."""
+    if not items:
+        return None
+    where: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--where {item!r}: expected KEY=VALUE, e.g. --where year=2020")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"--where {item!r}: the value must be a number, string, true, false or null")
+        where[key.strip()] = value
+    return where
+
+
+def _settings(args: argparse.Namespace) -> EngineSettings:
+    defaults = EngineSettings()
+    return EngineSettings(first_stage=args.first_stage, k_retrieve=args.k_retrieve, precision=args.precision,
+                          backend=args.backend, batch_size=args.batch_size, depth=defaults.depth,
+                          interpolation=defaults.interpolation)
+
+
+def _build(args: argparse.Namespace) -> int:
+    from twostage.reranker.engine import SearchEngine
+
+    engine = SearchEngine.build(args.corpus, args.out, retriever=args.retriever, reranker=args.reranker,
+                                settings=_settings(args), chunk_size=args.chunk_size, show_progress=not args.quiet)
+    s = engine.settings
+    print(f"built {args.out}: {len(engine)} documents, version {engine.version}; first stage {s.first_stage}, "
+          f"reranker {engine.manifest.reranker.name if engine.manifest.reranker else 'none'} "
+          f"(top {s.k_retrieve}), {s.backend} index")
+    return 0
+
+
+def _queries(args: argparse.Namespace) -> Iterator[str]:
+    if args.query is not None and args.queries is not None:
+        raise ConfigError("give either a query or --queries FILE, not both")
+    if args.query is not None:
+        yield args.query
+        return
+    if args.queries is None:
+        raise ConfigError("no query: give one (twostage search DIR \"my query\") or --queries FILE (- for stdin)")
+    if args.queries == "-":
+        lines: Any = sys.stdin
+    else:
+        path = Path(args.queries)
+        if not path.is_file():
+            raise ConfigError(f"--queries {path}: no such file")
+        lines = path.open(encoding="utf-8")
+    for line in lines:
+        if line.strip():
+            yield line.rstrip("\r\n")
+
+
+def _print_result(result: Any, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result.to_dict(), ensure_ascii=False), flush=True)
+        return
+    print(f"query: {result.query}")
+    for hit in result.hits:
+        label = hit.title or hit.text[:80].replace("\n", " ")
+        print(f"{hit.rank:3d}. [{hit.score:.4f}] {hit.id}: {label}")
+    print("    " + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in result.timings.items()), flush=True)
+
+
+def _search(args: argparse.Namespace) -> int:
+    from twostage.reranker.engine import SearchEngine
+
+    where = parse_where(args.where)
+    if args.k <= 0:
+        raise ConfigError(f"--k must be a positive integer, got {args.k}")
+    engine = SearchEngine.load(args.engine, verify=not args.fast)
+    if where:
+        unknown = sorted(set(where) - engine.metadata_fields())
+        if unknown:
+            known = ", ".join(sorted(engine.metadata_fields())) or "none"
+            print(f"twostage: no document has the field(s) {', '.join(unknown)} (metadata fields: {known}); "
+                  "0 hits", file=sys.stderr)
+    kw = {"where": where, "k_retrieve": args.k_retrieve, "first_stage": args.first_stage, "rerank": not args.no_rerank}
+    batch: list[str] = []
+    found = 0
+    for query in _queries(args):
+        batch.append(query)
+        if len(batch) == BATCH:
+            found += _run(engine, batch, args, kw)
+            batch = []
+    if batch:
+        found += _run(engine, batch, args, kw)
+    return 0
+
+
+def _run(engine: Any, batch: list[str], args: argparse.Namespace, kw: dict[str, Any]) -> int:
+    results = engine.search_batch(batch, args.k, **kw)
+    for r in results:
+        _print_result(r, args.json)
+        if not r.hits and not args.json:
+            print("    (no hits)")
+    return sum(len(r.hits) for r in results)
+
+
+def _add(args: argparse.Namespace) -> int:
+    from twostage.reranker.engine import SearchEngine
+
+    engine = SearchEngine.load(args.engine, verify=False)
+    before = len(engine)
+    new = (engine.upsert if args.upsert else engine.add)(args.corpus, show_progress=not args.quiet)
+    print(f"{'upserted' if args.upsert else 'added'}: {len(new)} documents (was {before}), version {new.version}")
+    return 0
+
+
+def _delete(args: argparse.Namespace) -> int:
+    from twostage.reranker.engine import SearchEngine
+
+    ids = list(args.ids)
+    if args.ids_file:
+        path = Path(args.ids_file)
+        if not path.is_file():
+            raise ConfigError(f"--ids-file {path}: no such file")
+        ids += [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not ids:
+        raise ConfigError("no ids given: twostage delete DIR ID [ID ...] or --ids-file FILE")
+    new = SearchEngine.load(args.engine, verify=False).delete(ids)
+    print(f"deleted {len(ids)}: {len(new)} documents, version {new.version}")
+    return 0
+
+
+def _compact(args: argparse.Namespace) -> int:
+    from twostage.reranker.engine import SearchEngine
+
+    new = SearchEngine.load(args.engine, verify=False).compact()
+    print(f"compacted: {len(new)} documents, version {new.version}")
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    from twostage.reranker.engine import SearchEngine
+
+    print(json.dumps(SearchEngine.load(args.engine, verify=not args.fast).info(), indent=2))
+    return 0
+
+
+def add_commands(sub: Any) -> None:
+    d = EngineSettings()
+    b = sub.add_parser("build", help="build a search engine directory from a corpus")
+    b.add_argument("--corpus", required=True, type=Path, help="BEIR directory, .jsonl, .parquet, .csv or .tsv")
+    b.add_argument("--out", required=True, type=Path, help="the engine directory")
+    b.add_argument("--retriever", default="all-MiniLM-L6-v2", help="bi-encoder name or directory")
+    b.add_argument("--reranker", default=None, help="cross-encoder directory (trained by twostage train-reranker)")
+    b.add_argument("--first-stage", default=d.first_stage, choices=FIRST_STAGES)
+    b.add_argument("--k-retrieve", type=int, default=d.k_retrieve, help=f"candidates reranked (default {d.k_retrieve})")
+    b.add_argument("--precision", default=d.precision, choices=PRECISIONS,
+                   help="model precision at search time (auto: bf16 where the CPU has it)")
+    b.add_argument("--backend", default=d.backend, help="hnswlib, flat, faiss-flat, faiss-hnsw, faiss-ivf, faiss-ivfpq")
+    b.add_argument("--batch-size", type=int, default=d.batch_size)
+    b.add_argument("--chunk-size", type=int, default=4096, help="documents encoded per resumable chunk")
+    b.set_defaults(func=_build)
+
+    s = sub.add_parser("search", help="search an engine: the whole two-stage pipeline")
+    s.add_argument("engine", type=Path, help="the engine directory")
+    s.add_argument("query", nargs="?", default=None, help="the query (or --queries FILE)")
+    s.add_argument("--queries", default=None, help="a file with one query per line, or - for stdin")
+    s.add_argument("--k", type=int, default=10)
+    s.add_argument("--k-retrieve", type=int, default=None, help="candidates reranked (default: the engine's)")
+    s.add_argument("--first-stage", default=None, choices=FIRST_STAGES, help="default: the engine's")
+    s.add_argument("--no-rerank", action="store_true", help="the first stage only")
+    s.add_argument("--where", action="append", help="metadata filter KEY=VALUE, VALUE read as JSON (repeatable)")
+    s.add_argument("--json", action="store_true", help="one JSON object per query, one per line")
+    s.add_argument("--fast", action="store_true", help="check file sizes only, not checksums")
+    s.set_defaults(func=_search)
+
+    for name, upsert in (("add", False), ("upsert", True)):
+        a = sub.add_parser(name, help=f"{name} documents from a corpus file" + (" (replacing same ids)" if upsert else ""))
+        a.add_argument("engine", type=Path)
+        a.add_argument("corpus", type=Path, help="BEIR directory, .jsonl, .parquet, .csv or .tsv")
+        a.set_defaults(func=_add, upsert=upsert)
+    de = sub.add_parser("delete", help="delete documents by id")
+    de.add_argument("engine", type=Path)
+    de.add_argument("ids", nargs="*", default=[])
+    de.add_argument("--ids-file", default=None, help="a file with one id per line")
+    de.set_defaults(func=_delete)
+    c = sub.add_parser("compact", help="rewrite the dense index without deleted documents")
+    c.add_argument("engine", type=Path)
+    c.set_defaults(func=_compact)
+    i = sub.add_parser("info", help="what an engine holds (settings, models, counts)")
+    i.add_argument("engine", type=Path)
+    i.add_argument("--fast", action="store_true", help="check file sizes only, not checksums")
+    i.set_defaults(func=_info)

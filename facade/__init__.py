@@ -1,0 +1,81 @@
+"""twostage: retrieve, then rerank. The public API in one place.
+
+>>> from twostage import SearchEngine
+>>> engine = SearchEngine.build("corpus.jsonl", "engines/docs", retriever="all-MiniLM-L6-v2")
+>>> engine.search("why do cats purr", k=10).hits[0]
+
+The layers below are importable too (``twostage.indexer``, ``twostage.retriever``, ``twostage.reranker``,
+``twostage.eval``); everything a user needs is re-exported here. Heavy dependencies (torch, transformers)
+load on first use, so ``import twostage`` stays fast.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+__all__ = [
+    # records and errors
+    "Document", "Query", "Hit", "RankedList", "Judgment", "Qrels",
+    "TwostageError", "DataError", "DataNotFoundError", "ConfigError", "IndexFormatError", "MissingDependencyError",
+    # corpora and data sets
+    "Corpus", "load_corpus", "iter_documents", "BeirDataset",
+    # first stages, index, second stage
+    "BM25Config", "BM25Retriever", "BiEncoder", "DenseRetriever", "HybridRetriever", "rrf",
+    "Index", "build_index", "CrossEncoder", "Pipeline", "SearchResult",
+    # the engine
+    "SearchEngine", "EngineSettings",
+    # training and evaluation
+    "RetrieverRecipe", "train_retriever", "RerankerConfig", "train_reranker_on", "run_bench", "evaluate",
+]
+
+_WHERE = {
+    "Document": "indexer.records", "Query": "indexer.records", "Hit": "indexer.records",
+    "RankedList": "indexer.records", "Judgment": "indexer.records", "Qrels": "indexer.records",
+    "TwostageError": "indexer.errors", "DataError": "indexer.errors", "DataNotFoundError": "indexer.errors",
+    "ConfigError": "indexer.errors", "IndexFormatError": "indexer.errors", "MissingDependencyError": "indexer.errors",
+    "Corpus": "indexer.corpus", "load_corpus": "indexer.corpus", "iter_documents": "indexer.corpus",
+    "BeirDataset": "indexer.beir",
+    "BM25Config": "retriever.bm25", "BM25Retriever": "retriever.bm25", "BiEncoder": "retriever.biencoder",
+    "DenseRetriever": "retriever.dense", "HybridRetriever": "retriever.hybrid", "rrf": "retriever.hybrid",
+    "Index": "indexer.index", "build_index": "indexer.build",
+    "CrossEncoder": "reranker.cross_encoder", "Pipeline": "reranker.pipeline", "SearchResult": "indexer.records",
+    "SearchEngine": "reranker.engine", "EngineSettings": "indexer.engine_dir",
+    "RetrieverRecipe": "retriever.recipe", "train_retriever": "retriever.recipe",
+    "RerankerConfig": "reranker.training", "train_reranker_on": "reranker.training",
+    "run_bench": "eval.harness", "evaluate": "eval.metrics",
+}
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
+    from twostage.eval.harness import run_bench
+    from twostage.eval.metrics import evaluate
+    from twostage.indexer.beir import BeirDataset
+    from twostage.indexer.build import build_index
+    from twostage.indexer.corpus import Corpus, iter_documents, load_corpus
+    from twostage.indexer.engine_dir import EngineSettings
+    from twostage.indexer.errors import (ConfigError, DataError, DataNotFoundError, IndexFormatError,
+                                         MissingDependencyError, TwostageError)
+    from twostage.indexer.index import Index
+    from twostage.indexer.records import Document, Hit, Judgment, Qrels, Query, RankedList, SearchResult
+    from twostage.reranker.cross_encoder import CrossEncoder
+    from twostage.reranker.engine import SearchEngine
+    from twostage.reranker.pipeline import Pipeline
+    from twostage.reranker.training import RerankerConfig, train_reranker_on
+    from twostage.retriever.biencoder import BiEncoder
+    from twostage.retriever.bm25 import BM25Config, BM25Retriever
+    from twostage.retriever.dense import DenseRetriever
+    from twostage.retriever.hybrid import HybridRetriever, rrf
+    from twostage.retriever.recipe import RetrieverRecipe, train_retriever
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'twostage' has no attribute {name!r}")
+    value = getattr(import_module(f"twostage.{where}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,157 @@
+"""The engine directory's format: search settings, model references and the engine manifest.
+
+    ENGINE_DIR/
+      LOCK, CURRENT          as every versioned directory (twostage.indexer.versions)
+      vNNNNNN/
+        manifest.json        format twostage.engine: settings, retriever and reranker (name, path, sha256),
+                             document count, and size + sha256 of every file below
+        dense/               an index version: documents (segments/*.parquet), vectors (.npy), ANN, tombstones
+        bm25/                the BM25 index over the same live documents, in the same order
+
+The documents, BM25 and the dense index of one version always hold the same documents: they are written
+together and switched together. Everything here is validated before any library reads the files.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from twostage.indexer.errors import ConfigError, IndexFormatError
+from twostage.indexer.manifest import check_file_name, describe_files, read_manifest_json
+
+FORMAT = "twostage.engine"
+FORMAT_VERSION = 1
+FIRST_STAGES = ("hybrid", "dense", "bm25")
+FUSIONS = ("rrf",)
+PRECISIONS = ("auto", "fp32", "bf16", "int8")
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How an engine searches; saved in its manifest, each overridable per call.
+
+    The defaults are the measured best of the one-command SciFact run (benchmarks/results/scifact-e2e and
+    rerank-scifact): hybrid first stage (RRF of BM25 and dense top 100), the reranker reads the top 20 and is
+    blended with the first stage by the weight chosen on dev data when it was trained.
+    """
+
+    first_stage: str = "hybrid"
+    fusion: str = "rrf"
+    k_rrf: float = 60.0
+    depth: int = 100  # candidates each first stage gives the fusion
+    k_retrieve: int = 20  # candidates the reranker reads
+    interpolation: float | str | None = "auto"  # "auto": the reranker's dev-chosen blend; None: reranker alone
+    precision: str = "auto"  # "auto": bf16 where the CPU has native bf16, else fp32
+    batch_size: int = 32
+    backend: str = "hnswlib"
+    metric: str = "cosine"
+
+    def __post_init__(self) -> None:
+        if self.first_stage not in FIRST_STAGES:
+            raise ConfigError(f"first_stage must be one of {', '.join(FIRST_STAGES)}, got {self.first_stage!r}")
+        if self.fusion not in FUSIONS:
+            raise ConfigError(f"fusion must be one of {', '.join(FUSIONS)}, got {self.fusion!r}")
+        for name in ("depth", "k_retrieve", "batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.k_rrf, (int, float)) or self.k_rrf < 0:
+            raise ConfigError(f"k_rrf must be a number >= 0, got {self.k_rrf!r}")
+        if self.interpolation not in ("auto", None) and not (
+                isinstance(self.interpolation, (int, float)) and not isinstance(self.interpolation, bool)
+                and 0 <= self.interpolation <= 1):
+            raise ConfigError(f"interpolation must be 'auto', None or a number in [0, 1], got {self.interpolation!r}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "settings") -> EngineSettings:
+        """Settings from JSON; an unknown key is an error naming it."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"{where}: expected an object of settings")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"{where}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return cls(**data)
+
+
+def resolve_precision(precision: str) -> str:
+    """``auto`` -> ``bf16`` where the CPU computes bfloat16 natively (AVX512-BF16 or AMX), else ``fp32``."""
+    if precision != "auto":
+        return precision
+    try:
+        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "fp32"
+    return "bf16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "fp32"
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A model an engine uses: the name it was given, the directory it resolved to, and its weights' sha256."""
+
+    name: str
+    path: str
+    sha256: str
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> ModelRef:
+        if not isinstance(data, dict) or not all(isinstance(data.get(k), str) for k in ("name", "path", "sha256")):
+            raise IndexFormatError(f"{where}: a model entry needs string name, path and sha256; restore or rebuild")
+        return cls(data["name"], data["path"], data["sha256"])
+
+
+@dataclass(frozen=True)
+class EngineManifest:
+    settings: EngineSettings
+    retriever: ModelRef
+    reranker: ModelRef | None
+    documents: int
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "format": FORMAT, "format_version": FORMAT_VERSION, "settings": self.settings.to_dict(),
+            "retriever": asdict(self.retriever), "reranker": asdict(self.reranker) if self.reranker else None,
+            "counts": {"documents": self.documents}, "files": self.files, "versions": self.versions,
+        }, indent=2, sort_keys=True) + "\n"
+
+
+def read_engine_manifest(version_dir: Path) -> EngineManifest:
+    """The engine manifest of a version directory, every field checked (types, ranges, plain file names)."""
+    path = version_dir / "manifest.json"
+    data = read_manifest_json(version_dir, FORMAT, FORMAT_VERSION, "a search engine directory", "`twostage build`")
+    try:
+        settings = EngineSettings.from_dict(data["settings"], f"{path}: settings")
+    except ConfigError as exc:
+        raise IndexFormatError(f"{exc}; restore or rebuild the engine") from None
+    except KeyError:
+        raise IndexFormatError(f"{path}: no settings; restore or rebuild the engine") from None
+    counts, files = data.get("counts"), data.get("files")
+    if not isinstance(counts, dict) or isinstance(counts.get("documents"), bool) \
+            or not isinstance(counts.get("documents"), int) or counts["documents"] < 0:
+        raise IndexFormatError(f"{path}: counts.documents must be a non-negative integer; restore or rebuild the engine")
+    if not isinstance(files, dict):
+        raise IndexFormatError(f"{path}: files must be an object; restore or rebuild the engine")
+    for rel, meta in files.items():
+        check_file_name(rel, path)
+        if not isinstance(meta, dict) or not isinstance(meta.get("bytes"), int) or not isinstance(meta.get("sha256"), str):
+            raise IndexFormatError(f"{path}: entry of {rel!r} needs integer bytes and a sha256; restore or rebuild")
+    reranker = data.get("reranker")
+    versions = data.get("versions") if isinstance(data.get("versions"), dict) else {}
+    return EngineManifest(settings, ModelRef.from_dict(data.get("retriever"), f"{path}: retriever"),
+                          None if reranker is None else ModelRef.from_dict(reranker, f"{path}: reranker"),
+                          counts["documents"], dict(files), dict(versions))
+
+
+def engine_files(version_dir: Path) -> dict[str, dict[str, Any]]:
+    """Size and sha256 of the two part manifests (dense/ and bm25/); each of them checksums its own files."""
+    return describe_files(version_dir, ["dense/manifest.json", "bm25/manifest.json"])

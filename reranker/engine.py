@@ -1,0 +1,463 @@
+"""The search engine: one directory, one object, from a query to reranked hits.
+
+>>> engine = SearchEngine.build("corpus.jsonl", "engines/docs", retriever="all-MiniLM-L6-v2", reranker="models/ce")
+>>> result = engine.search("why do cats purr", k=10)
+>>> result.hits[0].id, result.hits[0].title, result.hits[0].stage_scores, result.timings
+>>> engine = SearchEngine.load("engines/docs").add(new_docs).delete(["doc-17"])
+
+A version of the directory (:mod:`twostage.indexer.engine_dir`) holds the documents, the dense ANN index and the
+BM25 index over the same live documents, and names the two models by path and weights sha256. Every change
+(add, upsert, delete, compact) writes the next version beside the current one under the writer lock and switches
+to it atomically: a crash leaves all three parts old or all three new. An open engine keeps reading its version
+while others commit; :meth:`SearchEngine.refresh` moves to the newest.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from twostage.indexer.build import check_out_dir, encode_chunks, first_version, merge_chunks, start_build
+from twostage.indexer.corpus import CorpusSource, iter_documents
+from twostage.indexer.engine_dir import (EngineManifest, EngineSettings, ModelRef, engine_files,
+                                         read_engine_manifest, resolve_precision)
+from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
+from twostage.indexer.index import Index, IndexChange, _versions, link_or_copy, write_index_files
+from twostage.indexer.manifest import verify_files
+from twostage.indexer.records import Document, Hit, RankedList, SearchResult
+from twostage.indexer.topk import check_k, top_k
+from twostage.indexer.vectors import BackendConfig
+from twostage.indexer.versions import Lease, commit, current_version, open_current, writer_lock
+from twostage.reranker.pipeline import rerank_lists
+from twostage.retriever.bm25 import BM25Retriever
+from twostage.retriever.bm25_store import load_bm25, write_bm25
+from twostage.retriever.hybrid import rrf
+
+logger = logging.getLogger(__name__)
+WHAT = "a search engine directory (build one with `twostage build`)"
+Where = Mapping[str, Any] | Callable[[Document], bool] | None
+
+
+def model_ref(name: str | Path) -> ModelRef:
+    """Resolve a model name or directory and record it with the sha256 of its weights."""
+    from twostage.retriever.weights import resolve_model, sha256_of_weights
+
+    path = resolve_model(name)
+    return ModelRef(str(name), str(Path(path).resolve()), sha256_of_weights(path))
+
+
+def verified_model_dir(ref: ModelRef, role: str) -> Path:
+    """The directory of a model the engine names, after checking its weights are the ones it was built with."""
+    from twostage.retriever.weights import resolve_model, sha256_of_weights
+
+    path = Path(ref.path) if Path(ref.path).is_dir() else resolve_model(ref.name)
+    digest = sha256_of_weights(path)
+    if digest != ref.sha256:
+        raise ConfigError(f"{role} {ref.name!r} at {path}: its weights' sha256 {digest[:12]}... no longer matches the "
+                          f"engine's {ref.sha256[:12]}...; restore that model, or rebuild the engine with it")
+    return path
+
+
+@dataclass
+class _Models:
+    """Models loaded on first use (info, delete and compact never need them)."""
+
+    encoder: Any = None
+    reranker: Any = None
+
+
+class SearchEngine:
+    """A saved two-stage search engine. Build with :meth:`build`, open with :meth:`load`."""
+
+    def __init__(self, root: Path, version_dir: Path, manifest: EngineManifest, index: Index, bm25: BM25Retriever,
+                 lease: Lease | None = None, models: _Models | None = None) -> None:
+        self.root, self.version_dir, self.manifest = root, version_dir, manifest
+        self.index, self.bm25 = index, bm25
+        self._lease = lease
+        self._models = models or _Models()
+        live_rows = np.flatnonzero(~index.deleted)
+        if len(bm25.doc_ids) != len(live_rows) or not np.array_equal(bm25.doc_ids, index.doc_ids[live_rows]):
+            raise IndexFormatError(f"{version_dir}: the BM25 index and the dense index hold different documents; "
+                                   "restore or rebuild the engine")
+        if manifest.documents != len(live_rows):
+            raise IndexFormatError(f"{version_dir / 'manifest.json'}: counts {manifest.documents} documents, the parts "
+                                   f"hold {len(live_rows)}; restore or rebuild the engine")
+        self._bm25_rows = live_rows  # BM25 row i is index row live_rows[i]
+
+    # ---- opening -------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: str | Path, *, verify: bool = True) -> SearchEngine:
+        """Open an engine directory: manifests first, then every file's size and sha256 (``verify``).
+
+        The models load on first search; their weights are checked against the recorded sha256 then.
+        """
+        root = Path(path)
+        if not root.is_dir():
+            raise IndexFormatError(f"{root}: no such engine directory (build one with `twostage build`)")
+        return open_current(root, lambda version_dir, lease: cls._open(root, version_dir, lease, verify), WHAT)
+
+    @classmethod
+    def _open(cls, root: Path, version_dir: Path, lease: Lease | None, verify: bool,
+              models: _Models | None = None) -> SearchEngine:
+        if _format_of(version_dir) == "twostage.index":
+            raise IndexFormatError(f"{root}: a dense index directory, not a search engine; search it with "
+                                   "`twostage index search`, or build an engine with `twostage build`")
+        manifest = read_engine_manifest(version_dir)
+        for part in ("dense", "bm25"):
+            if not (version_dir / part).is_dir():
+                raise IndexFormatError(f"{version_dir / part}: missing; restore or rebuild the engine")
+        verify_files(version_dir, _as_index_manifest(manifest), checksums=verify)
+        index = Index.open_version(root, version_dir / "dense", verify=verify)
+        bm25 = load_bm25(version_dir / "bm25")
+        return cls(root, version_dir, manifest, index, bm25, lease, models)
+
+    def refresh(self, *, verify: bool = False) -> SearchEngine:
+        """This engine at the newest committed version (``self`` when nothing changed); models are kept."""
+        if current_version(self.root, WHAT) == self.version_dir:
+            return self
+        return open_current(self.root, lambda v, lease: SearchEngine._open(self.root, v, lease, verify, self._models),
+                            WHAT)
+
+    def close(self) -> None:
+        """Release this version (a later commit may then remove it from disk)."""
+        if self._lease is not None:
+            self._lease.release()
+
+    # ---- properties ----------------------------------------------------------------------------
+    @property
+    def settings(self) -> EngineSettings:
+        return self.manifest.settings
+
+    @property
+    def version(self) -> str:
+        return self.version_dir.name
+
+    def __len__(self) -> int:
+        return self.manifest.documents
+
+    def __contains__(self, doc_id: object) -> bool:
+        return doc_id in self.index
+
+    @property
+    def precision(self) -> str:
+        return resolve_precision(self.settings.precision)
+
+    @property
+    def encoder(self) -> Any:
+        """The bi-encoder, loaded (and its weights verified) on first use."""
+        if self._models.encoder is None:
+            from twostage.retriever.biencoder import BiEncoder
+
+            path = verified_model_dir(self.manifest.retriever, "retriever")
+            self._models.encoder = BiEncoder.load(path, precision=self.precision)
+        if self.index.encoder is not self._models.encoder:
+            self.index.attach_encoder(self._models.encoder)
+        return self._models.encoder
+
+    @property
+    def reranker(self) -> Any:
+        """The cross-encoder (None when the engine has none), loaded and verified on first use."""
+        if self.manifest.reranker is None:
+            return None
+        if self._models.reranker is None:
+            from twostage.reranker.cross_encoder import CrossEncoder
+
+            path = verified_model_dir(self.manifest.reranker, "reranker")
+            self._models.reranker = CrossEncoder.load(path, precision=self.precision)
+        return self._models.reranker
+
+    def info(self) -> dict[str, Any]:
+        m = self.manifest
+        return {"path": str(self.root), "version": self.version, "documents": m.documents,
+                "settings": m.settings.to_dict(), "retriever": asdict(m.retriever),
+                "reranker": asdict(m.reranker) if m.reranker else None, "dense": self.index.info(),
+                "bm25": {"documents": len(self.bm25), "config": self.bm25.config.to_dict()},
+                "metadata_fields": sorted(self.index.metadata_fields()), "versions": m.versions}
+
+    def documents(self, ids: Iterable[str]) -> list[Document]:
+        """The stored documents with these ids (a KeyError names an unknown one)."""
+        return self.index.documents(ids)
+
+    def metadata_fields(self) -> set[str]:
+        return self.index.metadata_fields()
+
+    # ---- searching -----------------------------------------------------------------------------
+    def search(self, query: str, k: int = 10, *, where: Where = None, k_retrieve: int | None = None,
+               first_stage: str | None = None, rerank: bool = True) -> SearchResult:
+        """The ``k`` best documents for ``query``: first stage, then the reranker on the top ``k_retrieve``.
+
+        Hits carry id, title, text, metadata, the final score and each stage's score; ``timings`` the seconds
+        of each stage. ``where`` keeps documents whose metadata has the given values (or passes a function).
+        """
+        return self.search_batch([query], k, where=where, k_retrieve=k_retrieve, first_stage=first_stage,
+                                 rerank=rerank)[0]
+
+    def search_batch(self, queries: Sequence[str], k: int = 10, *, where: Where = None, k_retrieve: int | None = None,
+                     first_stage: str | None = None, rerank: bool = True) -> list[SearchResult]:
+        """:meth:`search` for many queries: encoded in one pass, their pairs reranked in shared batches.
+
+        Each result's ``timings`` are the batch's seconds per stage divided by the number of queries.
+        """
+        queries = _check_queries(queries)
+        ranked, stage_scores, timings = self._ranked(queries, k, where, k_retrieve, first_stage, rerank)
+        t = time.perf_counter()
+        ids = sorted({str(d) for r in ranked for d in r.ids})
+        docs = dict(zip(ids, self.documents(ids)))
+        timings["fetch_s"] = time.perf_counter() - t
+        n = len(queries)
+        per_query = {name: seconds / n for name, seconds in timings.items()}
+        per_query["total_s"] = sum(per_query.values())
+        out = []
+        for query, r, scores in zip(queries, ranked, stage_scores):
+            hits = []
+            for rank, (d, s) in enumerate(zip(r.ids, r.scores), 1):
+                doc = docs[str(d)]
+                stages = {name: table[str(d)] for name, table in scores.items() if str(d) in table}
+                hits.append(Hit(doc.id, float(s), rank, stages.get("first_stage"), doc.text, doc.title,
+                                dict(doc.metadata), stages))
+            out.append(SearchResult(query, tuple(hits), per_query))
+        return out
+
+    def ranked(self, query: str, k: int = 10, **kw: Any) -> RankedList:
+        """Ids and final scores only (the retriever contract: ``search(query, k) -> RankedList``)."""
+        return self._ranked(_check_queries([query]), k, kw.get("where"), kw.get("k_retrieve"),
+                            kw.get("first_stage"), kw.get("rerank", True))[0][0]
+
+    def as_retriever(self, *, first_stage: str | None = None, rerank: bool = True,
+                     k_retrieve: int | None = None) -> EngineRetriever:
+        """This engine as a plain retriever (``search`` / ``search_batch`` -> RankedList), e.g. for the harness."""
+        return EngineRetriever(self, first_stage, rerank, k_retrieve)
+
+    def _ranked(self, queries: list[str], k: int, where: Where, k_retrieve: int | None, first_stage: str | None,
+                rerank: bool) -> tuple[list[RankedList], list[dict[str, dict[str, float]]], dict[str, float]]:
+        s = self.settings
+        k = check_k(k)
+        k_retrieve = check_k(s.k_retrieve if k_retrieve is None else k_retrieve)
+        first_stage = first_stage or s.first_stage
+        if first_stage not in ("hybrid", "dense", "bm25"):
+            raise ConfigError(f"first_stage must be hybrid, dense or bm25, got {first_stage!r}")
+        reranker = self.reranker if rerank else None
+        n_first = max(k, k_retrieve) if reranker is not None else k
+        depth = max(s.depth, n_first)
+        allowed = self.index.allowed(where)
+        timings: dict[str, float] = {}
+        lists: dict[str, list[RankedList]] = {}
+        if first_stage in ("dense", "hybrid"):
+            t = time.perf_counter()
+            vectors = self.encoder.encode(queries, kind="query", batch_size=s.batch_size)
+            timings["encode_s"] = time.perf_counter() - t
+            t = time.perf_counter()
+            lists["dense"] = self.index.search_batch(vectors, depth if first_stage == "hybrid" else n_first,
+                                                     where=where)
+            timings["dense_s"] = time.perf_counter() - t
+        if first_stage in ("bm25", "hybrid"):
+            t = time.perf_counter()
+            mask = allowed[self._bm25_rows]
+            lists["bm25"] = [self._bm25_search(q, depth if first_stage == "hybrid" else n_first, mask) for q in queries]
+            timings["bm25_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        if first_stage == "hybrid":
+            firsts = [rrf([b, d], s.k_rrf).truncate(n_first) for b, d in zip(lists["bm25"], lists["dense"])]
+        else:
+            firsts = lists[first_stage]
+        timings["fuse_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        alpha = s.interpolation if s.interpolation != "auto" else getattr(reranker, "interpolation", None)
+        reranked = rerank_lists(reranker, queries, firsts, self._text, k=k, k_retrieve=k_retrieve,
+                                interpolation=None if alpha is None else float(alpha), batch_size=s.batch_size)
+        if reranker is not None:
+            timings["rerank_s"] = time.perf_counter() - t
+        stage_scores = []
+        for i, (first, res) in enumerate(zip(firsts, reranked)):
+            scores = {name: dict(zip(map(str, ls[i].ids), ls[i].scores.astype(float).tolist()))
+                      for name, ls in lists.items()}
+            scores["first_stage"] = dict(zip(map(str, first.ids), first.scores.astype(float).tolist()))
+            if res.rerank_scores:
+                scores["rerank"] = dict(res.rerank_scores)
+            stage_scores.append(scores)
+        return [r.ranked for r in reranked], stage_scores, timings
+
+    def _bm25_search(self, query: str, k: int, mask: np.ndarray) -> RankedList:
+        scores = self.bm25.scores(query)
+        if not mask.all():
+            scores = np.where(mask, scores, 0.0)
+        rows, values = top_k(scores, k, positive_only=True)
+        return RankedList(self.bm25.doc_ids[rows], values)
+
+    def _text(self, doc_id: str) -> str:
+        return self.documents([doc_id])[0].full_text
+
+    # ---- building ------------------------------------------------------------------------------
+    @classmethod
+    def build(cls, corpus: CorpusSource, path: str | Path, *, retriever: str | Path = "all-MiniLM-L6-v2",
+              reranker: str | Path | None = None, settings: EngineSettings | None = None, chunk_size: int = 4096,
+              resume: bool = True, show_progress: bool = False, **overrides: Any) -> SearchEngine:
+        """Read ``corpus`` (BEIR dir, jsonl, parquet, CSV, DataFrame or Documents), encode it, index it for BM25
+        and dense search, and save the engine at ``path`` (a new version when an engine is already there).
+
+        ``overrides`` set fields of :class:`EngineSettings` (``first_stage="dense"``, ``backend="flat"``, ...).
+        An interrupted build resumes from the chunks already encoded when run again.
+        """
+        from twostage.retriever.biencoder import BiEncoder
+
+        settings = _with(settings or EngineSettings(), overrides)
+        if chunk_size <= 0:
+            raise ConfigError(f"chunk_size must be positive, got {chunk_size}")
+        out = Path(path)
+        check_out_dir(out, WHAT)
+        if (out / "CURRENT").is_file() and _format_of(current_version(out, WHAT)) != "twostage.engine":
+            raise ConfigError(f"{out}: holds something other than a search engine; choose another --out")
+        precision = resolve_precision(settings.precision)
+        retriever_ref = model_ref(retriever)
+        reranker_ref = model_ref(reranker) if reranker is not None else None
+        models = _Models(encoder=BiEncoder.load(retriever_ref.path, precision=precision))
+        if reranker_ref is not None:
+            from twostage.reranker.cross_encoder import CrossEncoder
+
+            models.reranker = CrossEncoder.load(reranker_ref.path, precision=precision)
+            if not models.reranker.head_trained:
+                raise ConfigError(f"reranker {str(reranker)!r}: its classification head was never trained; train one "
+                                  "with `twostage train-reranker` or build without --reranker")
+        backend = BackendConfig(settings.backend, settings.metric)
+        info = models.encoder.info()
+        plan = {"encoder": asdict(info), "metric": backend.metric, "chunk_size": chunk_size}
+        work, done = start_build(out, plan, resume)
+        encode_chunks(corpus, models.encoder, work, plan, done, metric=backend.metric, dim=info.dim,
+                      chunk_size=chunk_size, batch_size=settings.batch_size, show_progress=show_progress)
+        vectors, docs, info = merge_chunks(work, done, info)
+        change, params = first_version(vectors, docs, backend)
+        bm25 = BM25Retriever.build(docs)
+        with writer_lock(out), commit(out) as version:
+            write_index_files(version.tmp / "dense", None, change, info, backend.metric, backend.name, params)
+            _write_engine(version.tmp, bm25, EngineManifest(settings, retriever_ref, reranker_ref, len(docs)))
+        del vectors, change
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+        return open_current(out, lambda v, lease: cls._open(out, v, lease, False, models), WHAT)
+
+    # ---- updating ------------------------------------------------------------------------------
+    def add(self, documents: CorpusSource, *, show_progress: bool = False) -> SearchEngine:
+        """Add documents (new ids only) to documents, BM25 and the dense index in one version; returns it."""
+        docs = list(iter_documents(documents))
+        vectors = self._encode(docs, show_progress)
+        return self._update(lambda base: (base.index.change_add(docs, vectors), docs))
+
+    def upsert(self, documents: CorpusSource, *, show_progress: bool = False) -> SearchEngine:
+        """Replace the documents with these ids and add the new ones, in one version."""
+        docs = list(iter_documents(documents))
+        vectors = self._encode(docs, show_progress)
+        return self._update(lambda base: (base.index.change_add(docs, vectors, replace=True), docs))
+
+    def delete(self, ids: Iterable[str]) -> SearchEngine:
+        """Delete documents by id (an unknown id is an error naming it), in one version."""
+        ids = list(ids)
+        if not ids:
+            raise ConfigError("no ids to delete")
+        return self._update(lambda base: (base.index.change_delete(ids), []))
+
+    def compact(self) -> SearchEngine:
+        """Rewrite the dense part without deleted rows (BM25 already holds only live documents)."""
+        return self._update(lambda base: (base.index.change_compact(), None))
+
+    def _encode(self, docs: list[Document], show_progress: bool) -> np.ndarray:
+        self.encoder  # loads and attaches the verified encoder  # noqa: B018
+        return self.index.encode_documents(docs, batch_size=self.settings.batch_size)
+
+    def _update(self, make: Callable[[SearchEngine], tuple[IndexChange, list[Document] | None]]) -> SearchEngine:
+        """Lock, re-open the version current now, apply ``make`` to it, write every part, commit, return it."""
+        with writer_lock(self.root):
+            base = self.refresh()
+            change, new_docs = make(base)
+            with commit(self.root) as version:
+                base.index.write(version.tmp / "dense", change)
+                if new_docs is None:  # compact: the same live documents in the same order
+                    (version.tmp / "bm25").mkdir()
+                    for f in (base.version_dir / "bm25").iterdir():
+                        link_or_copy(f, version.tmp / "bm25" / f.name)
+                    bm25, count = None, len(base)
+                else:
+                    live = _live_after(base.index, change, new_docs)
+                    bm25, count = BM25Retriever.build(live, base.bm25.config), len(live)
+                _write_engine(version.tmp, bm25, replace(base.manifest, documents=count))
+            return open_current(self.root, lambda v, lease: SearchEngine._open(self.root, v, lease, False,
+                                                                               self._models), WHAT)
+
+
+class EngineRetriever:
+    """A :class:`SearchEngine` seen as a retriever: ``search(query, k)`` and ``search_batch`` -> RankedList."""
+
+    def __init__(self, engine: SearchEngine, first_stage: str | None, rerank: bool, k_retrieve: int | None) -> None:
+        self.engine, self.first_stage, self.rerank, self.k_retrieve = engine, first_stage, rerank, k_retrieve
+
+    def search(self, query: str, k: int = 10) -> RankedList:
+        return self.search_batch([query], k)[0]
+
+    def search_batch(self, queries: Sequence[str], k: int = 10) -> list[RankedList]:
+        return self.engine._ranked(_check_queries(queries), k, None, self.k_retrieve, self.first_stage,
+                                   self.rerank)[0]
+
+
+def _check_queries(queries: Sequence[str]) -> list[str]:
+    if isinstance(queries, str) or not isinstance(queries, Sequence):
+        raise ConfigError("search_batch takes a list of query strings; use search for one")
+    for i, q in enumerate(queries):
+        if not isinstance(q, str):
+            raise ConfigError(f"query #{i + 1} is {type(q).__name__}, not a string")
+        if not q.strip():
+            raise ConfigError(f"query #{i + 1} is empty; give it some words")
+    if not queries:
+        raise ConfigError("no queries given")
+    return list(queries)
+
+
+def _with(settings: EngineSettings, overrides: dict[str, Any]) -> EngineSettings:
+    unknown = sorted(set(overrides) - set(EngineSettings.__dataclass_fields__))
+    if unknown:
+        raise ConfigError(f"unknown engine setting(s) {', '.join(unknown)}; known: "
+                          f"{', '.join(EngineSettings.__dataclass_fields__)}")
+    return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def _format_of(version_dir: Path) -> str | None:
+    import json
+
+    try:
+        data = json.loads((version_dir / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data.get("format") if isinstance(data, dict) else None
+
+
+def _as_index_manifest(manifest: EngineManifest) -> Any:
+    """The engine manifest seen by :func:`verify_files` (it only reads ``files``)."""
+
+    class _Files:
+        files = manifest.files
+
+    return _Files()
+
+
+def _live_after(index: Index, change: IndexChange, new_docs: list[Document]) -> list[Document]:
+    """The live documents of the version ``change`` makes, in row order (what BM25 is built over)."""
+    deleted = np.zeros(index.manifest.rows, dtype=bool)
+    deleted[np.asarray(change.deleted, dtype=np.int64)[np.asarray(change.deleted) < len(deleted)]] = True
+    kept = index.doc_ids[np.flatnonzero(~deleted)]
+    return [*index.documents(kept), *new_docs]
+
+
+def _write_engine(directory: Path, bm25: BM25Retriever | None, manifest: EngineManifest) -> None:
+    """Write the BM25 part (unless already linked in) and the engine manifest of a version being committed."""
+    if bm25 is not None:
+        (directory / "bm25").mkdir()
+        write_bm25(bm25, directory / "bm25")
+    final = replace(manifest, files=engine_files(directory), versions=_versions())
+    if final.documents == 0:
+        raise DataError("the engine would hold no documents; build a new one instead")
+    (directory / "manifest.json").write_text(final.to_json(), encoding="utf-8")

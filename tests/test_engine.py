@@ -1,0 +1,281 @@
+"""The search engine: one directory, one object; documents, BM25 and the dense index always in step."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from twostage import ConfigError, DataError, Document, IndexFormatError, SearchEngine
+from twostage.eval.cli import main
+from twostage.indexer.versions import current_version
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, tiny_bert_dir):
+    """A tiny bi-encoder and a tiny cross-encoder (random weights, head marked trained)."""
+    from twostage.reranker.cross_encoder import CrossEncoder
+
+    root = tmp_path_factory.mktemp("models")
+    ce = CrossEncoder.load(tiny_bert_dir, allow_untrained_head=True)
+    ce.head_trained = True
+    ce.interpolation = 0.5
+    ce.save(root / "ce")
+    return tiny_bert_dir, root / "ce"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, models):
+    retriever, reranker = models
+    path = tmp_path_factory.mktemp("engine") / "eng"
+    return SearchEngine.build(Path(__file__).parent.parent / "data" / "sample", path, retriever=retriever,
+                              reranker=reranker)
+
+
+def parts_agree(engine: SearchEngine) -> list[str]:
+    """The live ids of the document store, BM25 and the dense index, checked to be the same."""
+    live = [str(i) for i in engine.index.doc_ids[~engine.index.deleted]]
+    assert [str(i) for i in engine.bm25.doc_ids] == live
+    assert engine.manifest.documents == len(live) == len(engine)
+    return live
+
+
+def snapshot(path: Path) -> dict[str, float]:
+    return {str(p.relative_to(path)): p.stat().st_mtime for p in path.rglob("*") if p.name not in ("LOCK", "READERS")}
+
+
+def test_build_and_search(built):
+    result = built.search("why do cats purr", k=5)
+    assert len(result.hits) == 5 and [h.rank for h in result.hits] == [1, 2, 3, 4, 5]
+    hit = result.hits[0]
+    assert hit.id and hit.title and hit.text and isinstance(hit.metadata, dict)
+    assert {"first_stage", "rerank"} <= set(hit.stage_scores) and hit.stage_scores.keys() & {"bm25", "dense"}
+    assert all(a.score >= b.score for a, b in zip(result.hits, result.hits[1:]))
+    assert {"encode_s", "dense_s", "bm25_s", "rerank_s", "fetch_s", "total_s"} <= set(result.timings)
+    parts_agree(built)
+    info = built.info()
+    assert info["documents"] == 205 and info["settings"]["first_stage"] == "hybrid" and info["reranker"]["sha256"]
+    assert json.loads(json.dumps(result.to_dict()))["hits"][0]["id"] == hit.id
+
+
+def test_first_stages_and_rerank_switch(built):
+    for first_stage in ("bm25", "dense", "hybrid"):
+        plain = built.search("snow and rain", k=10, first_stage=first_stage, rerank=False)
+        # BM25 returns only documents sharing a term with the query (5 here); the others fill k
+        assert len(plain.hits) == (5 if first_stage == "bm25" else 10) and "rerank" not in plain.hits[0].stage_scores
+        assert "rerank_s" not in plain.timings
+    bm25 = built.search("snow and rain", k=10, first_stage="bm25", rerank=False)
+    want = built.bm25.search("snow and rain", 10)
+    assert bm25.ids == list(want.ids)
+
+
+def test_search_batch_equals_one_at_a_time(built):
+    queries = ["why do cats purr", "snow and rain", "how to boil an egg", "music for the piano"]
+    batch = built.search_batch(queries, k=7)
+    for q, r in zip(queries, batch):
+        one = built.search(q, k=7)
+        assert r.ids == one.ids
+        np.testing.assert_allclose([h.score for h in r.hits], [h.score for h in one.hits], atol=1e-5)
+
+
+def test_k_rules(built):
+    assert len(built.search("cats", k=10_000, rerank=False).hits) == 205  # more than the corpus: all of it
+    for bad in (0, -3):
+        with pytest.raises(ConfigError, match="k must be a positive integer"):
+            built.search("cats", k=bad)
+    with pytest.raises(ConfigError, match="empty"):
+        built.search("   ")
+
+
+def test_stop_words_only_query_returns_dense_hits(built):
+    result = built.search("the and of to", k=5)
+    assert len(result.hits) == 5 and all("bm25" not in h.stage_scores for h in result.hits)
+    assert all("dense" in h.stage_scores for h in result.hits)
+
+
+def test_where_filters(built):
+    result = built.search("rain", k=5, where={"no_such_field": 1})
+    assert result.hits == ()
+    assert "no_such_field" not in built.metadata_fields()
+
+
+def test_add_upsert_delete_compact_keep_every_part_in_step(built, tmp_path):
+    engine = SearchEngine.build([Document(f"d{i}", f"document number {i} about topic {i % 3}") for i in range(30)],
+                                tmp_path / "e", retriever=built.manifest.retriever.path)
+    e2 = engine.add([Document("snow-1", "blizzard snowflakes avalanche", "Snow")])
+    assert len(e2) == 31 and "snow-1" in parts_agree(e2)
+    assert e2.search("blizzard avalanche", k=1, first_stage="bm25").hits[0].id == "snow-1"
+    assert engine.search("blizzard avalanche", k=3, first_stage="bm25").hits == ()  # the old version, unchanged
+    e3 = e2.upsert([Document("d1", "volcano lava eruption"), Document("d99", "a brand new one")])
+    assert len(e3) == 32 and e3.documents(["d1"])[0].text == "volcano lava eruption"
+    assert e3.search("volcano lava", k=1, first_stage="bm25").hits[0].id == "d1"
+    e4 = e3.delete(["snow-1", "d2"])
+    assert len(e4) == 30 and "snow-1" not in parts_agree(e4)
+    assert all(h.id != "snow-1" for h in e4.search("blizzard avalanche", k=30).hits)
+    e5 = e4.compact()
+    assert e5.index.manifest.deleted == 0 and parts_agree(e5) == parts_agree(e4)
+    assert e5.search("volcano", k=3).ids == e4.search("volcano", k=3).ids
+    reloaded = SearchEngine.load(tmp_path / "e")
+    assert reloaded.version == e5.version and parts_agree(reloaded) == parts_agree(e5)
+
+
+def test_colliding_ids_on_add_change_nothing(built, tmp_path):
+    engine = SearchEngine.build([Document(f"d{i}", f"text {i}") for i in range(10)], tmp_path / "e",
+                                retriever=built.manifest.retriever.path)
+    before = snapshot(tmp_path / "e")
+    with pytest.raises(DataError, match="'d3' is already in the index; use upsert"):
+        engine.add([Document("new", "x"), Document("d3", "y")])
+    with pytest.raises(DataError, match="unknown id"):
+        engine.delete(["nope"])
+    assert snapshot(tmp_path / "e") == before
+
+
+def test_updates_are_computed_from_the_latest_version(built, tmp_path):
+    """A stale object's update never undoes a change another object (or process) committed."""
+    engine = SearchEngine.build([Document(f"d{i}", f"text {i}") for i in range(10)], tmp_path / "e",
+                                retriever=built.manifest.retriever.path)
+    stale = SearchEngine.load(tmp_path / "e")
+    engine.add([Document("a1", "added by the first writer")])
+    after = stale.delete(["d0"])  # stale still reads v1, but the change applies to v2
+    assert "a1" in after and "d0" not in after and len(after) == 10
+    compacted = stale.compact()
+    assert "a1" in compacted and "d0" not in compacted
+
+
+def test_readers_keep_their_version_until_refresh(built, tmp_path):
+    engine = SearchEngine.build([Document(f"d{i}", f"text {i} apple") for i in range(10)], tmp_path / "e",
+                                retriever=built.manifest.retriever.path)
+    reader = SearchEngine.load(tmp_path / "e")
+    for i in range(3):
+        engine = engine.add([Document(f"x{i}", "apple pie")])
+        engine = engine.compact()
+    assert len(reader.search("apple", k=20).hits) == 10  # its version is still on disk, leased
+    assert reader.documents(["d3"])[0].text == "text 3 apple"
+    fresh = reader.refresh()
+    assert fresh.version == current_version(tmp_path / "e").name and len(fresh) == 13
+
+
+def test_bad_engine_directories(built, tmp_path, models):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(built.root, copy)
+    version = current_version(copy)
+    manifest = json.loads((version / "manifest.json").read_text())
+    (version / "manifest.json").write_text(json.dumps({**manifest, "format_version": 7}))
+    with pytest.raises(IndexFormatError, match="format version 7 is newer"):
+        SearchEngine.load(copy)
+    (version / "manifest.json").write_text(json.dumps({**manifest, "files": {"../../etc/passwd": {"bytes": 1, "sha256": "x"}}}))
+    with pytest.raises(IndexFormatError, match="not a plain name"):
+        SearchEngine.load(copy)
+    (version / "manifest.json").write_text(json.dumps({**manifest, "settings": {**manifest["settings"], "k_retrieve": "9"}}))
+    with pytest.raises(IndexFormatError, match="k_retrieve"):
+        SearchEngine.load(copy)
+    (version / "manifest.json").write_text(json.dumps(manifest))
+    (version / "bm25" / "doc_ids.json").write_text("[]")
+    with pytest.raises(IndexFormatError):
+        SearchEngine.load(copy)
+    with pytest.raises(IndexFormatError, match="no such engine"):
+        SearchEngine.load(tmp_path / "nope")
+
+
+def test_reranker_whose_weights_changed_is_refused(built, tmp_path, models):
+    import shutil
+
+    _, reranker = models
+    ce = tmp_path / "ce"
+    shutil.copytree(reranker, ce)
+    engine = SearchEngine.build([Document(f"d{i}", f"text {i}") for i in range(5)], tmp_path / "e",
+                                retriever=built.manifest.retriever.path, reranker=ce)
+    weights = ce / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-10] ^= 0x01
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ConfigError, match="sha256 .* no longer matches"):
+        SearchEngine.load(tmp_path / "e").search("text", k=2)
+    assert engine.search("text", k=2, rerank=False).hits  # the first stage alone does not need it
+
+
+def test_untrained_reranker_is_refused_at_build(built, tmp_path, tiny_bert_dir):
+    with pytest.raises(ConfigError, match="never trained"):
+        SearchEngine.build([Document("a", "x")], tmp_path / "e", retriever=tiny_bert_dir, reranker=tiny_bert_dir)
+    assert not (tmp_path / "e" / "CURRENT").exists()
+
+
+def test_harness_hybrid_rerank_is_the_engine(built, sample_dir, models):
+    from twostage.eval.harness import run_bench
+    from twostage.eval.systems import SystemOptions
+
+    retriever, reranker = models
+    result = run_bench(sample_dir, "test", "hybrid+rerank,dense",
+                       options=SystemOptions(engine=str(built.root)))
+    run = result.systems[0].run
+    for query in result.split.queries[:5]:
+        assert list(run[query.id].ids[:10]) == built.search(query.text, k=10).ids
+
+
+# ---- the command line ---------------------------------------------------------------------------------------
+def test_cli_build_search_update(tmp_path, sample_dir, models, capsys):
+    retriever, reranker = models
+    eng = tmp_path / "eng"
+    assert main(["-q", "build", "--corpus", str(sample_dir), "--out", str(eng), "--retriever", str(retriever),
+                 "--reranker", str(reranker)]) == 0
+    assert "205 documents" in capsys.readouterr().out
+    assert main(["search", str(eng), "why do cats purr", "--k", "3", "--json"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1
+    obj = json.loads(lines[0])
+    assert obj["query"] == "why do cats purr" and len(obj["hits"]) == 3 and "rerank_s" in obj["timings"]
+    assert set(obj["hits"][0]) >= {"id", "score", "rank", "title", "text", "stage_scores"}
+    queries = tmp_path / "q.txt"
+    queries.write_text("why do cats purr\n\nsnow and rain\nhow to cook rice\n")
+    assert main(["search", str(eng), "--queries", str(queries), "--json", "--k", "2"]) == 0
+    assert [json.loads(x)["query"] for x in capsys.readouterr().out.splitlines()] == \
+        ["why do cats purr", "snow and rain", "how to cook rice"]
+    assert main(["search", str(eng), "snow", "--where", "nofield=1"]) == 0
+    captured = capsys.readouterr()
+    assert "no document has the field(s) nofield" in captured.err and "(no hits)" in captured.out
+    for bad, message in ((["--k", "0"], "--k must be a positive integer"), (["--where", "oops"], "expected KEY=VALUE")):
+        assert main(["search", str(eng), "snow", *bad]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1
+    extra = tmp_path / "extra.jsonl"
+    extra.write_text('{"_id": "n1", "title": "New", "text": "zebra giraffe savanna"}\n')
+    assert main(["add", str(eng), str(extra)]) == 0 and "206 documents" in capsys.readouterr().out
+    before = snapshot(eng)
+    assert main(["add", str(eng), str(extra)]) == 2
+    assert "'n1' is already in the index; use upsert" in capsys.readouterr().err and snapshot(eng) == before
+    assert main(["upsert", str(eng), str(extra)]) == 0 and "206 documents" in capsys.readouterr().out
+    assert main(["delete", str(eng), "n1", "cook-01"]) == 0 and "204 documents" in capsys.readouterr().out
+    assert main(["compact", str(eng)]) == 0
+    capsys.readouterr()
+    assert main(["info", str(eng)]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["documents"] == 204 and info["dense"]["deleted"] == 0 and info["bm25"]["documents"] == 204
+
+
+def test_cli_bad_engine_inputs(tmp_path, sample_dir, models, capsys):
+    retriever, _ = models
+    assert main(["search", str(tmp_path / "none"), "x"]) == 2
+    assert "no such engine directory" in capsys.readouterr().err
+    (tmp_path / "file").write_text("x")
+    assert main(["build", "--corpus", str(sample_dir), "--out", str(tmp_path / "file"), "--retriever",
+                 str(retriever)]) == 2
+    assert "is a file" in capsys.readouterr().err
+    assert main(["build", "--corpus", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "e"),
+                 "--retriever", str(retriever)]) == 2
+    assert "no such corpus file" in capsys.readouterr().err
+
+
+def test_queries_from_stdin(tmp_path, built):
+    proc = subprocess.run([sys.executable, "-m", "twostage", "search", str(built.root), "--queries", "-", "--json",
+                           "--k", "2", "--no-rerank"], input="cats\nrain\n", capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert [json.loads(x)["query"] for x in proc.stdout.splitlines()] == ["cats", "rain"]
+    assert "Loading weights" not in proc.stderr and "LOAD REPORT" not in proc.stderr
