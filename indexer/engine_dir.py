@@ -43,6 +43,7 @@ class EngineSettings:
     k_rrf: float = 60.0
     depth: int = 100  # candidates each first stage gives the fusion
     k_retrieve: int = 20  # candidates the reranker reads
+    rerank: bool = True  # rerank when the engine has a reranker (False: the first stage's order)
     interpolation: float | str | None = "auto"  # "auto": the reranker's dev-chosen blend; None: reranker alone
     precision: str = "auto"  # "auto": bf16 where the CPU has native bf16, else fp32
     batch_size: int = 32
@@ -64,6 +65,8 @@ class EngineSettings:
                 isinstance(self.interpolation, (int, float)) and not isinstance(self.interpolation, bool)
                 and 0 <= self.interpolation <= 1):
             raise ConfigError(f"interpolation must be 'auto', None or a number in [0, 1], got {self.interpolation!r}")
+        if not isinstance(self.rerank, bool):
+            raise ConfigError(f"rerank must be true or false, got {self.rerank!r}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
 

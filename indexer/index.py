@@ -352,6 +352,10 @@ class Index:
             raise DataError("deleting every document would leave an empty index; build a new one instead")
         return IndexChange(list(self.manifest.segments), {}, np.flatnonzero(deleted), self._ann_for_commit())
 
+    def change_unchanged(self) -> IndexChange:
+        """The change that changes nothing (every file hard-linked into the next version)."""
+        return IndexChange(list(self.manifest.segments), {}, np.flatnonzero(self.deleted), self._ann_for_commit())
+
     def change_compact(self) -> IndexChange:
         """The change that rewrites the index without tombstoned rows, in one segment, with a new ANN structure."""
         from twostage.indexer.build import ann_from_vectors

@@ -20,6 +20,12 @@ class Encoder(Protocol):
 
 @runtime_checkable
 class Retriever(Protocol):
-    """A first stage: ranks the corpus for a query text, best first."""
+    """A first stage: ranks the corpus for a query text, best first.
+
+    The one contract of every retriever (BM25, dense, hybrid, an index, shards, an engine): ``search`` returns one
+    :class:`RankedList` of at most ``k`` documents (fewer, never an error, when fewer match or exist); ``k`` <= 0
+    is a ConfigError. Retrievers also offer ``search_batch(queries, k) -> list[RankedList]``; the harness needs only
+    ``search``.
+    """
 
     def search(self, query: str, k: int) -> RankedList: ...

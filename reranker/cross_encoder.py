@@ -1,7 +1,7 @@
 """The cross-encoder: reads a query and a document together and scores the pair (higher is better).
 
-A Hugging Face sequence-classification model with one output. Pairs are truncated on the document side only,
-so the query is never cut. Saved models are Hugging Face directories (with sentence-transformers' CrossEncoder
+A Hugging Face sequence-classification model with one output. Pairs are truncated longest side first: a normal
+query is never cut and the document gets the rest; a query longer than the budget is cut too. Saved models are Hugging Face directories (with sentence-transformers' CrossEncoder
 marker in config.json), so ``sentence_transformers.CrossEncoder(path)`` loads them and gives the same scores.
 """
 
@@ -84,8 +84,10 @@ class CrossEncoder(torch.nn.Module):
     allow_untrained_head = False
 
     def tokenize(self, queries: Sequence[str], documents: Sequence[str]) -> dict[str, torch.Tensor]:
-        """Pairs as model inputs; only the document side is truncated to fit ``max_length``."""
-        batch = self.tokenizer(list(queries), list(documents), padding=True, truncation="only_second",
+        """Pairs as model inputs, cut to ``max_length``: the longer side loses tokens first, so a short query is
+        never cut and the document gets the rest, while a query longer than the whole budget (a pasted paragraph)
+        is cut too instead of failing (``only_second`` cannot cut the query side)."""
+        batch = self.tokenizer(list(queries), list(documents), padding=True, truncation="longest_first",
                                max_length=self.max_length, return_tensors="pt")
         device = next(self.model.parameters()).device
         return {k: v.to(device) for k, v in batch.items()}

@@ -189,7 +189,7 @@ class SearchEngine:
 
     # ---- searching -----------------------------------------------------------------------------
     def search(self, query: str, k: int = 10, *, where: Where = None, k_retrieve: int | None = None,
-               first_stage: str | None = None, rerank: bool = True) -> SearchResult:
+               first_stage: str | None = None, rerank: bool | None = None) -> SearchResult:
         """The ``k`` best documents for ``query``: first stage, then the reranker on the top ``k_retrieve``.
 
         Hits carry id, title, text, metadata, the final score and each stage's score; ``timings`` the seconds
@@ -199,7 +199,7 @@ class SearchEngine:
                                  rerank=rerank)[0]
 
     def search_batch(self, queries: Sequence[str], k: int = 10, *, where: Where = None, k_retrieve: int | None = None,
-                     first_stage: str | None = None, rerank: bool = True) -> list[SearchResult]:
+                     first_stage: str | None = None, rerank: bool | None = None) -> list[SearchResult]:
         """:meth:`search` for many queries: encoded in one pass, their pairs reranked in shared batches.
 
         Each result's ``timings`` are the batch's seconds per stage divided by the number of queries.
@@ -227,16 +227,17 @@ class SearchEngine:
     def ranked(self, query: str, k: int = 10, **kw: Any) -> RankedList:
         """Ids and final scores only (the retriever contract: ``search(query, k) -> RankedList``)."""
         return self._ranked(_check_queries([query]), k, kw.get("where"), kw.get("k_retrieve"),
-                            kw.get("first_stage"), kw.get("rerank", True))[0][0]
+                            kw.get("first_stage"), kw.get("rerank"))[0][0]
 
-    def as_retriever(self, *, first_stage: str | None = None, rerank: bool = True,
+    def as_retriever(self, *, first_stage: str | None = None, rerank: bool | None = None,
                      k_retrieve: int | None = None) -> EngineRetriever:
         """This engine as a plain retriever (``search`` / ``search_batch`` -> RankedList), e.g. for the harness."""
         return EngineRetriever(self, first_stage, rerank, k_retrieve)
 
     def _ranked(self, queries: list[str], k: int, where: Where, k_retrieve: int | None, first_stage: str | None,
-                rerank: bool) -> tuple[list[RankedList], list[dict[str, dict[str, float]]], dict[str, float]]:
+                rerank: bool | None) -> tuple[list[RankedList], list[dict[str, dict[str, float]]], dict[str, float]]:
         s = self.settings
+        rerank = s.rerank if rerank is None else rerank
         k = check_k(k)
         k_retrieve = check_k(s.k_retrieve if k_retrieve is None else k_retrieve)
         first_stage = first_stage or s.first_stage
@@ -366,18 +367,28 @@ class SearchEngine:
         """Rewrite the dense part without deleted rows (BM25 already holds only live documents)."""
         return self._update(lambda base: (base.index.change_compact(), None))
 
+    def configure(self, settings: EngineSettings | None = None, **changes: Any) -> SearchEngine:
+        """A new version with other search settings (first stage, depths, blend, rerank, precision); the documents
+        and indexes are carried over as they are. Index-shape settings (backend, metric) need a rebuild."""
+        new = _with(settings or self.settings, changes)
+        for fixed in ("backend", "metric"):
+            if getattr(new, fixed) != getattr(self.index.manifest, fixed):
+                raise ConfigError(f"{fixed} is the shape of the dense index; rebuild the engine to change it")
+        return self._update(lambda base: (base.index.change_unchanged(), None), settings=new)
+
     def _encode(self, docs: list[Document], show_progress: bool) -> np.ndarray:
         self.encoder  # loads and attaches the verified encoder  # noqa: B018
         return self.index.encode_documents(docs, batch_size=self.settings.batch_size)
 
-    def _update(self, make: Callable[[SearchEngine], tuple[IndexChange, list[Document] | None]]) -> SearchEngine:
+    def _update(self, make: Callable[[SearchEngine], tuple[IndexChange, list[Document] | None]],
+                settings: EngineSettings | None = None) -> SearchEngine:
         """Lock, re-open the version current now, apply ``make`` to it, write every part, commit, return it."""
         with writer_lock(self.root):
             base = self.refresh()
             change, new_docs = make(base)
             with commit(self.root) as version:
                 base.index.write(version.tmp / "dense", change)
-                if new_docs is None:  # compact: the same live documents in the same order
+                if new_docs is None:  # compact or configure: the same live documents in the same order
                     (version.tmp / "bm25").mkdir()
                     for f in (base.version_dir / "bm25").iterdir():
                         link_or_copy(f, version.tmp / "bm25" / f.name)
@@ -385,7 +396,8 @@ class SearchEngine:
                 else:
                     live = _live_after(base.index, change, new_docs)
                     bm25, count = BM25Retriever.build(live, base.bm25.config), len(live)
-                _write_engine(version.tmp, bm25, replace(base.manifest, documents=count))
+                _write_engine(version.tmp, bm25, replace(base.manifest, documents=count,
+                                                         settings=settings or base.manifest.settings))
             return open_current(self.root, lambda v, lease: SearchEngine._open(self.root, v, lease, False,
                                                                                self._models), WHAT)
 
@@ -393,7 +405,8 @@ class SearchEngine:
 class EngineRetriever:
     """A :class:`SearchEngine` seen as a retriever: ``search(query, k)`` and ``search_batch`` -> RankedList."""
 
-    def __init__(self, engine: SearchEngine, first_stage: str | None, rerank: bool, k_retrieve: int | None) -> None:
+    def __init__(self, engine: SearchEngine, first_stage: str | None, rerank: bool | None,
+                 k_retrieve: int | None) -> None:
         self.engine, self.first_stage, self.rerank, self.k_retrieve = engine, first_stage, rerank, k_retrieve
 
     def search(self, query: str, k: int = 10) -> RankedList:

@@ -42,3 +42,11 @@ class HybridRetriever:
         k = check_k(k)
         lists = [r.search(query, max(self.depth, k)) for r in self.retrievers]
         return rrf(lists, self.k_rrf).truncate(k)
+
+    def search_batch(self, queries: Sequence[str], k: int = 10) -> list[RankedList]:
+        """:meth:`search` for many queries (each retriever's own ``search_batch`` when it has one)."""
+        k = check_k(k)
+        depth = max(self.depth, k)
+        per_retriever = [r.search_batch(list(queries), depth) if hasattr(r, "search_batch")
+                         else [r.search(q, depth) for q in queries] for r in self.retrievers]
+        return [rrf(lists, self.k_rrf).truncate(k) for lists in zip(*per_retriever)]

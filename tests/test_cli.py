@@ -44,7 +44,7 @@ def test_demo_runs_on_the_sample(tmp_path, capsys, tiny_bert_dir):
     assert main(["-q", "demo", "--out", str(tmp_path / "demo"), "--base", str(tiny_bert_dir)]) == 0
     out = capsys.readouterr().out
     assert "| bm25 |" in out and "| hybrid+rerank |" in out and out.count("\nquery ") == 3
-    assert "first stage" in out and "hybrid+rerank (engine default)" in out
+    assert "first stage" in out and "(the engine)" in out and "settings chosen on the 8 dev queries" in out
     assert "nDCG@10" in out and "best first stage" in out  # the demo says how the default compares
     config = json.loads((tmp_path / "demo" / "config.json").read_text())
     assert {"weights_s", "train_retriever_s", "train_reranker_s", "engine_s", "evaluate_s"} == set(config["phase_seconds"])

@@ -279,3 +279,52 @@ def test_queries_from_stdin(tmp_path, built):
     assert proc.returncode == 0, proc.stderr
     assert [json.loads(x)["query"] for x in proc.stdout.splitlines()] == ["cats", "rain"]
     assert "Loading weights" not in proc.stderr and "LOAD REPORT" not in proc.stderr
+
+
+@pytest.mark.parametrize("times", [1, 2, 10])
+def test_queries_longer_than_the_reranker_max_length(built, sample_dir, tmp_path, times):
+    """A pasted paragraph as the query: the reranker cuts it instead of failing (Pipeline, engine and bench)."""
+    import shutil
+
+    from twostage.eval.harness import run_bench
+    from twostage.eval.systems import SystemOptions
+    from twostage.reranker.pipeline import Pipeline
+
+    reranker = built.reranker
+    words = " ".join(["snow rain cats piano garden"] * (reranker.max_length * times // 5 + 1))
+    assert len(reranker.tokenizer(words)["input_ids"]) > reranker.max_length * times
+    result = built.search(words, k=5)
+    assert len(result.hits) == 5 and "rerank" in result.hits[0].stage_scores
+    pipe = Pipeline(built.bm25, reranker=reranker, texts=lambda i: built.documents([i])[0].full_text, k_retrieve=10, k=5)
+    assert len(pipe.search(words).hits) == 5
+    data = tmp_path / "long"
+    shutil.copytree(sample_dir, data)
+    lines = [json.loads(x) for x in (data / "queries.jsonl").read_text().splitlines() if x.strip()]
+    (data / "queries.jsonl").write_text("".join(json.dumps({**q, "text": (q["text"] + " ") * 40 * times}) + "\n"
+                                                for q in lines))
+    bench = run_bench(data, "test", "hybrid+rerank", options=SystemOptions(engine=str(built.root)))
+    assert len(bench.systems[0].run) == len(bench.split.queries)
+
+
+def test_configure_and_tune_on_dev(built, tmp_path, sample_dir):
+    import shutil
+
+    from twostage.eval.tune import tune_engine
+    from twostage.indexer.beir import BeirDataset
+
+    shutil.copytree(built.root, tmp_path / "e")
+    engine = SearchEngine.load(tmp_path / "e")
+    dense = engine.configure(first_stage="dense", rerank=False, k_retrieve=5)
+    assert dense.settings.first_stage == "dense" and not dense.settings.rerank and dense.version != engine.version
+    assert "rerank" not in dense.search("snow", k=3).hits[0].stage_scores
+    assert parts_agree(dense) == parts_agree(engine)
+    with pytest.raises(ConfigError, match="rebuild the engine"):
+        engine.configure(backend="flat")
+    with pytest.raises(ConfigError, match="unknown engine setting"):
+        engine.configure(colour="red")
+    split = BeirDataset(sample_dir).split("train")
+    tuned, result = tune_engine(SearchEngine.load(tmp_path / "e"), split.queries[:8], split.qrels)
+    assert len(result.scores) == 6 and result.scores[0][2] >= result.scores[-1][2]
+    best = result.scores[0]
+    assert (tuned.settings.first_stage, tuned.settings.rerank) == (best[0], best[1]) or best[2] == next(
+        v for fs, rr, v in result.scores if (fs, rr) == ("dense", False))  # a tie keeps the current settings

@@ -1,0 +1,139 @@
+"""The engine end to end on SciFact test: `twostage build` + `twostage search` against the harness, and
+`search_batch` against one query at a time.
+
+Usage (from the repository root, after the one-command run trained its models):
+    python benchmarks/engine_scifact.py --retriever runs/models/scifact-e2e/retriever \\
+        --reranker runs/models/scifact-e2e/reranker
+
+1. The harness's `hybrid+rerank` (run_bench, which builds its own engine from the corpus).
+2. An engine built by the command line (`twostage build`) and searched by it (`twostage search --queries FILE
+   --json --k 100`, all 300 test queries in one process); its output scored with the same metrics.
+3. The same engine in Python: `search_batch` over every query against `search` one query at a time, alternating
+   rounds, queries/s at the default depth; the hits must be the same.
+Writes benchmarks/results/engine-scifact.md and .json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT.parent / "shared" / "data" / "scifact"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--retriever", required=True)
+    parser.add_argument("--reranker", required=True)
+    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "engine-scifact")
+    args = parser.parse_args()
+
+    from twostage.eval.harness import run_bench
+    from twostage.eval.metrics import evaluate
+    from twostage.eval.run import Run
+    from twostage.eval.systems import SystemOptions
+    from twostage.indexer.beir import BeirDataset
+    from twostage.indexer.records import RankedList
+    from twostage.reranker.engine import SearchEngine
+
+    import numpy as np
+
+    ds = BeirDataset(args.data)
+    split = ds.split("test")
+    metrics = ["ndcg@10", "mrr@10", "recall@100"]
+    t = time.perf_counter()
+    bench = run_bench(ds, "test", "hybrid+rerank",
+                      options=SystemOptions(retriever_model=args.retriever, reranker_model=args.reranker))
+    harness = {m: float(bench.systems[0].per_query[m].mean()) for m in metrics}
+    harness_s = time.perf_counter() - t
+    print("harness hybrid+rerank:", harness, flush=True)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        eng = Path(tmp) / "engine"
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        cli = [sys.executable, "-m", "twostage"]
+        build_cmd = [*cli, "-q", "build", "--corpus", str(args.data), "--out", str(eng), "--retriever", args.retriever,
+                     "--reranker", args.reranker]
+        t = time.perf_counter()
+        subprocess.run(build_cmd, check=True, env=env)
+        build_s = time.perf_counter() - t
+        qfile = Path(tmp) / "queries.txt"
+        qfile.write_text("".join(q.text.replace("\n", " ") + "\n" for q in split.queries), encoding="utf-8")
+        search_cmd = [*cli, "search", str(eng), "--queries", str(qfile), "--json", "--k", "100"]
+        t = time.perf_counter()
+        out = subprocess.run(search_cmd, check=True, env=env, capture_output=True, text=True).stdout
+        search_s = time.perf_counter() - t
+        lines = [json.loads(x) for x in out.splitlines()]
+        assert len(lines) == len(split.queries)
+        run = Run("cli", {q.id: RankedList(np.array([h["id"] for h in r["hits"]], dtype=object),
+                                           np.array([h["score"] for h in r["hits"]], dtype=np.float32))
+                          for q, r in zip(split.queries, lines)})
+        per_query = evaluate(split.qrels, run, metrics)
+        cli_metrics = {m: float(per_query[m].mean()) for m in metrics}
+        print("cli engine:", cli_metrics, flush=True)
+
+        engine = SearchEngine.load(eng)
+        texts = [q.text for q in split.queries]
+        engine.search_batch(texts[:8])  # load the models
+        batch_s, single_s = [], []
+        same = True
+        for _ in range(args.rounds):
+            t = time.perf_counter()
+            batched = [r for i in range(0, len(texts), 32) for r in engine.search_batch(texts[i:i + 32], k=10)]
+            batch_s.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            single = [engine.search(q, k=10) for q in texts]
+            single_s.append(time.perf_counter() - t)
+            same &= all(a.ids == b.ids for a, b in zip(batched, single))
+        settings = engine.settings.to_dict()
+    n = len(texts)
+    qps_batch, qps_single = n / statistics.median(batch_s), n / statistics.median(single_s)
+    result = {"harness": harness, "cli": cli_metrics, "equal_ndcg": abs(harness["ndcg@10"] - cli_metrics["ndcg@10"]) < 1e-9,
+              "queries": n, "settings": settings, "qps_search_batch": qps_batch, "qps_search": qps_single,
+              "ratio": qps_batch / qps_single, "same_hits": bool(same), "build_s": build_s, "cli_search_s": search_s,
+              "harness_s": harness_s, "rounds": args.rounds,
+              "commands": {"build": " ".join(build_cmd[2:]), "search": " ".join(search_cmd[2:])}}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    md = f"""# The engine on SciFact test (300 queries), 2-core CPU
+
+Command: `python benchmarks/engine_scifact.py --retriever {args.retriever} --reranker {args.reranker}`
+
+Models: the one-command run's bi-encoder and reranker (`twostage bench --data ../shared/data/scifact --split test
+--systems all --train-split train`, trained on SciFact train only). Engine settings (the defaults): first stage
+{settings['first_stage']} (RRF of BM25 and dense top {settings['depth']}), reranker on the top {settings['k_retrieve']},
+interpolation {settings['interpolation']} (the reranker's dev-chosen blend), precision {settings['precision']},
+{settings['backend']} index.
+
+| how | nDCG@10 | MRR@10 | Recall@100 |
+|---|---|---|---|
+| harness `hybrid+rerank` (run_bench) | {harness['ndcg@10']:.4f} | {harness['mrr@10']:.4f} | {harness['recall@100']:.4f} |
+| `twostage build` + `twostage search --queries FILE --json --k 100` | {cli_metrics['ndcg@10']:.4f} | {cli_metrics['mrr@10']:.4f} | {cli_metrics['recall@100']:.4f} |
+
+Same nDCG@10: **{result['equal_ndcg']}**. Build (`{' '.join(build_cmd[2:4])} ...`, one process, 5,183 documents):
+{build_s:.0f} s; the CLI search of all 300 queries in one process (models loaded once): {search_s:.0f} s.
+
+| API, k=10, default depth | queries/s (median of {args.rounds} alternating rounds) |
+|---|---|
+| `search_batch` (32 queries a call: one encoder pass, shared reranker batches) | {qps_batch:.2f} |
+| `search`, one query at a time | {qps_single:.2f} |
+| ratio | **{result['ratio']:.2f}x** |
+
+The two return the same hits for every query: {result['same_hits']}.
+"""
+    args.out.with_suffix(".md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
