@@ -296,6 +296,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("twostage: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:  # the disk, not the library: say which file and what to do
+        import errno
+
+        if args.verbose or exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS, errno.EMFILE):
+            raise
+        where = f" ({exc.filename})" if exc.filename else ""
+        hint = "free some space" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "check the permissions"
+        print(f"twostage: error: {exc.strerror}{where}; {hint} and run the command again (nothing was committed)",
+              file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

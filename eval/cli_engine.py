@@ -35,6 +35,21 @@ def parse_where(items: list[str] | None) -> dict[str, Any] | None:
     return where
 
 
+def add_field_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--id-field", default=None, help="the corpus column holding the id (default: _id, id, doc_id)")
+    parser.add_argument("--text-field", default=None, help="the column holding the text (default: text, contents, body)")
+    parser.add_argument("--title-field", default=None, help="the column holding the title (default: title)")
+
+
+def corpus_of(args: argparse.Namespace) -> Any:
+    """The corpus path, wrapped with the column names the flags give."""
+    from twostage.indexer.corpus import CorpusFields
+
+    if args.id_field or args.text_field or args.title_field:
+        return CorpusFields(args.corpus, args.id_field, args.text_field, args.title_field)
+    return args.corpus
+
+
 def _settings(args: argparse.Namespace) -> EngineSettings:
     defaults = EngineSettings()
     return EngineSettings(first_stage=args.first_stage, k_retrieve=args.k_retrieve, precision=args.precision,
@@ -45,7 +60,7 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
 def _build(args: argparse.Namespace) -> int:
     from twostage.reranker.engine import SearchEngine
 
-    engine = SearchEngine.build(args.corpus, args.out, retriever=args.retriever, reranker=args.reranker,
+    engine = SearchEngine.build(corpus_of(args), args.out, retriever=args.retriever, reranker=args.reranker,
                                 settings=_settings(args), chunk_size=args.chunk_size, show_progress=not args.quiet)
     s = engine.settings
     print(f"built {args.out}: {len(engine)} documents, version {engine.version}; first stage {s.first_stage}, "
@@ -125,7 +140,7 @@ def _add(args: argparse.Namespace) -> int:
 
     engine = SearchEngine.load(args.engine, verify=False)
     before = len(engine)
-    new = (engine.upsert if args.upsert else engine.add)(args.corpus, show_progress=not args.quiet)
+    new = (engine.upsert if args.upsert else engine.add)(corpus_of(args), show_progress=not args.quiet)
     print(f"{'upserted' if args.upsert else 'added'}: {len(new)} documents (was {before}), version {new.version}")
     return 0
 
@@ -175,6 +190,7 @@ def add_commands(sub: Any) -> None:
     b.add_argument("--backend", default=d.backend, help="hnswlib, flat, faiss-flat, faiss-hnsw, faiss-ivf, faiss-ivfpq")
     b.add_argument("--batch-size", type=int, default=d.batch_size)
     b.add_argument("--chunk-size", type=int, default=4096, help="documents encoded per resumable chunk")
+    add_field_flags(b)
     b.set_defaults(func=_build)
 
     s = sub.add_parser("search", help="search an engine: the whole two-stage pipeline")
@@ -194,6 +210,7 @@ def add_commands(sub: Any) -> None:
         a = sub.add_parser(name, help=f"{name} documents from a corpus file" + (" (replacing same ids)" if upsert else ""))
         a.add_argument("engine", type=Path)
         a.add_argument("corpus", type=Path, help="BEIR directory, .jsonl, .parquet, .csv or .tsv")
+        add_field_flags(a)
         a.set_defaults(func=_add, upsert=upsert)
     de = sub.add_parser("delete", help="delete documents by id")
     de.add_argument("engine", type=Path)

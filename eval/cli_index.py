@@ -25,13 +25,37 @@ def _open(path: Path, with_encoder: bool = True) -> Any:
     return index
 
 
+def parse_params(items: list[str] | None) -> dict[str, Any]:
+    """``--param KEY=VALUE``: numbers for the known numeric parameters, checked before any encoding starts."""
+    numeric = {"M", "ef_construction", "ef_search", "nlist", "nprobe", "pq_m", "pq_bits", "seed", "build_threads",
+               "search_threads"}
+    params: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--param {item!r}: expected KEY=VALUE, e.g. --param M=32")
+        if key not in numeric:
+            raise ConfigError(f"--param {key}: unknown parameter; known: {', '.join(sorted(numeric))}")
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ConfigError(f"--param {item!r}: {key} must be a positive integer") from None
+        if value <= 0 and key not in ("seed",):
+            raise ConfigError(f"--param {item!r}: {key} must be a positive integer")
+        params[key] = value
+    return params
+
+
 def _build(args: argparse.Namespace) -> int:
+    from twostage.eval.cli_engine import corpus_of
     from twostage.indexer.build import build_index
     from twostage.indexer.vectors import BackendConfig
 
-    params = dict(kv.split("=", 1) for kv in args.param or [])
-    params = {k: (float(v) if "." in v else int(v)) if v.replace(".", "", 1).isdigit() else v for k, v in params.items()}
+    params = parse_params(args.param)
     backend = BackendConfig(args.backend, args.metric, params)
+    args.corpus = corpus_of(args)
+    if args.ray and not isinstance(args.corpus, Path):
+        raise ConfigError("--id-field, --text-field and --title-field do not apply with --ray; rename the columns")
     if args.ray:
         from twostage.retriever.distributed import build_index_ray
 
@@ -56,7 +80,9 @@ def _add(args: argparse.Namespace) -> int:
     index = _open(args.index)
     from twostage.indexer.corpus import iter_documents
 
-    docs = list(iter_documents(args.corpus))
+    from twostage.eval.cli_engine import corpus_of
+
+    docs = list(iter_documents(corpus_of(args)))
     index = index.upsert(docs) if args.upsert else index.add(docs)
     print(f"{len(docs)} documents {'upserted' if args.upsert else 'added'}; {len(index)} live documents")
     return 0
@@ -128,6 +154,9 @@ def add_commands(sub: Any) -> None:
     b.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting a local one")
     b.add_argument("--ray-actors", type=int, default=2, help="encoder actors (default 2)")
     b.add_argument("--ray-cpus-per-actor", type=float, default=1.0)
+    from twostage.eval.cli_engine import add_field_flags
+
+    add_field_flags(b)
     sh = isub.add_parser("shard", help="split a corpus into N index directories (searched with --shards)")
     sh.add_argument("--corpus", required=True, type=Path)
     sh.add_argument("--model", required=True, help="bi-encoder name or directory")
@@ -145,6 +174,7 @@ def add_commands(sub: Any) -> None:
         a = isub.add_parser(name, help=f"{name} documents from a corpus file")
         a.add_argument("--index", required=True, type=Path)
         a.add_argument("--corpus", required=True, type=Path)
+        add_field_flags(a)
         a.set_defaults(func=_add, upsert=upsert)
     d = isub.add_parser("delete", help="delete documents by id")
     d.add_argument("--index", required=True, type=Path)

@@ -38,6 +38,7 @@ def tune_engine(engine: Any, queries: Sequence[Query], qrels: Qrels, *, metric: 
 
     if not queries:
         raise ConfigError("tuning needs held-out queries with judgments")
+    qrels = qrels.subset(q.id for q in queries)  # a judged query missing from the run would count as 0
     current = engine.settings
     candidates = [(fs, rr) for fs in FIRST_STAGES for rr in ((True, False) if engine.manifest.reranker else (False,))]
     texts = [q.text for q in queries]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, overload
 
@@ -18,7 +19,32 @@ ID_KEYS = ("_id", "id", "doc_id", "docid")
 TEXT_KEYS = ("text", "contents", "body")
 _RESERVED = set(ID_KEYS) | set(TEXT_KEYS) | {"title", "metadata"}
 
-CorpusSource = Any  # a path (BEIR dir, .jsonl, .parquet, .csv, .tsv), a DataFrame, or an iterable of Documents
+CorpusSource = Any  # a path (BEIR dir, .jsonl, .parquet, .csv, .tsv), a DataFrame, an iterable of Documents, or
+#                     a CorpusFields naming the columns of one of these
+
+
+@dataclass(frozen=True)
+class CorpusFields:
+    """A corpus whose id, text or title live under other names (``--id-field``, ``--text-field``,
+    ``--title-field``); fields left None use the BEIR names and their aliases."""
+
+    source: Any
+    id: str | None = None
+    text: str | None = None
+    title: str | None = None
+
+    def rename(self, rec: dict[str, Any], where: str) -> dict[str, Any]:
+        out = dict(rec)
+        for given, ours, flag in ((self.id, "_id", "--id-field"), (self.text, "text", "--text-field"),
+                                  (self.title, "title", "--title-field")):
+            if given is None:
+                continue
+            if given not in rec:
+                raise DataError(f"{where}: no field {given!r} ({flag}); its fields are: {', '.join(map(str, rec))}")
+            for alias in ((*ID_KEYS,) if ours == "_id" else (*TEXT_KEYS,) if ours == "text" else ("title",)):
+                out.pop(alias, None)
+            out[ours] = out.pop(given)
+        return out
 
 
 def document_from_record(obj: dict[str, Any], where: str) -> Document:
@@ -69,14 +95,25 @@ def _iter_source(source: CorpusSource) -> Iterator[tuple[str, Any]]:
             import pyarrow.parquet as pq
 
             row = 0
-            for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
+            try:
+                parquet = pq.ParquetFile(path)
+            except Exception as exc:  # noqa: BLE001 - pyarrow raises several types on a broken file
+                raise DataError(f"{path}: not a readable parquet file ({str(exc).splitlines()[0][:160]})") from None
+            for batch in parquet.iter_batches(batch_size=4096):
                 for rec in batch.to_pylist():
                     row += 1
                     yield f"{path}: row {row}", rec
         elif suffix in (".csv", ".tsv"):
             sep = "\t" if suffix == ".tsv" else ","
             row = 0
-            for chunk in pd.read_csv(path, sep=sep, dtype=str, keep_default_na=False, chunksize=4096):
+            try:
+                chunks = pd.read_csv(path, sep=sep, dtype=str, keep_default_na=False, chunksize=4096)
+            except pd.errors.EmptyDataError:
+                raise DataError(f"{path}: empty file; a CSV corpus needs a header line and one line per document") \
+                    from None
+            except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+                raise DataError(f"{path}: not a readable {suffix[1:].upper()} file ({str(exc)[:160]})") from None
+            for chunk in chunks:
                 for rec in chunk.to_dict("records"):
                     row += 1
                     yield f"{path}: line {row + 1}", rec
@@ -95,7 +132,13 @@ def iter_documents(source: CorpusSource) -> Iterator[Document]:
     """
     seen: dict[str, str] = {}
     empty: list[str] = []
-    for where, rec in _iter_source(source):
+    fields = source if isinstance(source, CorpusFields) else None
+    for where, rec in _iter_source(fields.source if fields else source):
+        if fields is not None and isinstance(rec, dict):
+            rec = fields.rename(rec, where)
+        if not seen and isinstance(rec, dict) and not any(k in rec for k in (*TEXT_KEYS, "title")):
+            raise DataError(f"{where}: no text field (expected one of {', '.join(TEXT_KEYS)} or title); its fields "
+                            f"are: {', '.join(map(str, rec))}; name the text column with --text-field")
         doc = rec if isinstance(rec, Document) else document_from_record(dict(rec), where) if isinstance(rec, dict) else None
         if doc is None:
             raise DataError(f"{where}: expected a Document or a mapping, got {type(rec).__name__}")

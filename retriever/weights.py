@@ -142,6 +142,10 @@ def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:
     known = KNOWN_WHEELS.get(_short(name))
     cached = cache_dir() / "models" / _short(name)
     if known and (cached / "model.safetensors").is_file():
+        digest = sha256_file(cached / "model.safetensors")  # the cache is checked at every load, not only once
+        if digest != known.sha256:
+            raise ModelNotFoundError(f"{cached / 'model.safetensors'}: sha256 {digest[:12]}... is not the published "
+                                     f"{known.sha256[:12]}... (damaged or tampered); delete {cached} to fetch it again")
         return cached
     hub = _from_hf(name)
     if hub is not None:
