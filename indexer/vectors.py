@@ -9,6 +9,7 @@ Backends (by name): ``flat`` (exact, numpy), ``faiss-flat``, ``faiss-hnsw``, ``f
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -202,6 +203,7 @@ class HnswlibIndex:
     def load(cls, path: Path, metric: str, dim: int, count: int) -> HnswlibIndex:
         import hnswlib
 
+        check_hnswlib_file(path, dim, count)  # hnswlib trusts its file: a crafted one could crash the process
         index = hnswlib.Index(space="l2" if metric == "l2" else "ip", dim=dim)
         try:
             index.load_index(str(path), max_elements=max(count, 1))
@@ -210,3 +212,74 @@ class HnswlibIndex:
         if index.get_current_count() != count:
             raise IndexFormatError(f"{path}: holds {index.get_current_count()} vectors, the manifest says {count}")
         return cls(index, metric)
+
+
+_HNSW_HEADER = struct.Struct("<QQQQQQiIQQQdQ")  # hnswlib's saveIndex: offsets, counts, sizes, levels, M, mult, ef
+
+
+def check_hnswlib_file(path: Path, dim: int, count: int) -> None:
+    """Check an ``ann.hnswlib`` file completely before hnswlib reads it: the header against the manifest's
+    dimension and count, every size, and every neighbour id and label in range. Raises IndexFormatError."""
+
+    def bad(what: str) -> IndexFormatError:
+        return IndexFormatError(f"{path}: not a valid hnswlib index for {count} x {dim} vectors ({what}); "
+                                "restore or rebuild the index")
+
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            head = fh.read(_HNSW_HEADER.size)
+    except OSError as exc:
+        raise IndexFormatError(f"{path}: cannot be read ({exc.strerror}); restore or rebuild the index") from None
+    if len(head) < _HNSW_HEADER.size:
+        raise bad("shorter than its header")
+    (offset0, max_elements, cur, per_element, label_offset, offset_data, max_level, entry, max_m, max_m0, m, _mult,
+     _ef) = _HNSW_HEADER.unpack(head)
+    links0 = max_m0 * 4 + 4
+    if offset0 != 0 or cur != count or max_elements < cur:
+        raise bad(f"it holds {cur} vectors")
+    if not 2 <= m <= 4096 or max_m != m or max_m0 != 2 * m:
+        raise bad(f"M={m}, maxM={max_m}, maxM0={max_m0}")
+    if offset_data != links0 or label_offset != links0 + 4 * dim or per_element != links0 + 4 * dim + 8:
+        raise bad("element layout does not match the dimension")
+    if count and (not 0 <= max_level < 64 or entry >= count):
+        raise bad(f"top level {max_level}, entry point {entry}")
+    body = _HNSW_HEADER.size + count * per_element
+    if size < body + 4 * count:
+        raise bad(f"{size} bytes, too short")
+    if count:
+        level0 = np.memmap(path, dtype=np.uint8, mode="r", offset=_HNSW_HEADER.size, shape=(count, per_element))
+        links = np.ascontiguousarray(level0[:, :links0]).view(np.uint32)
+        n_links = links[:, 0] & 0xFFFF
+        if n_links.max() > max_m0:
+            raise bad("a neighbour list is longer than maxM0")
+        used = np.arange(max_m0)[None, :] < n_links[:, None]
+        if (links[:, 1:][used] >= count).any():
+            raise bad("a neighbour id is out of range")
+        labels = np.ascontiguousarray(level0[:, label_offset:label_offset + 8]).view(np.int64)
+        if labels.min() < 0 or labels.max() >= count:
+            raise bad("a label is not a row number")
+        del level0
+    if (size - body) % 4:
+        raise bad("the upper levels are truncated")
+    tail = np.memmap(path, dtype=np.uint32, mode="r", offset=body, shape=((size - body) // 4,)) \
+        if size > body else np.zeros(0, dtype=np.uint32)
+    per_level = (max_m + 1)
+    at = 0
+    for _ in range(count):
+        if at >= len(tail):
+            raise bad("the upper levels are truncated")
+        words = int(tail[at])
+        at += 1
+        if words:
+            if words % (4 * per_level) or words // (4 * per_level) > max_level or at + words // 4 > len(tail):
+                raise bad("an element's upper levels do not fit the header")
+            lists = np.asarray(tail[at:at + words // 4]).reshape(-1, per_level)
+            if len(lists) * per_level * 4 != words:
+                raise bad("the upper levels are truncated")
+            n = lists[:, 0] & 0xFFFF
+            if n.max() > max_m or (lists[:, 1:][np.arange(max_m)[None, :] < n[:, None]] >= count).any():
+                raise bad("an upper-level neighbour list is out of range")
+            at += words // 4
+    if at != len(tail):
+        raise bad(f"{(len(tail) - at) * 4} bytes after the last element")

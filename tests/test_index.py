@@ -257,3 +257,61 @@ def test_concurrent_searches_equal_serial(built):
     for t in threads:
         t.join()
     assert len(results) == 8 and all(results[t] == serial for t in range(8))
+
+
+def test_resume_reuses_only_chunks_whose_documents_are_the_same(tmp_path):
+    """A build that failed on a bad record and is rerun after fixing the file holds the corrected texts."""
+    corpus = tmp_path / "c.jsonl"
+    records = [{"_id": f"d{i}", "text": f"rain number {i}"} for i in range(1, 6)] + [{"_id": "d6", "text": 7}]
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(DataError, match="d6"):
+        build_index(corpus, KeywordEncoder(), tmp_path / "idx", chunk_size=2)
+    records[5]["text"] = "snow number 6"
+    records[0]["text"] = "cat cat cat dog"
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in records))
+    index = build_index(corpus, KeywordEncoder(), tmp_path / "idx", chunk_size=2)
+    assert index.documents(["d1"])[0].text == "cat cat cat dog"
+    index.attach_encoder(KeywordEncoder())
+    assert index.search("cat dog", 1).ids[0] == "d1"
+
+
+def test_crafted_hnswlib_file_with_a_matching_checksum_is_a_clear_error(built, tmp_path, capsys):
+    """hnswlib trusts its file; the index checks it first, so a crafted graph is an error, never a crash."""
+    import random
+    import shutil
+
+    from twostage.eval.cli import main
+    from twostage.indexer.atomic import sha256_file
+
+    shutil.copytree(tmp_path / "idx", tmp_path / "evil")
+    v = current_version(tmp_path / "evil")
+    ann = v / "ann.hnswlib"
+    original = ann.read_bytes()
+    manifest = json.loads((v / "manifest.json").read_text())
+
+    def plant(data: bytes) -> None:
+        ann.write_bytes(data)
+        manifest["files"]["ann.hnswlib"] = {"sha256": sha256_file(ann), "bytes": len(data)}
+        (v / "manifest.json").write_text(json.dumps(manifest))
+
+    header = 96
+    neighbour = bytearray(original)
+    neighbour[header + 4: header + 8] = (10**9).to_bytes(4, "little")  # first neighbour of row 0 -> far away
+    count = bytearray(original)
+    count[16:24] = (10**6).to_bytes(8, "little")  # cur_element_count
+    for data in (bytes(neighbour), bytes(count), original[:500], original + b"\0" * 8):
+        plant(data)
+        with pytest.raises(IndexFormatError, match="not a valid hnswlib index"):
+            Index.load(tmp_path / "evil")
+        assert main(["index", "info", "--fast", str(tmp_path / "evil")]) == 2
+        assert "not a valid hnswlib index" in capsys.readouterr().err
+    rng = random.Random(0)
+    for _ in range(200):  # random damage: a clear error or a working index, never a crash
+        data = bytearray(original)
+        for _ in range(rng.choice([1, 8])):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        plant(bytes(data))
+        try:
+            Index.load(tmp_path / "evil", encoder=KeywordEncoder()).search("rain", 5)
+        except IndexFormatError:
+            pass
