@@ -124,7 +124,7 @@ def writers(kind: str, trials: int, workdir: Path) -> dict[str, Any]:
     messages: list[str] = []
     rng = random.Random(0)
     n = 0
-    for trial in range(trials):
+    for _ in range(trials):
         for a, b in PAIRS:
             n += 1
             before = live(kind, path)

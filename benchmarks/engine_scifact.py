@@ -38,6 +38,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "engine-scifact")
     args = parser.parse_args()
 
+    import numpy as np
+
     from twostage.eval.harness import run_bench
     from twostage.eval.metrics import evaluate
     from twostage.eval.run import Run
@@ -45,8 +47,6 @@ def main() -> None:
     from twostage.indexer.beir import BeirDataset
     from twostage.indexer.records import RankedList
     from twostage.reranker.engine import SearchEngine
-
-    import numpy as np
 
     ds = BeirDataset(args.data)
     split = ds.split("test")

@@ -78,9 +78,8 @@ def _info(args: argparse.Namespace) -> int:
 
 def _add(args: argparse.Namespace) -> int:
     index = _open(args.index)
-    from twostage.indexer.corpus import iter_documents
-
     from twostage.eval.cli_engine import corpus_of
+    from twostage.indexer.corpus import iter_documents
 
     docs = list(iter_documents(corpus_of(args)))
     index = index.upsert(docs) if args.upsert else index.add(docs)

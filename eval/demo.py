@@ -31,9 +31,9 @@ def run_demo(data: str | Path, out: str | Path, *, base: str = "all-MiniLM-L6-v2
     from twostage.eval.systems import SystemOptions
     from twostage.eval.train_models import train_models
     from twostage.eval.tune import tune_engine
-    from twostage.retriever.training_data import hold_out
     from twostage.indexer.beir import BeirDataset
     from twostage.reranker.engine import SearchEngine
+    from twostage.retriever.training_data import hold_out
     from twostage.retriever.weights import resolve_model
 
     data, out = Path(data), Path(out)

@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from twostage.indexer.beir import BeirDataset, QrelsCheck, Split
-from twostage.indexer.errors import ConfigError
-from twostage.indexer.topk import check_k
 from twostage.eval.metrics import DEFAULT_METRICS, evaluate, recall_curve
 from twostage.eval.run import Run
 from twostage.eval.systems import SYSTEMS, SearchSystem, SystemOptions, resolve_systems
+from twostage.indexer.beir import BeirDataset, QrelsCheck, Split
+from twostage.indexer.errors import ConfigError
+from twostage.indexer.topk import check_k
 
 logger = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from twostage.eval.harness import BenchResult
 from twostage.indexer.atomic import atomic_directory
 from twostage.indexer.errors import ConfigError
-from twostage.eval.harness import BenchResult
 
 HIGHER_IS_BETTER = {"latency_ms_p50": False, "latency_ms_p95": False, "build_s": False}
 SIGNIFICANCE_METRICS = ("ndcg@10", "mrr@10", "recall@100")

@@ -53,8 +53,14 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from twostage.indexer.build import build_index
     from twostage.indexer.corpus import Corpus, iter_documents, load_corpus
     from twostage.indexer.engine_dir import EngineSettings
-    from twostage.indexer.errors import (ConfigError, DataError, DataNotFoundError, IndexFormatError,
-                                         MissingDependencyError, TwostageError)
+    from twostage.indexer.errors import (
+        ConfigError,
+        DataError,
+        DataNotFoundError,
+        IndexFormatError,
+        MissingDependencyError,
+        TwostageError,
+    )
     from twostage.indexer.index import Index
     from twostage.indexer.records import Document, Hit, Judgment, Qrels, Query, RankedList, SearchResult
     from twostage.reranker.cross_encoder import CrossEncoder

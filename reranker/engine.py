@@ -15,9 +15,10 @@ while others commit; :meth:`SearchEngine.refresh` moves to the newest.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,14 @@ import numpy as np
 
 from twostage.indexer.build import check_out_dir, encode_chunks, first_version, merge_chunks, start_build
 from twostage.indexer.corpus import CorpusSource, iter_documents
-from twostage.indexer.engine_dir import (EngineManifest, EngineSettings, ModelRef, engine_files,
-                                         read_engine_manifest, resolve_precision)
+from twostage.indexer.engine_dir import (
+    EngineManifest,
+    EngineSettings,
+    ModelRef,
+    engine_files,
+    read_engine_manifest,
+    resolve_precision,
+)
 from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
 from twostage.indexer.index import Index, IndexChange, _versions, link_or_copy, write_index_files
 from twostage.indexer.manifest import verify_files
@@ -66,10 +73,11 @@ def verified_model_dir(ref: ModelRef, role: str) -> Path:
 
 @dataclass
 class _Models:
-    """Models loaded on first use (info, delete and compact never need them)."""
+    """Models loaded on first use (info, delete and compact never need them), once even across threads."""
 
     encoder: Any = None
     reranker: Any = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class SearchEngine:
@@ -154,8 +162,10 @@ class SearchEngine:
         if self._models.encoder is None:
             from twostage.retriever.biencoder import BiEncoder
 
-            path = verified_model_dir(self.manifest.retriever, "retriever")
-            self._models.encoder = BiEncoder.load(path, precision=self.precision)
+            with self._models.lock:
+                if self._models.encoder is None:
+                    path = verified_model_dir(self.manifest.retriever, "retriever")
+                    self._models.encoder = BiEncoder.load(path, precision=self.precision)
         if self.index.encoder is not self._models.encoder:
             self.index.attach_encoder(self._models.encoder)
         return self._models.encoder
@@ -168,8 +178,10 @@ class SearchEngine:
         if self._models.reranker is None:
             from twostage.reranker.cross_encoder import CrossEncoder
 
-            path = verified_model_dir(self.manifest.reranker, "reranker")
-            self._models.reranker = CrossEncoder.load(path, precision=self.precision)
+            with self._models.lock:
+                if self._models.reranker is None:
+                    path = verified_model_dir(self.manifest.reranker, "reranker")
+                    self._models.reranker = CrossEncoder.load(path, precision=self.precision)
         return self._models.reranker
 
     def info(self) -> dict[str, Any]:

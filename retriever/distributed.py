@@ -22,8 +22,8 @@ import numpy as np
 from twostage.indexer.build import finish_build, start_build, write_chunk
 from twostage.indexer.corpus import document_from_record
 from twostage.indexer.errors import ConfigError, DataError, DataNotFoundError
-from twostage.indexer.jsonl import parse_object
 from twostage.indexer.index import Index
+from twostage.indexer.jsonl import parse_object
 from twostage.indexer.records import Document
 from twostage.indexer.vectors import BackendConfig, prepare
 

@@ -18,8 +18,15 @@ from twostage.retriever.bm25 import BM25Retriever
 from twostage.retriever.dense import DenseRetriever
 from twostage.retriever.mining import MiningConfig, mine_hard_negatives, save_negatives
 from twostage.retriever.trainer import TrainConfig, TrainResult, train
-from twostage.retriever.training_data import (PairScorer, TrainingSet, hold_out, nli_triplets, pairs_from_qrels, pairs_from_titles,
-                                     with_margins)
+from twostage.retriever.training_data import (
+    PairScorer,
+    TrainingSet,
+    hold_out,
+    nli_triplets,
+    pairs_from_qrels,
+    pairs_from_titles,
+    with_margins,
+)
 
 logger = logging.getLogger(__name__)
 

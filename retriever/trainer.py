@@ -30,8 +30,14 @@ from twostage.indexer.errors import ConfigError
 from twostage.retriever.biencoder import BiEncoder
 from twostage.retriever.checkpoint import resume_from, save_checkpoint
 from twostage.retriever.gradcache import CachedMultipleNegativesRankingLoss
-from twostage.retriever.losses import (ContrastiveLoss, CosineSimilarityLoss, MarginMSELoss, MultipleNegativesRankingLoss,
-                              SoftmaxLoss, TripletLoss)
+from twostage.retriever.losses import (
+    ContrastiveLoss,
+    CosineSimilarityLoss,
+    MarginMSELoss,
+    MultipleNegativesRankingLoss,
+    SoftmaxLoss,
+    TripletLoss,
+)
 from twostage.retriever.training_data import TrainingSet, no_duplicate_batches, round_robin
 
 logger = logging.getLogger(__name__)

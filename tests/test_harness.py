@@ -4,11 +4,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from twostage.indexer.errors import ConfigError
-from twostage.indexer.records import RankedList
 from twostage.eval.harness import run_bench
 from twostage.eval.report import write_outputs
 from twostage.eval.run import Run
+from twostage.indexer.errors import ConfigError
+from twostage.indexer.records import RankedList
 from twostage.retriever.bm25 import BM25Retriever
 
 METRIC_KEYS = {"ndcg@10", "mrr@10", "recall@10", "recall@100", "map@100", "latency_ms_p50", "latency_ms_p95"}

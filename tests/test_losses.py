@@ -6,8 +6,14 @@ import pytest
 import torch
 
 from twostage.indexer.errors import ConfigError
-from twostage.retriever.losses import (ContrastiveLoss, CosineSimilarityLoss, MarginMSELoss, MultipleNegativesRankingLoss,
-                              SoftmaxLoss, TripletLoss)
+from twostage.retriever.losses import (
+    ContrastiveLoss,
+    CosineSimilarityLoss,
+    MarginMSELoss,
+    MultipleNegativesRankingLoss,
+    SoftmaxLoss,
+    TripletLoss,
+)
 
 R = 1 / math.sqrt(2)
 A = torch.tensor([[1.0, 0.0], [0.0, 1.0]])

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 import pytrec_eval
 
+from twostage.eval.harness import measure_system
+from twostage.eval.metrics import DEFAULT_METRICS, evaluate
 from twostage.indexer.beir import QrelsCheck, Split
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.records import Judgment, Qrels, Query, RankedList
-from twostage.eval.harness import measure_system
-from twostage.eval.metrics import DEFAULT_METRICS, evaluate
 
 # our name -> (measure asked of trec_eval, key of its answer, depth the run is cut to first)
 TREC = {

@@ -5,11 +5,11 @@ import sys
 import numpy as np
 import pytest
 
+from tests.test_index import KeywordEncoder
 from twostage.indexer.build import build_index
 from twostage.indexer.errors import MissingDependencyError
 from twostage.indexer.index import Index
 from twostage.indexer.shards import ShardedIndex, build_shards
-from tests.test_index import KeywordEncoder
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,8 @@
 
 import pytest
 
-from twostage.eval.harness import run_bench
 from tests.conftest import shared_dataset
+from twostage.eval.harness import run_bench
 
 
 @pytest.mark.slow

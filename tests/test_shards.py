@@ -3,12 +3,12 @@ import json
 import numpy as np
 import pytest
 
+from tests.test_index import KeywordEncoder
 from twostage.indexer.build import build_index
 from twostage.indexer.errors import ConfigError, IndexFormatError
 from twostage.indexer.index import Index
 from twostage.indexer.records import RankedList
 from twostage.indexer.shards import ShardedIndex, build_shards, merge_topk, split_contiguous
-from tests.test_index import KeywordEncoder
 
 
 def rl(ids, scores):

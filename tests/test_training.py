@@ -18,8 +18,17 @@ from twostage.retriever.losses import MultipleNegativesRankingLoss
 from twostage.retriever.mining import MiningConfig, load_negatives, mine_hard_negatives, save_negatives
 from twostage.retriever.sts import sts_spearman
 from twostage.retriever.trainer import TrainConfig, _Objectives, train
-from twostage.retriever.training_data import (PairExample, ScoredPair, TrainingSet, no_duplicate_batches, nli_triplets,
-                                     pairs_from_qrels, pairs_from_titles, round_robin, scored_pairs)
+from twostage.retriever.training_data import (
+    PairExample,
+    ScoredPair,
+    TrainingSet,
+    nli_triplets,
+    no_duplicate_batches,
+    pairs_from_qrels,
+    pairs_from_titles,
+    round_robin,
+    scored_pairs,
+)
 
 
 @pytest.fixture(scope="module")
