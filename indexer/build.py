@@ -113,18 +113,27 @@ def encode_chunks(corpus: CorpusSource, encoder: Any, work: Path, plan: dict[str
     """Encode the corpus ``chunk_size`` documents at a time into ``work``, skipping chunks already done."""
     from tqdm.auto import tqdm
 
-    bar = tqdm(desc="encode corpus", unit="doc", disable=not show_progress)
-    for i, docs in enumerate(_chunks(corpus, chunk_size)):
-        if i < len(done) and done[i]["ids"] == _ids_hash(docs) and (work / f"{done[i]['name']}.npy").is_file():
+    bar = None
+    try:
+        for i, docs in enumerate(_chunks(corpus, chunk_size)):
+            bar = bar or tqdm(desc="encode corpus", unit="doc", disable=not show_progress)  # after the first read
+            if i < len(done) and done[i]["ids"] == _ids_hash(docs) and (work / f"{done[i]['name']}.npy").is_file():
+                bar.update(len(docs))
+                continue
+            del done[i:]
+            vectors = encoder.encode([d.full_text for d in docs], kind="document", batch_size=batch_size,
+                                     allow_empty=True)
+            vectors = prepare(vectors, metric, dim, f"document vectors (chunk {i})")
+            dim = vectors.shape[1]
+            write_chunk(work, plan, done, vectors, docs)
             bar.update(len(docs))
-            continue
-        del done[i:]
-        vectors = encoder.encode([d.full_text for d in docs], kind="document", batch_size=batch_size, allow_empty=True)
-        vectors = prepare(vectors, metric, dim, f"document vectors (chunk {i})")
-        dim = vectors.shape[1]
-        write_chunk(work, plan, done, vectors, docs)
-        bar.update(len(docs))
-    bar.close()
+    except BaseException:
+        if bar is not None:  # clear the bar's line so that the error is the one line the user reads
+            bar.leave = False
+            bar.close()
+        raise
+    if bar is not None:
+        bar.close()
 
 
 def build_index(corpus: CorpusSource, encoder: Any, out: str | Path, *, backend: BackendConfig | str = "hnswlib",

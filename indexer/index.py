@@ -30,7 +30,7 @@ from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
 from twostage.indexer.manifest import EncoderInfo, Manifest, Segment, describe_files, read_manifest, verify_files
 from twostage.indexer.records import Document, RankedList
 from twostage.indexer.topk import check_k
-from twostage.indexer.vectors import BackendConfig, FaissIndex, FlatIndex, HnswlibIndex, prepare
+from twostage.indexer.vectors import BackendConfig, FaissIndex, FlatIndex, HnswlibIndex, prepare, verify_saved
 from twostage.indexer.versions import Lease, commit, open_current, writer_lock
 from twostage.indexer.versions import current_version as _current_version
 
@@ -154,7 +154,7 @@ class Index:
             return None
         if m.backend == "hnswlib":
             return HnswlibIndex.load(d / "ann.hnswlib", m.metric, m.encoder.dim, m.rows)
-        ann = FaissIndex.load(d / "ann.faiss", m.metric)
+        ann = FaissIndex.load(d / "ann.faiss", m.metric, m.encoder.dim, m.rows)
         if ann.index.ntotal != m.rows or ann.index.d != m.encoder.dim:
             raise IndexFormatError(f"{d / 'ann.faiss'}: {ann.index.ntotal} x {ann.index.d}, the manifest says "
                                    f"{m.rows} x {m.encoder.dim}; restore or rebuild the index")
@@ -471,6 +471,7 @@ def write_index_files(directory: Path, previous: Path | None, change: IndexChang
     if change.ann is not None:
         ann_name = "ann.hnswlib" if backend == "hnswlib" else "ann.faiss"
         change.ann.save(directory / ann_name)
+        verify_saved(change.ann, directory / ann_name, encoder.dim, sum(s.rows for s in change.segments))
         files.append(ann_name)
     if len(change.deleted):
         np.save(directory / "deleted.npy", np.asarray(change.deleted, dtype=np.int64), allow_pickle=False)

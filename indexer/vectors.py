@@ -154,9 +154,11 @@ class FaissIndex:
         faiss.write_index(self.index, str(path))
 
     @classmethod
-    def load(cls, path: Path, metric: str) -> FaissIndex:
+    def load(cls, path: Path, metric: str, dim: int | None = None, count: int | None = None) -> FaissIndex:
         import faiss
 
+        if dim is not None and count is not None:
+            check_faiss_header(path, dim, count)
         try:
             return cls(faiss.read_index(str(path)), metric)
         except RuntimeError as exc:
@@ -212,6 +214,33 @@ class HnswlibIndex:
         if index.get_current_count() != count:
             raise IndexFormatError(f"{path}: holds {index.get_current_count()} vectors, the manifest says {count}")
         return cls(index, metric)
+
+
+def check_faiss_header(path: Path, dim: int, count: int) -> None:
+    """The faiss file is the IDMap2 index this library writes, of the manifest's dimension and count (checked
+    before faiss reads it; faiss checks the rest of its format itself and raises)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(16)
+    except OSError as exc:
+        raise IndexFormatError(f"{path}: cannot be read ({exc.strerror}); restore or rebuild the index") from None
+    if len(head) < 16 or head[:4] != b"IxM2":
+        raise IndexFormatError(f"{path}: not a faiss IDMap2 index file; restore or rebuild the index")
+    d, n = struct.unpack("<iq", head[4:16])
+    if d != dim or n != count:
+        raise IndexFormatError(f"{path}: a faiss index of {n} x {d} vectors, the manifest says {count} x {dim}; "
+                               "restore or rebuild the index")
+
+
+def verify_saved(ann: Any, path: Path, dim: int, count: int) -> None:
+    """Read back the header of an ANN file just written: a full disk can leave a short file without an error."""
+    try:
+        if isinstance(ann, HnswlibIndex):
+            check_hnswlib_file(path, dim, count)
+        elif isinstance(ann, FaissIndex):
+            check_faiss_header(path, dim, count)
+    except IndexFormatError:
+        raise OSError(28, "the ANN file was not written completely (is the disk full?)", str(path)) from None
 
 
 _HNSW_HEADER = struct.Struct("<QQQQQQiIQQQdQ")  # hnswlib's saveIndex: offsets, counts, sizes, levels, M, mult, ef

@@ -19,7 +19,8 @@ import torch
 from twostage.indexer.atomic import atomic_directory
 from twostage.indexer.errors import ConfigError, DataError, TwostageError
 from twostage.retriever.biencoder import check_texts
-from twostage.retriever.hf import cap_max_length, check_tokenizer, require_tokenizer_files, with_precision
+from twostage.retriever.hf import (cap_max_length, check_tokenizer, require_tokenizer_files, unreadable_weights,
+                                   with_precision)
 from twostage.retriever.weights import ModelNotFoundError, resolve_model
 
 logger = logging.getLogger(__name__)
@@ -57,9 +58,10 @@ class CrossEncoder(torch.nn.Module):
         path = resolve_model(name_or_path)
         if not list(path.glob("*.safetensors")):
             raise ModelNotFoundError(f"{path}: no model.safetensors (twostage loads safetensors weights only)")
-        model, info = AutoModelForSequenceClassification.from_pretrained(
-            path, num_labels=1, trust_remote_code=False, use_safetensors=True, output_loading_info=True,
-            ignore_mismatched_sizes=True)
+        with unreadable_weights(path):
+            model, info = AutoModelForSequenceClassification.from_pretrained(
+                path, num_labels=1, trust_remote_code=False, use_safetensors=True, output_loading_info=True,
+                ignore_mismatched_sizes=True)
         body_mismatch = [m[0] for m in info.get("mismatched_keys", ())
                          if not m[0].startswith(("classifier", "score", "pre_classifier"))]
         if body_mismatch:

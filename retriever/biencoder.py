@@ -20,7 +20,8 @@ import torch
 from twostage.indexer.atomic import atomic_directory
 from twostage.indexer.errors import ConfigError, DataError
 from twostage.indexer.manifest import EncoderInfo
-from twostage.retriever.hf import cap_max_length, check_tokenizer, require_tokenizer_files, with_precision
+from twostage.retriever.hf import (cap_max_length, check_tokenizer, require_tokenizer_files, unreadable_weights,
+                                   with_precision)
 from twostage.retriever.pooling import check_pooling, mode_from_st_config, pool, st_pooling_config
 from twostage.retriever.weights import ModelNotFoundError, resolve_model
 
@@ -138,7 +139,8 @@ class BiEncoder(torch.nn.Module):
             raise ConfigError(f"unknown BiEncoder option(s): {', '.join(sorted(unknown))}")
         config = replace(config, **{k: v for k, v in overrides.items() if v is not None})
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
-        model = AutoModel.from_pretrained(path, trust_remote_code=False, use_safetensors=True)
+        with unreadable_weights(path):
+            model = AutoModel.from_pretrained(path, trust_remote_code=False, use_safetensors=True)
         check_tokenizer(model, tokenizer, path)
         config = replace(config, max_length=cap_max_length(model, config.max_length))
         encoder = cls(model, tokenizer, config, name=str(name_or_path))

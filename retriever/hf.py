@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -21,6 +23,24 @@ def cap_max_length(model: Any, max_length: int) -> int:
         logger.info("max_length %d capped at the model's %d positions", max_length, positions)
         return int(positions)
     return max_length
+
+
+@contextmanager
+def unreadable_weights(path: Any) -> Iterator[None]:
+    """A truncated or damaged ``model.safetensors`` (or a config that does not fit it) becomes one clear error."""
+    try:
+        yield
+    except (OSError, ValueError, RuntimeError, EnvironmentError) as exc:
+        if isinstance(exc, ConfigError | ModelNotFoundError):
+            raise
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise ModelNotFoundError(f"{path}: the model weights cannot be read ({first}); the files are damaged or "
+                                 "incomplete: restore or re-download the model") from None
+    except Exception as exc:  # safetensors raises its own error type for a broken header
+        if type(exc).__name__ != "SafetensorError":
+            raise
+        raise ModelNotFoundError(f"{path}: model.safetensors is damaged ({str(exc)[:200]}); restore or re-download "
+                                 "the model") from None
 
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json")
