@@ -116,7 +116,8 @@ def encode_chunks(corpus: CorpusSource, encoder: Any, work: Path, plan: dict[str
     bar = None
     try:
         for i, docs in enumerate(_chunks(corpus, chunk_size)):
-            bar = bar or tqdm(desc="encode corpus", unit="doc", disable=not show_progress)  # after the first read
+            if bar is None:  # created after the first read, so that a bad file shows only its error
+                bar = tqdm(desc="encode corpus", unit="doc", disable=not show_progress)
             if i < len(done) and done[i]["ids"] == _ids_hash(docs) and (work / f"{done[i]['name']}.npy").is_file():
                 bar.update(len(docs))
                 continue

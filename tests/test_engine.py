@@ -124,6 +124,12 @@ def test_add_upsert_delete_compact_keep_every_part_in_step(built, tmp_path):
     assert reloaded.version == e5.version and parts_agree(reloaded) == parts_agree(e5)
 
 
+def test_build_with_progress_bars(built, tmp_path, capsys):
+    engine = SearchEngine.build([Document(f"d{i}", f"text {i}") for i in range(50)], tmp_path / "e",
+                                retriever=built.manifest.retriever.path, chunk_size=20, show_progress=True)
+    assert len(engine) == 50 and "encode corpus" in capsys.readouterr().err
+
+
 def test_colliding_ids_on_add_change_nothing(built, tmp_path):
     engine = SearchEngine.build([Document(f"d{i}", f"text {i}") for i in range(10)], tmp_path / "e",
                                 retriever=built.manifest.retriever.path)
