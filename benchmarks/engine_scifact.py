@@ -34,7 +34,8 @@ def main() -> None:
     parser.add_argument("--retriever", required=True)
     parser.add_argument("--reranker", required=True)
     parser.add_argument("--data", type=Path, default=DATA)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="search_batch vs search rounds (0: skip)")
+    parser.add_argument("--precision", default="auto", help="both models' precision (auto: the engine default)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "engine-scifact")
     args = parser.parse_args()
 
@@ -53,7 +54,8 @@ def main() -> None:
     metrics = ["ndcg@10", "mrr@10", "recall@100"]
     t = time.perf_counter()
     bench = run_bench(ds, "test", "hybrid+rerank",
-                      options=SystemOptions(retriever_model=args.retriever, reranker_model=args.reranker))
+                      options=SystemOptions(retriever_model=args.retriever, reranker_model=args.reranker,
+                                            precision=args.precision))
     harness = {m: float(bench.systems[0].per_query[m].mean()) for m in metrics}
     harness_s = time.perf_counter() - t
     print("harness hybrid+rerank:", harness, flush=True)
@@ -63,7 +65,7 @@ def main() -> None:
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         cli = [sys.executable, "-m", "twostage"]
         build_cmd = [*cli, "-q", "build", "--corpus", str(args.data), "--out", str(eng), "--retriever", args.retriever,
-                     "--reranker", args.reranker]
+                     "--reranker", args.reranker, "--precision", args.precision]
         t = time.perf_counter()
         subprocess.run(build_cmd, check=True, env=env)
         build_s = time.perf_counter() - t
@@ -85,8 +87,10 @@ def main() -> None:
         engine = SearchEngine.load(eng)
         texts = [q.text for q in split.queries]
         engine.search_batch(texts[:8])  # load the models
-        batch_s, single_s = [], []
-        same = True
+        batch_s, single_s = [float("nan")], [float("nan")]
+        differ = 0
+        if args.rounds:
+            batch_s, single_s = [], []
         for _ in range(args.rounds):
             t = time.perf_counter()
             batched = [r for i in range(0, len(texts), 32) for r in engine.search_batch(texts[i:i + 32], k=10)]
@@ -94,20 +98,23 @@ def main() -> None:
             t = time.perf_counter()
             single = [engine.search(q, k=10) for q in texts]
             single_s.append(time.perf_counter() - t)
-            same &= all(a.ids == b.ids for a, b in zip(batched, single))
+            differ = max(differ, sum(a.ids != b.ids for a, b in zip(batched, single)))
         settings = engine.settings.to_dict()
     n = len(texts)
     qps_batch, qps_single = n / statistics.median(batch_s), n / statistics.median(single_s)
     result = {"harness": harness, "cli": cli_metrics, "equal_ndcg": abs(harness["ndcg@10"] - cli_metrics["ndcg@10"]) < 1e-9,
               "queries": n, "settings": settings, "qps_search_batch": qps_batch, "qps_search": qps_single,
-              "ratio": qps_batch / qps_single, "same_hits": bool(same), "build_s": build_s, "cli_search_s": search_s,
+              "ratio": qps_batch / qps_single, "queries_whose_top10_differ_batch_vs_single": differ,
+              "queries_whose_top10_differ_cli_vs_harness": cli_differ, "build_s": build_s, "cli_search_s": search_s,
               "harness_s": harness_s, "rounds": args.rounds,
               "commands": {"build": " ".join(build_cmd[2:]), "search": " ".join(search_cmd[2:])}}
+    if args.precision != "auto":
+        args.out = args.out.with_name(f"{args.out.name}-{args.precision}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     md = f"""# The engine on SciFact test (300 queries), 2-core CPU
 
-Command: `python benchmarks/engine_scifact.py --retriever {args.retriever} --reranker {args.reranker}`
+Command: `python benchmarks/engine_scifact.py --retriever {args.retriever} --reranker {args.reranker} --precision {args.precision} --rounds {args.rounds}`
 
 Models: the one-command run's bi-encoder and reranker (`twostage bench --data ../shared/data/scifact --split test
 --systems all --train-split train`, trained on SciFact train only). Engine settings (the defaults): first stage
@@ -120,7 +127,10 @@ interpolation {settings['interpolation']} (the reranker's dev-chosen blend), pre
 | harness `hybrid+rerank` (run_bench) | {harness['ndcg@10']:.4f} | {harness['mrr@10']:.4f} | {harness['recall@100']:.4f} |
 | `twostage build` + `twostage search --queries FILE --json --k 100` | {cli_metrics['ndcg@10']:.4f} | {cli_metrics['mrr@10']:.4f} | {cli_metrics['recall@100']:.4f} |
 
-Same nDCG@10: **{result['equal_ndcg']}**. Build (`{' '.join(build_cmd[2:4])} ...`, one process, 5,183 documents):
+Same nDCG@10: **{result['equal_ndcg']}** (difference {cli_metrics['ndcg@10'] - harness['ndcg@10']:+.4f}; the top 10 differs
+on {cli_differ} of {n} queries). The harness runs one query at a time; the CLI searches 32 queries per call, so the
+encoder and the reranker see other batch shapes, which in bf16 changes scores in the last bits and reorders
+near-ties; in fp32 the two paths agree (`--precision fp32`). Build (`{' '.join(build_cmd[2:4])} ...`, one process, 5,183 documents):
 {build_s:.0f} s; the CLI search of all 300 queries in one process (models loaded once): {search_s:.0f} s.
 
 | API, k=10, default depth | queries/s (median of {args.rounds} alternating rounds) |
@@ -129,7 +139,7 @@ Same nDCG@10: **{result['equal_ndcg']}**. Build (`{' '.join(build_cmd[2:4])} ...
 | `search`, one query at a time | {qps_single:.2f} |
 | ratio | **{result['ratio']:.2f}x** |
 
-The two return the same hits for every query: {result['same_hits']}.
+Queries whose top 10 differs between the two: {differ} of {n} (the same batch-shape effect).
 """
     args.out.with_suffix(".md").write_text(md)
     print(md)
