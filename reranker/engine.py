@@ -386,7 +386,10 @@ class SearchEngine:
         for fixed in ("backend", "metric"):
             if getattr(new, fixed) != getattr(self.index.manifest, fixed):
                 raise ConfigError(f"{fixed} is the shape of the dense index; rebuild the engine to change it")
-        return self._update(lambda base: (base.index.change_unchanged(), None), settings=new)
+        engine = self._update(lambda base: (base.index.change_unchanged(), None), settings=new)
+        if resolve_precision(new.precision) != resolve_precision(self.settings.precision):
+            engine._models = _Models()  # the models load again in the new precision
+        return engine
 
     def _encode(self, docs: list[Document], show_progress: bool) -> np.ndarray:
         self.encoder  # loads and attaches the verified encoder  # noqa: B018
