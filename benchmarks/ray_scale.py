@@ -100,7 +100,7 @@ def search(tmp: Path, n: int, dim: int = 384, queries: int = 200) -> list[dict]:
         rows.append({"system": name, "p50_ms": float(np.percentile(lat, 50)), "p95_ms": float(np.percentile(lat, 95))})
         return out
 
-    want = time_it("one index, in process", lambda v: single.search(v, 10))
+    want = time_it("one index, in process", lambda v: single.search_batch(v, 10))
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
     # fan-out cost alone: 4 tiny shards (500 vectors each), in process vs Ray actors
     tiny = tmp / "tiny"

@@ -60,7 +60,7 @@ def test_ray_shards_equal_one_exact_index(ray_local, tmp_path, sample_dir):
     try:
         for q in ["cat", "rain and snow", "cook garden music", "history of money", "sleep"]:
             for k in (1, 10, 100):
-                want, got = single.search(q, k)[0], sharded.search(q, k)
+                want, got = single.search(q, k), sharded.search(q, k)
                 assert list(got.ids) == list(want.ids) and np.array_equal(got.scores, want.scores), (q, k)
     finally:
         sharded.close()
