@@ -195,7 +195,7 @@ def _answer(kind: str, target: Any) -> Any:
     return [results, docs]
 
 
-def readers(kind: str, commits: int, workdir: Path) -> dict[str, Any]:
+def readers(kind: str, commits: int, workdir: Path, threads: int = 8) -> dict[str, Any]:
     from twostage.indexer.records import Document
 
     path = make(kind, workdir / "readers")
@@ -206,12 +206,12 @@ def readers(kind: str, commits: int, workdir: Path) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     results: list[Any] = []
-    threads = [threading.Thread(target=lambda: results.append(read_loop(kind, path, stop))) for _ in range(8)]
+    workers = [threading.Thread(target=lambda: results.append(read_loop(kind, path, stop))) for _ in range(threads)]
     procs = [ctx.Process(target=reader_process, args=(kind, str(path), str(stop), out), daemon=True)
              for _ in range(2)]
     for p in procs:
         p.start()
-    for t in threads:
+    for t in workers:
         t.start()
     time.sleep(5)  # the reader processes have started reading
     target = first
@@ -225,11 +225,11 @@ def readers(kind: str, commits: int, workdir: Path) -> dict[str, Any]:
             target = target.compact()
         truth[target.version_dir.name if kind == "index" else target.version] = _answer(kind, target)
     stop.touch()
-    for t in threads:
+    for t in workers:
         t.join()
+    results += [out.get(timeout=300) for _ in procs]  # before join: a child exits only once its queue is read
     for p in procs:
         p.join(timeout=120)
-    results += [out.get(timeout=120) for _ in procs]
     reads = sum(r[0] for r in results)
     failures = sum(r[1] for r in results)
     wrong = sum(1 for r in results for version, answer in r[2] if truth.get(version) != answer)
