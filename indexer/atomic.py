@@ -24,7 +24,8 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _fsync_tree(root: Path) -> None:
+def fsync_tree(root: Path) -> None:
+    """fsync every file and directory under ``root``."""
     for dirpath, _, files in os.walk(root):
         for name in files:
             with open(os.path.join(dirpath, name), "rb") as fh:
@@ -45,7 +46,7 @@ def atomic_directory(target: str | Path) -> Iterator[Path]:
     tmp.mkdir()
     try:
         yield tmp
-        _fsync_tree(tmp)
+        fsync_tree(tmp)
         old = None
         if target.exists():
             old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
-from twostage.indexer.atomic import fsync_dir
+from twostage.indexer.atomic import fsync_dir, fsync_tree
 from twostage.indexer.errors import IndexFormatError, TwostageError
 
 try:  # POSIX; elsewhere versions are never shared between processes safely, and locks are no-ops
@@ -139,14 +139,6 @@ def _read_holder(root: Path) -> str:
         return (root / "LOCK").read_text(encoding="utf-8").strip() or "unknown process"
     except OSError:
         return "unknown process"
-
-
-def fsync_tree(root: Path) -> None:
-    for dirpath, _, names in os.walk(root):
-        for n in names:
-            with open(os.path.join(dirpath, n), "rb") as fh:
-                os.fsync(fh.fileno())
-        fsync_dir(Path(dirpath))
 
 
 class NewVersion:
