@@ -176,6 +176,45 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    import os
+    import socket
+
+    api_key = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env, "")
+        if not api_key:
+            raise ConfigError(f"--api-key-env {args.api_key_env}: that environment variable is unset or empty; "
+                              f"export {args.api_key_env}=<a secret> first")
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port must be between 0 and 65535, got {args.port}")
+    if args.max_wait_ms < 0:
+        raise ConfigError(f"--max-wait-ms must be >= 0, got {args.max_wait_ms}")
+    try:  # a port in use is one line here, not uvicorn's exit later
+        family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((args.host, args.port))
+    except OSError as exc:
+        raise ConfigError(f"--host {args.host} --port {args.port}: cannot listen there ({exc.strerror}); "
+                          "choose another --port") from None
+    from twostage.eval.server import create_app
+
+    app = create_app(args.engine, api_key=api_key, read_only=args.read_only, batching=not args.no_batching,
+                     max_wait_ms=args.max_wait_ms, verify=not args.fast)
+    engine = app.state.holder.engine
+    mode = "read-only" if args.read_only else ("writes need the API key" if api_key else "writes open to anyone")
+    print(f"serving {args.engine} ({len(engine)} documents, version {engine.version}) at "
+          f"http://{args.host}:{args.port}/ ({mode}; API docs at /docs); Ctrl-C stops", flush=True)
+    if args.host not in ("127.0.0.1", "localhost", "::1") and api_key is None and not args.read_only:
+        print("twostage: warning: listening beyond this machine with writes open; use --api-key-env or --read-only",
+              file=sys.stderr)
+    import uvicorn
+
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    return 0
+
+
 def add_commands(sub: Any) -> None:
     d = EngineSettings()
     b = sub.add_parser("build", help="build a search engine directory from a corpus")
@@ -224,3 +263,16 @@ def add_commands(sub: Any) -> None:
     i.add_argument("engine", type=Path)
     i.add_argument("--fast", action="store_true", help="check file sizes only, not checksums")
     i.set_defaults(func=_info)
+
+    sv = sub.add_parser("serve", help="serve an engine over HTTP (search page, JSON API; needs the serve extra)")
+    sv.add_argument("engine", type=Path, help="the engine directory")
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--api-key-env", default=None, metavar="VAR",
+                    help="the environment variable holding the API key that writes must send")
+    sv.add_argument("--read-only", action="store_true", help="refuse every write")
+    sv.add_argument("--no-batching", action="store_true", help="each request runs the models on its own")
+    sv.add_argument("--max-wait-ms", type=float, default=5.0,
+                    help="how long a model batch waits for requests already in flight (default 5)")
+    sv.add_argument("--fast", action="store_true", help="check file sizes only, not checksums, when loading")
+    sv.set_defaults(func=_serve)

@@ -184,6 +184,16 @@ class SearchEngine:
                     self._models.reranker = CrossEncoder.load(path, precision=self.precision)
         return self._models.reranker
 
+    def use_models(self, *, encoder: Any = None, reranker: Any = None) -> None:
+        """Search with these objects in place of the loaded models, e.g. wrappers that batch across requests
+        (:mod:`twostage.eval.batching`). They must score exactly like the models they wrap; the engines that
+        :meth:`refresh` and the updates return share them."""
+        with self._models.lock:
+            if encoder is not None:
+                self._models.encoder = encoder
+            if reranker is not None:
+                self._models.reranker = reranker
+
     def info(self) -> dict[str, Any]:
         m = self.manifest
         return {"path": str(self.root), "version": self.version, "documents": m.documents,

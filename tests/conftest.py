@@ -80,6 +80,19 @@ def tiny_bert_dir(tmp_path_factory) -> Path:
     return build_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
 
 
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, tiny_bert_dir):
+    """A tiny bi-encoder and a tiny cross-encoder (random weights, head marked trained)."""
+    from twostage.reranker.cross_encoder import CrossEncoder
+
+    root = tmp_path_factory.mktemp("models")
+    ce = CrossEncoder.load(tiny_bert_dir, allow_untrained_head=True)
+    ce.head_trained = True
+    ce.interpolation = 0.5
+    ce.save(root / "ce")
+    return tiny_bert_dir, root / "ce"
+
+
 @pytest.fixture(autouse=True)
 def _offline(monkeypatch):
     """Tests never reach a hub; model names resolve from local directories or the wheel cache only."""

@@ -17,19 +17,6 @@ from twostage.indexer.versions import current_version
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory, tiny_bert_dir):
-    """A tiny bi-encoder and a tiny cross-encoder (random weights, head marked trained)."""
-    from twostage.reranker.cross_encoder import CrossEncoder
-
-    root = tmp_path_factory.mktemp("models")
-    ce = CrossEncoder.load(tiny_bert_dir, allow_untrained_head=True)
-    ce.head_trained = True
-    ce.interpolation = 0.5
-    ce.save(root / "ce")
-    return tiny_bert_dir, root / "ce"
-
-
-@pytest.fixture(scope="module")
 def built(tmp_path_factory, models):
     retriever, reranker = models
     path = tmp_path_factory.mktemp("engine") / "eng"

@@ -1,0 +1,293 @@
+"""Load test of `twostage serve` on localhost: throughput and latency with and without cross-request batching,
+and a writer adding documents during the load.
+
+Usage (from the repository root, the serve extra installed):
+    python benchmarks/serve_load.py --retriever runs/models/scifact-e2e/retriever \
+        --reranker runs/models/scifact-e2e/reranker [--data ../shared/data/scifact] [--requests 160]
+
+Builds a search engine over the SciFact corpus with the two models (engine defaults: hybrid first stage, the
+reranker on the top k_retrieve, precision auto), starts two servers on 127.0.0.1 (one with batching, one with
+`--no-batching`), and for concurrency 1, 4 and 16 sends SciFact test queries (`POST /search`, default depth) to
+each in turn: bounded by --requests per level and --max-seconds per level. Then, against a fresh copy of the
+engine, a writer adds --add documents in batches of 100 through `POST /documents` while 4 clients keep searching;
+afterwards every added document must be found, and the engine directory must load with its checksums verified.
+Writes benchmarks/results/serve_load.md and .json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`twostage serve` in a child process, waited for until /health answers."""
+
+    def __init__(self, engine: Path, *flags: str) -> None:
+        import httpx
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(engine.parent / f"serve-{self.port}.log", "w")  # noqa: SIM115
+        self.proc = subprocess.Popen([sys.executable, "-m", "twostage", "serve", str(engine), "--port", str(self.port),
+                                      "--fast", *flags], stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"the server exited: {Path(self.log.name).read_text()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        raise SystemExit("the server did not answer in 300 s")
+
+    def stats(self) -> dict[str, Any]:
+        import httpx
+
+        return httpx.get(f"{self.url}/stats", timeout=30).json()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=60)
+        self.log.close()
+
+
+async def load(url: str, queries: list[str], concurrency: int, requests: int, max_seconds: float,
+               stop: threading.Event | None = None) -> dict[str, Any]:
+    """``concurrency`` clients send queries in turn until ``requests`` are done, time is up, or ``stop`` is set."""
+    import httpx
+
+    latencies: list[float] = []
+    errors: list[str] = []
+    versions: set[str] = set()
+    sent = 0
+    t0 = time.perf_counter()
+
+    async def client(http: httpx.AsyncClient) -> None:
+        nonlocal sent
+        while (sent < requests and time.perf_counter() - t0 < max_seconds) if stop is None else not stop.is_set():
+            query = queries[sent % len(queries)]
+            sent += 1
+            t = time.perf_counter()
+            try:
+                r = await http.post(f"{url}/search", json={"query": query, "k": 10})
+                if r.status_code != 200:
+                    errors.append(f"{r.status_code} {r.text[:200]}")
+                else:
+                    versions.add(r.json()["version"])
+            except httpx.HTTPError as exc:
+                errors.append(repr(exc))
+            latencies.append((time.perf_counter() - t) * 1000)
+
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=300, limits=limits) as http:
+        await asyncio.gather(*(client(http) for _ in range(concurrency)))
+    wall = time.perf_counter() - t0
+    lat = np.array(latencies)
+    return {"concurrency": concurrency, "requests": len(latencies), "errors": len(errors), "error_samples": errors[:3],
+            "seconds": wall, "rps": len(latencies) / wall, "p50_ms": float(np.percentile(lat, 50)),
+            "p95_ms": float(np.percentile(lat, 95)), "p99_ms": float(np.percentile(lat, 99)),
+            "versions": sorted(versions)}
+
+
+def synthetic_documents(n: int) -> list[dict[str, Any]]:
+    """Documents with a unique made-up code word each, so that each one has a query that must find it."""
+    letters = "bcdfghjklmnprstvz"
+    topics = ["protein folding", "tumour growth", "vaccine response", "gut bacteria", "insulin signalling"]
+    docs = []
+    for i in range(n):
+        code, x = "", i + 1000
+        while x:
+            code, x = letters[x % len(letters)] + code, x // len(letters)
+        code = f"quo{code}ex"
+        docs.append({"id": f"added-{i:05d}", "title": f"Field report {code}",
+                     "text": f"{code}: new observations on {topics[i % len(topics)]} in cohort {i}."})
+    return docs
+
+
+def writer_phase(engine: Path, queries: list[str], n_add: int) -> dict[str, Any]:
+    import httpx
+
+    from twostage.reranker.engine import SearchEngine
+
+    before = len(SearchEngine.load(engine, verify=False))
+    server = Server(engine)
+    docs = synthetic_documents(n_add)
+    stop = threading.Event()
+    writes: list[dict[str, Any]] = []
+
+    def write() -> None:
+        try:
+            for start in range(0, len(docs), 100):
+                t = time.perf_counter()
+                r = httpx.post(f"{server.url}/documents", json={"documents": docs[start:start + 100]}, timeout=600)
+                writes.append({"status": r.status_code, "seconds": time.perf_counter() - t,
+                               "version": r.json().get("version")})
+        finally:
+            stop.set()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    searched = asyncio.run(load(server.url, queries, 4, 0, 0, stop=stop))
+    writer.join()
+    # every added document: its code word through BM25 alone (exact), and a sample through the default pipeline
+    found_bm25 = found_default = 0
+    for start in range(0, len(docs), 100):
+        chunk = docs[start:start + 100]
+        r = httpx.post(f"{server.url}/search/batch", json={"queries": [d["title"].split()[-1] for d in chunk],
+                                                           "k": 10, "first_stage": "bm25", "rerank": False},
+                       timeout=600).json()
+        found_bm25 += sum(d["id"] in [h["id"] for h in res["hits"]] for d, res in zip(chunk, r["results"]))
+    sample = docs[:: max(1, len(docs) // 50)]
+    r = httpx.post(f"{server.url}/search/batch", json={"queries": [d["title"] for d in sample], "k": 10},
+                   timeout=600).json()
+    found_default = sum(d["id"] in [h["id"] for h in res["hits"]] for d, res in zip(sample, r["results"]))
+    stats = server.stats()
+    server.stop()
+    loaded = SearchEngine.load(engine, verify=True)
+    return {"added": n_add, "writes": writes, "search": searched, "documents_before": before,
+            "documents_after": len(loaded), "version_after": loaded.version, "found_bm25": found_bm25,
+            "found_default": found_default, "default_sample": len(sample), "server_stats": stats}
+
+
+def machine() -> str:
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((line.split(":", 1)[1].strip() for line in flags.splitlines() if line.startswith("model name")), "?")
+    return f"{model}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--retriever", required=True)
+    parser.add_argument("--reranker", required=True)
+    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "scifact")
+    parser.add_argument("--work", type=Path, default=ROOT / "runs" / "serve-load")
+    parser.add_argument("--concurrency", default="1,4,16")
+    parser.add_argument("--requests", type=int, default=160, help="requests per level (c=1 sends a quarter)")
+    parser.add_argument("--max-seconds", type=float, default=90, help="time limit per level")
+    parser.add_argument("--add", type=int, default=1000, help="documents the writer adds during a load run")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "serve_load")
+    args = parser.parse_args()
+
+    from twostage.indexer.beir import load_qrels, load_queries
+    from twostage.reranker.engine import SearchEngine
+
+    test = set(load_qrels(args.data / "qrels" / "test.tsv").query_ids)
+    queries = [q.text for q in load_queries(args.data / "queries.jsonl") if q.id in test]
+    built = args.work / "engine"
+    if not (built / "CURRENT").exists():
+        args.work.mkdir(parents=True, exist_ok=True)
+        print(f"building the engine over {args.data} ...", flush=True)
+        SearchEngine.build(args.data, built, retriever=args.retriever, reranker=args.reranker,
+                           show_progress=True).close()
+    engine = SearchEngine.load(built, verify=True)
+    settings = engine.settings
+    print(f"engine: {len(engine)} documents, first stage {settings.first_stage}, rerank top {settings.k_retrieve}, "
+          f"precision {engine.precision}", flush=True)
+    engine.close()
+
+    servers = {"batching": Server(built), "no batching": Server(built, "--no-batching")}
+    rows = []
+    try:
+        for name, server in servers.items():  # warm-up: the first requests load and verify the models
+            asyncio.run(load(server.url, queries[-8:], 2, 8, 60))
+        for c in (int(x) for x in args.concurrency.split(",")):
+            n = args.requests // 4 if c == 1 else args.requests
+            for name, server in servers.items():
+                before = server.stats().get("batching") or {}
+                result = asyncio.run(load(server.url, queries, c, n, args.max_seconds))
+                after = server.stats().get("batching") or {}
+                if after:
+                    calls = after["reranker"]["model_calls"] - before["reranker"]["model_calls"]
+                    reqs = after["reranker"]["requests"] - before["reranker"]["requests"]
+                    result["mean_batch_requests"] = reqs / calls if calls else 0.0
+                rows.append({"mode": name, **result})
+                print(f"{name:12s} c={c:2d}: {result['requests']} requests, {result['errors']} errors, "
+                      f"{result['rps']:.2f} req/s, p50 {result['p50_ms']:.0f} ms, p95 {result['p95_ms']:.0f} ms, "
+                      f"p99 {result['p99_ms']:.0f} ms", flush=True)
+    finally:
+        for server in servers.values():
+            server.stop()
+
+    copy = args.work / "engine-writer"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(built, copy, ignore=shutil.ignore_patterns("LOCK"))
+    print(f"writer phase: adding {args.add} documents while 4 clients search ...", flush=True)
+    w = writer_phase(copy, queries, args.add)
+    print(f"writer: {len(w['writes'])} commits, searches during: {w['search']['requests']} "
+          f"({w['search']['errors']} failed), documents {w['documents_before']} -> {w['documents_after']}, "
+          f"found {w['found_bm25']}/{w['added']} by code word, {w['found_default']}/{w['default_sample']} by title "
+          "through the default pipeline", flush=True)
+
+    report = {"command": "python benchmarks/serve_load.py " + " ".join(sys.argv[1:]), "machine": machine(),
+              "engine": {"documents": w["documents_before"], "first_stage": settings.first_stage,
+                         "k_retrieve": settings.k_retrieve, "precision": settings.precision},
+              "levels": rows, "writer": w}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    args.out.with_suffix(".md").write_text(markdown(report))
+    ratios = [f"c={r['concurrency']} {r['rps'] / o['rps']:.2f}x" for r in rows if r["mode"] == "batching"
+              for o in rows if o["mode"] == "no batching" and o["concurrency"] == r["concurrency"]]
+    print("batching vs none, requests/s: " + ", ".join(ratios))
+    print(f"wrote {args.out.with_suffix('.md')}")
+    ok = all(r["errors"] == 0 for r in rows) and w["search"]["errors"] == 0 and w["found_bm25"] == w["added"] \
+        and w["documents_after"] == w["documents_before"] + w["added"]
+    return 0 if ok else 1
+
+
+def markdown(report: dict[str, Any]) -> str:
+    e, w = report["engine"], report["writer"]
+    lines = ["# `twostage serve` under load (localhost)", "",
+             f"Command: `{report['command']}`", "", f"Machine: {report['machine']}. The load generator (httpx, "
+             "asyncio) runs on the same 2 cores as the server.", "",
+             f"Engine: SciFact corpus, {e['documents']} documents, first stage {e['first_stage']}, reranker on the top "
+             f"{e['k_retrieve']} (default depth), precision {e['precision']}. Each request: `POST /search` "
+             "`{query, k: 10}` with a SciFact test query.", "",
+             "| mode | concurrency | requests | errors | requests/s | p50 ms | p95 ms | p99 ms | mean requests per "
+             "reranker call |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in report["levels"]:
+        batch = f"{r['mean_batch_requests']:.2f}" if "mean_batch_requests" in r else "1 (no batching)"
+        lines.append(f"| {r['mode']} | {r['concurrency']} | {r['requests']} | {r['errors']} | {r['rps']:.2f} | "
+                     f"{r['p50_ms']:.0f} | {r['p95_ms']:.0f} | {r['p99_ms']:.0f} | {batch} |")
+    lines += ["", "Batching vs none (requests/s ratio): " + ", ".join(
+        f"c={r['concurrency']} **{r['rps'] / o['rps']:.2f}x**" for r in report["levels"] if r["mode"] == "batching"
+        for o in report["levels"] if o["mode"] == "no batching" and o["concurrency"] == r["concurrency"]), ""]
+    s = w["search"]
+    lines += ["## A writer during the load", "",
+              f"{w['added']} documents added through `POST /documents` in {len(w['writes'])} commits of 100 "
+              f"(statuses {sorted({x['status'] for x in w['writes']})}, "
+              f"{np.median([x['seconds'] for x in w['writes']]):.1f} s median per commit) while 4 clients searched: "
+              f"**{s['requests']} searches, {s['errors']} failed**, p50 {s['p50_ms']:.0f} ms / p95 "
+              f"{s['p95_ms']:.0f} ms, answered from {len(s['versions'])} engine versions.", "",
+              f"Afterwards: documents {w['documents_before']} -> {w['documents_after']}; "
+              f"**{w['found_bm25']} / {w['added']}** added documents found in the top 10 by their code word "
+              f"(BM25 first stage), {w['found_default']} / {w['default_sample']} sampled ones by their title through "
+              f"the default pipeline; the directory loaded with every checksum verified (version "
+              f"{w['version_after']}).", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
