@@ -109,7 +109,7 @@ def _train_retriever(args: argparse.Namespace) -> int:
         from twostage.reranker.cross_encoder import CrossEncoder
 
         ce = CrossEncoder.load(args.teacher, precision="bf16" if args.bf16 else "fp32")
-        teacher = lambda pairs: ce.predict(pairs, activation=None, show_progress=not args.quiet)
+        teacher = lambda pairs: ce.predict(pairs, activation=None, show_progress=not args.quiet)  # noqa: E731
     result = train_retriever(args.data, args.split, args.base, args.out, recipe,
                              dev_metric=lambda qrels, run: float(evaluate(qrels, run, ["ndcg@10"])["ndcg@10"].mean()),
                              teacher=teacher, teacher_name=str(args.teacher or ""), show_progress=not args.quiet)
