@@ -18,6 +18,7 @@ __all__ = [
     # records and errors
     "Document", "Query", "Hit", "RankedList", "Judgment", "Qrels",
     "TwostageError", "DataError", "DataNotFoundError", "ConfigError", "IndexFormatError", "MissingDependencyError",
+    "WriterBusyError", "ModelNotFoundError", "UntrainedHeadError",
     # corpora and data sets
     "Corpus", "load_corpus", "iter_documents", "BeirDataset",
     # first stages, index, second stage
@@ -34,6 +35,7 @@ _WHERE = {
     "RankedList": "indexer.records", "Judgment": "indexer.records", "Qrels": "indexer.records",
     "TwostageError": "indexer.errors", "DataError": "indexer.errors", "DataNotFoundError": "indexer.errors",
     "ConfigError": "indexer.errors", "IndexFormatError": "indexer.errors", "MissingDependencyError": "indexer.errors",
+    "WriterBusyError": "indexer.errors", "ModelNotFoundError": "indexer.errors", "UntrainedHeadError": "indexer.errors",
     "Corpus": "indexer.corpus", "load_corpus": "indexer.corpus", "iter_documents": "indexer.corpus",
     "BeirDataset": "indexer.beir",
     "BM25Config": "retriever.bm25", "BM25Retriever": "retriever.bm25", "BiEncoder": "retriever.biencoder",
@@ -59,7 +61,10 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         DataNotFoundError,
         IndexFormatError,
         MissingDependencyError,
+        ModelNotFoundError,
         TwostageError,
+        UntrainedHeadError,
+        WriterBusyError,
     )
     from twostage.indexer.index import Index
     from twostage.indexer.records import Document, Hit, Judgment, Qrels, Query, RankedList, SearchResult

@@ -35,3 +35,15 @@ class DownloadError(TwostageError, RuntimeError):
 
 class MissingDependencyError(TwostageError, ImportError):
     """An optional dependency is needed for this feature; the message says what to install."""
+
+
+class WriterBusyError(TwostageError, RuntimeError):
+    """Another process holds the directory's writer lock for longer than we were willing to wait."""
+
+
+class ModelNotFoundError(TwostageError, FileNotFoundError):
+    """No local directory, cache, hub or wheel could provide the model."""
+
+
+class UntrainedHeadError(TwostageError, RuntimeError):
+    """The classification head is randomly initialised: its scores would be noise."""

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from twostage.indexer.atomic import fsync_dir, fsync_tree
-from twostage.indexer.errors import IndexFormatError, TwostageError
+from twostage.indexer.errors import IndexFormatError, WriterBusyError
 
 try:  # POSIX; elsewhere versions are never shared between processes safely, and locks are no-ops
     import fcntl
@@ -35,10 +35,6 @@ except ImportError:  # pragma: no cover - Windows
 VERSION = re.compile(r"^v(\d{6})$")
 LEASE = "READERS"
 T = TypeVar("T")
-
-
-class WriterBusyError(TwostageError, RuntimeError):
-    """Another process holds the directory's writer lock for longer than we were willing to wait."""
 
 
 def current_version(root: Path, what: str = "an index directory") -> Path:

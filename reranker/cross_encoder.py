@@ -17,17 +17,13 @@ import numpy as np
 import torch
 
 from twostage.indexer.atomic import atomic_directory
-from twostage.indexer.errors import ConfigError, DataError, TwostageError
+from twostage.indexer.errors import ConfigError, DataError, UntrainedHeadError
 from twostage.retriever.biencoder import check_texts
 from twostage.retriever.hf import (cap_max_length, check_tokenizer, require_tokenizer_files, unreadable_weights,
                                    with_precision)
 from twostage.retriever.weights import ModelNotFoundError, resolve_model
 
 logger = logging.getLogger(__name__)
-
-
-class UntrainedHeadError(TwostageError, RuntimeError):
-    """The classification head is randomly initialised: its scores would be noise."""
 
 
 class CrossEncoder(torch.nn.Module):

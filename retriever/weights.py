@@ -22,13 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from twostage.indexer.atomic import atomic_directory, sha256_file
-from twostage.indexer.errors import ConfigError, TwostageError
+from twostage.indexer.errors import ConfigError, ModelNotFoundError
 
 logger = logging.getLogger(__name__)
-
-
-class ModelNotFoundError(TwostageError, FileNotFoundError):
-    """No local directory, cache, hub or wheel could provide the model."""
 
 
 @dataclass(frozen=True)
