@@ -23,7 +23,7 @@ import numpy as np
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from twostage.eval.report import versions  # noqa: E402
-from twostage.indexer.build import ann_from_vectors  # noqa: E402
+from twostage.indexer.vectors import ann_from_vectors  # noqa: E402
 from twostage.indexer.vectors import BackendConfig, default_params, prepare  # noqa: E402
 
 SETTINGS = {

@@ -25,7 +25,7 @@ from twostage.indexer.errors import ConfigError, DataError
 from twostage.indexer.index import Index, IndexChange, write_index_files, write_segment
 from twostage.indexer.manifest import EncoderInfo, Segment
 from twostage.indexer.records import Document
-from twostage.indexer.vectors import BackendConfig, FaissIndex, HnswlibIndex, default_params, prepare
+from twostage.indexer.vectors import BackendConfig, ann_from_vectors, default_params, prepare
 from twostage.indexer.versions import commit, writer_lock
 
 logger = logging.getLogger(__name__)
@@ -50,23 +50,6 @@ def _ids_hash(docs: list[Document]) -> str:
         h.update(json.dumps([d.id, d.title, d.text, dict(d.metadata)], sort_keys=True, default=str).encode())
         h.update(b"\n")
     return h.hexdigest()
-
-
-def ann_from_vectors(backend: BackendConfig, vectors: np.ndarray, batch: int = 65536) -> Any:
-    """Build the ANN structure of ``backend`` over ``vectors`` (labels = row numbers), in slices."""
-    n, dim = vectors.shape
-    params = {**default_params(backend.name, n, dim), **backend.params}
-    if backend.name == "flat":
-        return None
-    if backend.name == "hnswlib":
-        ann: Any = HnswlibIndex.create(backend.metric, dim, params, n)
-    else:
-        # k-means needs ~40-64 points per list; more only costs time
-        sample = np.asarray(vectors[np.linspace(0, n - 1, min(n, max(64 * int(params.get("nlist", 1)), 4096))).astype(int)])
-        ann = FaissIndex.create(backend.name, backend.metric, dim, params, sample)
-    for start in range(0, n, batch):
-        ann.add(np.ascontiguousarray(vectors[start:start + batch]), np.arange(start, min(n, start + batch)))
-    return ann
 
 
 def start_build(out: Path, plan: dict[str, Any], resume: bool) -> tuple[Path, list[dict[str, Any]]]:

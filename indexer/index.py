@@ -30,7 +30,15 @@ from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
 from twostage.indexer.manifest import EncoderInfo, Manifest, Segment, describe_files, read_manifest, verify_files
 from twostage.indexer.records import Document, RankedList
 from twostage.indexer.topk import check_k
-from twostage.indexer.vectors import BackendConfig, FaissIndex, FlatIndex, HnswlibIndex, prepare, verify_saved
+from twostage.indexer.vectors import (
+    BackendConfig,
+    FaissIndex,
+    FlatIndex,
+    HnswlibIndex,
+    ann_from_vectors,
+    prepare,
+    verify_saved,
+)
 from twostage.indexer.versions import Lease, commit, open_current, writer_lock
 from twostage.indexer.versions import current_version as _current_version
 
@@ -358,8 +366,6 @@ class Index:
 
     def change_compact(self) -> IndexChange:
         """The change that rewrites the index without tombstoned rows, in one segment, with a new ANN structure."""
-        from twostage.indexer.build import ann_from_vectors
-
         live = np.flatnonzero(~self.deleted)
         vectors = np.asarray(self.vectors())[live]
         docs = self.documents(self.doc_ids[live])

@@ -312,3 +312,20 @@ def check_hnswlib_file(path: Path, dim: int, count: int) -> None:
             at += words // 4
     if at != len(tail):
         raise bad(f"{(len(tail) - at) * 4} bytes after the last element")
+
+
+def ann_from_vectors(backend: BackendConfig, vectors: np.ndarray, batch: int = 65536) -> Any:
+    """Build the ANN structure of ``backend`` over ``vectors`` (labels = row numbers), in slices."""
+    n, dim = vectors.shape
+    params = {**default_params(backend.name, n, dim), **backend.params}
+    if backend.name == "flat":
+        return None
+    if backend.name == "hnswlib":
+        ann: Any = HnswlibIndex.create(backend.metric, dim, params, n)
+    else:
+        # k-means needs ~40-64 points per list; more only costs time
+        sample = np.asarray(vectors[np.linspace(0, n - 1, min(n, max(64 * int(params.get("nlist", 1)), 4096))).astype(int)])
+        ann = FaissIndex.create(backend.name, backend.metric, dim, params, sample)
+    for start in range(0, n, batch):
+        ann.add(np.ascontiguousarray(vectors[start:start + batch]), np.arange(start, min(n, start + batch)))
+    return ann

@@ -43,7 +43,6 @@ from twostage.indexer.vectors import BackendConfig
 from twostage.indexer.versions import Lease, commit, current_version, open_current, writer_lock
 from twostage.reranker.pipeline import rerank_lists
 from twostage.retriever.bm25 import BM25Retriever
-from twostage.retriever.bm25_store import load_bm25, write_bm25
 from twostage.retriever.hybrid import rrf
 
 logger = logging.getLogger(__name__)
@@ -122,7 +121,7 @@ class SearchEngine:
                 raise IndexFormatError(f"{version_dir / part}: missing; restore or rebuild the engine")
         verify_files(version_dir, _as_index_manifest(manifest), checksums=verify)
         index = Index.open_version(root, version_dir / "dense", verify=verify)
-        bm25 = load_bm25(version_dir / "bm25")
+        bm25 = BM25Retriever.load(version_dir / "bm25")
         return cls(root, version_dir, manifest, index, bm25, lease, models)
 
     def refresh(self, *, verify: bool = False) -> SearchEngine:
@@ -494,7 +493,7 @@ def _write_engine(directory: Path, bm25: BM25Retriever | None, manifest: EngineM
     """Write the BM25 part (unless already linked in) and the engine manifest of a version being committed."""
     if bm25 is not None:
         (directory / "bm25").mkdir()
-        write_bm25(bm25, directory / "bm25")
+        bm25.write_files(directory / "bm25")
     final = replace(manifest, files=engine_files(directory), versions=_versions())
     if final.documents == 0:
         raise DataError("the engine would hold no documents; build a new one instead")

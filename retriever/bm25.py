@@ -13,14 +13,17 @@ import logging
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
-from twostage.indexer.errors import ConfigError, DataError
+from twostage.indexer.atomic import atomic_directory
+from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
 from twostage.indexer.records import Document, RankedList
 from twostage.indexer.topk import check_k, top_k
 from twostage.retriever.analyzer import Analyzer, AnalyzerConfig
+from twostage.retriever.bm25_store import read_bm25_files, write_bm25_files
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +74,19 @@ class Bm25sEngine:
 
         model = bm25s.BM25(k1=k1, b=b, method="lucene")
         model.index(doc_terms, show_progress=show_progress)
+        return cls(model)
+
+    @classmethod
+    def from_arrays(cls, config: BM25Config, vocab: dict[str, int], arrays: dict[str, np.ndarray],
+                    num_docs: int) -> Bm25sEngine:
+        """The engine of a saved index (:func:`twostage.retriever.bm25_store.read_bm25_files`)."""
+        import bm25s
+
+        model = bm25s.BM25(k1=config.k1, b=config.b, method="lucene")
+        model.scores = {**arrays, "num_docs": num_docs}
+        model.vocab_dict = vocab
+        model.unique_token_ids_set = set(vocab.values())
+        model.nonoccurrence_array = None  # the Lucene variant has no non-occurrence term
         return cls(model)
 
     def scores(self, terms: list[str]) -> np.ndarray:
@@ -166,14 +182,24 @@ class BM25Retriever:
         k = check_k(k)
         return [self.search(q, k) for q in tqdm(queries, desc="bm25", unit="q", disable=not show_progress)]
 
-    def save(self, path: Any) -> None:
-        """Write the index to a directory (atomically); see :mod:`twostage.retriever.bm25_store`."""
-        from twostage.retriever.bm25_store import save_bm25
+    def save(self, path: str | Path) -> None:
+        """Write the index to a directory atomically (built aside, then renamed into place); see
+        :mod:`twostage.retriever.bm25_store` for the files."""
+        with atomic_directory(path) as tmp:
+            self.write_files(tmp)
 
-        save_bm25(self, path)
+    def write_files(self, directory: Path) -> None:
+        """Write the index's files into the existing ``directory`` (the caller makes the write atomic)."""
+        if not isinstance(self._engine, Bm25sEngine):
+            raise ConfigError("only the bm25s engine can be saved; rank-bm25 is the in-memory reference engine")
+        write_bm25_files(Path(directory), self._engine.model, self.doc_ids, self.config.to_dict())
 
     @classmethod
-    def load(cls, path: Any) -> BM25Retriever:
-        from twostage.retriever.bm25_store import load_bm25
-
-        return load_bm25(path)
+    def load(cls, path: str | Path) -> BM25Retriever:
+        """Open a saved index; the manifest and every file's checksum are checked before any array is read."""
+        raw, doc_ids, vocab, arrays = read_bm25_files(path)
+        try:
+            config = BM25Config.from_dict(raw)
+        except (TypeError, ValueError) as exc:
+            raise IndexFormatError(f"{path}: the BM25 settings in manifest.json are invalid ({exc}); rebuild it") from None
+        return cls(config, doc_ids, Bm25sEngine.from_arrays(config, vocab, arrays, len(doc_ids)))

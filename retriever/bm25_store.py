@@ -1,5 +1,8 @@
 """The BM25 index directory: JSON and ``.npy`` files only, checksummed, written atomically.
 
+This module knows the files; :class:`twostage.retriever.bm25.BM25Retriever` (``save``, ``load``, ``write_files``)
+turns them into a retriever, so the dependency points one way (bm25 -> bm25_store).
+
     BM25_DIR/
       manifest.json   format, version, BM25 and analyzer config, counts, sha256 of every file
       doc_ids.json    document ids in row order
@@ -15,31 +18,21 @@ from typing import Any
 
 import numpy as np
 
-from twostage.indexer.atomic import atomic_directory, sha256_file
-from twostage.indexer.errors import ConfigError, IndexFormatError
+from twostage.indexer.atomic import sha256_file
+from twostage.indexer.errors import IndexFormatError
 from twostage.indexer.manifest import read_manifest_json
-from twostage.retriever.bm25 import BM25Config, BM25Retriever, Bm25sEngine
 
 FORMAT = "twostage.bm25"
 FORMAT_VERSION = 1
 ARRAYS = ("data", "indices", "indptr")
 
 
-def save_bm25(retriever: BM25Retriever, path: str | Path) -> None:
-    """Write a BM25 directory at ``path`` atomically (built aside, then renamed into place)."""
-    with atomic_directory(path) as tmp:
-        write_bm25(retriever, tmp)
-
-
-def write_bm25(retriever: BM25Retriever, tmp: Path) -> None:
-    """Write the BM25 files into the existing directory ``tmp`` (the caller makes it atomic)."""
-    engine = retriever._engine
-    if not isinstance(engine, Bm25sEngine):
-        raise ConfigError("only the bm25s engine can be saved; rank-bm25 is the in-memory reference engine")
+def write_bm25_files(tmp: Path, model: Any, doc_ids: Any, config: dict[str, Any]) -> None:
+    """Write a bm25s model's files and the manifest into the existing directory ``tmp`` (the caller makes it
+    atomic). ``config`` is the retriever's BM25Config as a dict."""
     import bm25s
 
-    model = engine.model
-    (tmp / "doc_ids.json").write_text(json.dumps([str(i) for i in retriever.doc_ids]), encoding="utf-8")
+    (tmp / "doc_ids.json").write_text(json.dumps([str(i) for i in doc_ids]), encoding="utf-8")
     (tmp / "vocab.json").write_text(json.dumps(model.vocab_dict, ensure_ascii=False), encoding="utf-8")
     for name in ARRAYS:
         np.save(tmp / f"weights.{name}.npy", np.asarray(model.scores[name]), allow_pickle=False)
@@ -47,8 +40,8 @@ def write_bm25(retriever: BM25Retriever, tmp: Path) -> None:
     manifest = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
-        "config": retriever.config.to_dict(),
-        "num_docs": len(retriever),
+        "config": config,
+        "num_docs": len(doc_ids),
         "vocab_size": len(model.vocab_dict),
         "versions": {"bm25s": bm25s.__version__},
         "files": {name: sha256_file(tmp / name) for name in files},
@@ -60,10 +53,9 @@ def _read_manifest(root: Path) -> dict[str, Any]:
     return read_manifest_json(root, FORMAT, FORMAT_VERSION, "a BM25 index directory", "BM25Retriever.save")
 
 
-def load_bm25(path: str | Path) -> BM25Retriever:
-    """Load a BM25 directory, checking the manifest and every file's checksum before reading arrays."""
-    import bm25s
-
+def read_bm25_files(path: str | Path) -> tuple[dict[str, Any], list[str], dict[str, int], dict[str, np.ndarray]]:
+    """The config dict, document ids, vocabulary and weight arrays of a BM25 directory, after checking the manifest
+    and every file's checksum (before any array is read) and that arrays and counts agree."""
     root = Path(path)
     if not root.is_dir():
         raise IndexFormatError(f"{root}: no such BM25 index directory")
@@ -78,7 +70,7 @@ def load_bm25(path: str | Path) -> BM25Retriever:
         if sha256_file(file) != digest:
             raise IndexFormatError(f"{file}: checksum mismatch (file corrupted or changed); rebuild the index")
     try:
-        config = BM25Config.from_dict(manifest["config"])
+        config = manifest["config"]
         doc_ids = json.loads((root / "doc_ids.json").read_text(encoding="utf-8"))
         vocab = json.loads((root / "vocab.json").read_text(encoding="utf-8"))
         arrays = {name: np.load(root / f"weights.{name}.npy", allow_pickle=False) for name in ARRAYS}
@@ -96,9 +88,6 @@ def load_bm25(path: str | Path) -> BM25Retriever:
     )
     if not consistent:
         raise IndexFormatError(f"{root}: arrays and counts disagree with manifest.json; rebuild the index")
-    model = bm25s.BM25(k1=config.k1, b=config.b, method="lucene")
-    model.scores = {**arrays, "num_docs": n}
-    model.vocab_dict = vocab
-    model.unique_token_ids_set = set(vocab.values())
-    model.nonoccurrence_array = None  # the Lucene variant has no non-occurrence term
-    return BM25Retriever(config, doc_ids, Bm25sEngine(model))
+    if not isinstance(config, dict):
+        raise IndexFormatError(f"{root / 'manifest.json'}: config is not an object; rebuild the index")
+    return config, doc_ids, vocab, arrays

@@ -54,3 +54,27 @@ def test_no_pickle_anywhere():
         for path in (ROOT / layer).rglob("*.py"):
             text = path.read_text()
             assert "import pickle" not in text and "allow_pickle=True" not in text, path
+
+
+def test_no_import_cycles_between_modules():
+    """Not even through an import inside a function: a module either uses another or is used by it."""
+    graph = {}
+    for layer in LAYERS:
+        for path in (ROOT / layer).glob("*.py"):
+            name = f"twostage.{layer}.{path.stem}"
+            graph[name] = {n for n in imports(path) if n.startswith("twostage.") and n.count(".") == 2}
+    seen: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> None:
+        seen[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if seen.get(nxt) == 1:
+                cycle = path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if nxt not in seen:
+                visit(nxt, [*path, nxt])
+        seen[node] = 2
+
+    for node in sorted(graph):
+        if node not in seen:
+            visit(node, [node])
