@@ -32,8 +32,11 @@ def main() -> int:
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
+    import httpx
+
     server = Server(args.engine)
-    try:
+    try:  # one search first, so that the page shows a warm server's timings
+        httpx.post(f"{server.url}/search", json={"query": "warm up"}, timeout=120).raise_for_status()
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=args.chromium, args=CHROMIUM_FLAGS)
             page = browser.new_page(viewport={"width": 1000, "height": 1300})

@@ -109,7 +109,34 @@ async def load(url: str, queries: list[str], concurrency: int, requests: int, ma
     return {"concurrency": concurrency, "requests": len(latencies), "errors": len(errors), "error_samples": errors[:3],
             "seconds": wall, "rps": len(latencies) / wall, "p50_ms": float(np.percentile(lat, 50)),
             "p95_ms": float(np.percentile(lat, 95)), "p99_ms": float(np.percentile(lat, 99)),
-            "versions": sorted(versions)}
+            "versions": sorted(versions), "_latencies": lat}
+
+
+def measure(server: Server, queries: list[str], c: int, n: int, max_seconds: float) -> dict[str, Any]:
+    """One load run, with the mean number of requests that shared a reranker call (batching servers)."""
+    before = server.stats().get("batching") or {}
+    result = asyncio.run(load(server.url, queries, c, n, max_seconds))
+    after = server.stats().get("batching") or {}
+    if after:
+        calls = after["reranker"]["model_calls"] - before["reranker"]["model_calls"]
+        reqs = after["reranker"]["requests"] - before["reranker"]["requests"]
+        result["mean_batch_requests"] = reqs / calls if calls else 0.0
+    result["latencies"] = result.pop("_latencies")
+    return result
+
+
+def combine(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rounds of one mode and level: requests/s is total requests over total seconds, percentiles over all."""
+    lat = np.concatenate([r["latencies"] for r in results])
+    out = {"concurrency": results[0]["concurrency"], "requests": sum(r["requests"] for r in results),
+           "errors": sum(r["errors"] for r in results), "seconds": sum(r["seconds"] for r in results),
+           "rps_rounds": [r["rps"] for r in results],
+           "p50_ms": float(np.percentile(lat, 50)), "p95_ms": float(np.percentile(lat, 95)),
+           "p99_ms": float(np.percentile(lat, 99))}
+    out["rps"] = out["requests"] / out["seconds"]
+    if "mean_batch_requests" in results[0]:
+        out["mean_batch_requests"] = float(np.mean([r["mean_batch_requests"] for r in results]))
+    return out
 
 
 def synthetic_documents(n: int) -> list[dict[str, Any]]:
@@ -151,6 +178,7 @@ def writer_phase(engine: Path, queries: list[str], n_add: int) -> dict[str, Any]
     writer = threading.Thread(target=write)
     writer.start()
     searched = asyncio.run(load(server.url, queries, 4, 0, 0, stop=stop))
+    searched.pop("_latencies")
     writer.join()
     # every added document: its code word through BM25 alone (exact), and a sample through the default pipeline
     found_bm25 = found_default = 0
@@ -172,6 +200,24 @@ def writer_phase(engine: Path, queries: list[str], n_add: int) -> dict[str, Any]
             "found_default": found_default, "default_sample": len(sample), "server_stats": stats}
 
 
+def batch_curve(reranker: str, precision: str, data: Path, queries: list[str]) -> dict[int, float]:
+    """Pairs/s of the reranker alone at several batch sizes (SciFact query, document pairs): whether a bigger
+    batch is cheaper per pair on this machine, i.e. whether batching across requests can raise throughput."""
+    from twostage.indexer.corpus import iter_documents
+    from twostage.reranker.cross_encoder import CrossEncoder
+
+    ce = CrossEncoder.load(reranker, precision=precision)
+    docs = [d.full_text for _, d in zip(range(640), iter_documents(data))]
+    pairs = [(queries[i % len(queries)], docs[i]) for i in range(len(docs))]
+    ce.predict(pairs[:64], batch_size=32)
+    curve = {}
+    for size in (10, 20, 32, 64, 128):
+        t = time.perf_counter()
+        ce.predict(pairs, batch_size=size)
+        curve[size] = len(pairs) / (time.perf_counter() - t)
+    return curve
+
+
 def machine() -> str:
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     model = next((line.split(":", 1)[1].strip() for line in flags.splitlines() if line.startswith("model name")), "?")
@@ -186,7 +232,8 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "serve-load")
     parser.add_argument("--concurrency", default="1,4,16")
     parser.add_argument("--requests", type=int, default=160, help="requests per level (c=1 sends a quarter)")
-    parser.add_argument("--max-seconds", type=float, default=90, help="time limit per level")
+    parser.add_argument("--max-seconds", type=float, default=90, help="time limit per level and round")
+    parser.add_argument("--rounds", type=int, default=2, help="runs per level and mode, alternating their order")
     parser.add_argument("--add", type=int, default=1000, help="documents the writer adds during a load run")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "serve_load")
     args = parser.parse_args()
@@ -204,6 +251,7 @@ def main() -> int:
                            show_progress=True).close()
     engine = SearchEngine.load(built, verify=True)
     settings = engine.settings
+    precision = engine.precision
     print(f"engine: {len(engine)} documents, first stage {settings.first_stage}, rerank top {settings.k_retrieve}, "
           f"precision {engine.precision}", flush=True)
     engine.close()
@@ -215,21 +263,24 @@ def main() -> int:
             asyncio.run(load(server.url, queries[-8:], 2, 8, 60))
         for c in (int(x) for x in args.concurrency.split(",")):
             n = args.requests // 4 if c == 1 else args.requests
-            for name, server in servers.items():
-                before = server.stats().get("batching") or {}
-                result = asyncio.run(load(server.url, queries, c, n, args.max_seconds))
-                after = server.stats().get("batching") or {}
-                if after:
-                    calls = after["reranker"]["model_calls"] - before["reranker"]["model_calls"]
-                    reqs = after["reranker"]["requests"] - before["reranker"]["requests"]
-                    result["mean_batch_requests"] = reqs / calls if calls else 0.0
+            runs: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
+            for round_ in range(args.rounds):  # alternate the order: on, off, off, on, ...
+                order = list(servers) if round_ % 2 == 0 else list(reversed(servers))
+                for name in order:
+                    runs[name].append(measure(servers[name], queries, c, n, args.max_seconds))
+            for name, results in runs.items():
+                result = combine(results)
                 rows.append({"mode": name, **result})
                 print(f"{name:12s} c={c:2d}: {result['requests']} requests, {result['errors']} errors, "
-                      f"{result['rps']:.2f} req/s, p50 {result['p50_ms']:.0f} ms, p95 {result['p95_ms']:.0f} ms, "
-                      f"p99 {result['p99_ms']:.0f} ms", flush=True)
+                      f"{result['rps']:.2f} req/s (rounds {', '.join(f'{r:.2f}' for r in result['rps_rounds'])}), "
+                      f"p50 {result['p50_ms']:.0f} ms, p95 {result['p95_ms']:.0f} ms, p99 {result['p99_ms']:.0f} ms",
+                      flush=True)
     finally:
         for server in servers.values():
             server.stop()
+
+    curve = batch_curve(args.reranker, precision, args.data, queries)
+    print("reranker alone, pairs/s by batch size: " + ", ".join(f"{b}: {v:.0f}" for b, v in curve.items()), flush=True)
 
     copy = args.work / "engine-writer"
     shutil.rmtree(copy, ignore_errors=True)
@@ -243,8 +294,8 @@ def main() -> int:
 
     report = {"command": "python benchmarks/serve_load.py " + " ".join(sys.argv[1:]), "machine": machine(),
               "engine": {"documents": w["documents_before"], "first_stage": settings.first_stage,
-                         "k_retrieve": settings.k_retrieve, "precision": settings.precision},
-              "levels": rows, "writer": w}
+                         "k_retrieve": settings.k_retrieve, "precision": f"{precision} ({settings.precision})"},
+              "rounds": args.rounds, "levels": rows, "reranker_pairs_per_s": curve, "writer": w}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
     args.out.with_suffix(".md").write_text(markdown(report))
@@ -264,7 +315,9 @@ def markdown(report: dict[str, Any]) -> str:
              "asyncio) runs on the same 2 cores as the server.", "",
              f"Engine: SciFact corpus, {e['documents']} documents, first stage {e['first_stage']}, reranker on the top "
              f"{e['k_retrieve']} (default depth), precision {e['precision']}. Each request: `POST /search` "
-             "`{query, k: 10}` with a SciFact test query.", "",
+             "`{query, k: 10}` with a SciFact test query. Each level runs "
+             f"{report['rounds']} rounds per mode in alternating order (on, off, off, on); requests/s is all requests "
+             "over all seconds, percentiles over all requests.", "",
              "| mode | concurrency | requests | errors | requests/s | p50 ms | p95 ms | p99 ms | mean requests per "
              "reranker call |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in report["levels"]:
@@ -274,6 +327,11 @@ def markdown(report: dict[str, Any]) -> str:
     lines += ["", "Batching vs none (requests/s ratio): " + ", ".join(
         f"c={r['concurrency']} **{r['rps'] / o['rps']:.2f}x**" for r in report["levels"] if r["mode"] == "batching"
         for o in report["levels"] if o["mode"] == "no batching" and o["concurrency"] == r["concurrency"]), ""]
+    curve = report["reranker_pairs_per_s"]
+    lines += ["The reranker alone on this machine (same model and precision, 640 SciFact pairs), pairs/s by batch "
+              "size: " + ", ".join(f"{b}: {v:.0f}" for b, v in curve.items()) + ". One request reranks "
+              f"{e['k_retrieve']} pairs, so the cores cap throughput near "
+              f"{max(curve.values()) / e['k_retrieve']:.1f} requests/s whatever the batching.", ""]
     s = w["search"]
     lines += ["## A writer during the load", "",
               f"{w['added']} documents added through `POST /documents` in {len(w['writes'])} commits of 100 "
