@@ -31,7 +31,7 @@ KEY = "s3cret-key"
 def engine_dir(tmp_path_factory, models):
     retriever, reranker = models
     path = tmp_path_factory.mktemp("served") / "eng"
-    SearchEngine.build(SAMPLE, path, retriever=retriever, reranker=reranker).close()
+    SearchEngine.build(SAMPLE, path, retriever=retriever, reranker=reranker, precision="fp32").close()
     return path
 
 
@@ -249,7 +249,8 @@ def test_a_version_committed_by_another_process_is_picked_up(fresh):
         SearchEngine.load(fresh).add([Document("ext-1", "walruses on the ice floe", "Walrus")])
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
-            body = client.post("/search", json={"query": "walruses ice floe", "k": 1}).json()
+            body = client.post("/search", json={"query": "walruses ice floe", "k": 1, "first_stage": "bm25",
+                                                "rerank": False}).json()
             if body["version"] != old:
                 break
             time.sleep(0.1)
