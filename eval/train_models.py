@@ -18,32 +18,23 @@ from typing import Any
 
 from twostage.indexer.errors import ConfigError
 from twostage.reranker.training import RerankerConfig, train_reranker_on
-from twostage.retriever.mining import MiningConfig
 from twostage.retriever.recipe import RetrieverRecipe, train_retriever
-from twostage.retriever.trainer import TrainConfig
 
 logger = logging.getLogger(__name__)
 
 
-def _default_retriever() -> RetrieverRecipe:
-    return RetrieverRecipe(train=TrainConfig(epochs=3, batch_size=32, lr=3e-5, bf16=True), negatives=1)
-
-
-def _default_reranker() -> RerankerConfig:
-    return RerankerConfig(epochs=2, negatives=7, lr=5e-5, max_length=128, bf16=True, mine_from=("bm25", "dense"),
-                          title_groups=1500, mining=MiningConfig(num_negatives=7, depth=50, skip_top=0))
-
-
 @dataclass(frozen=True)
 class TrainSettings:
-    """What ``bench --train-split`` trains (defaults: the recipes measured on SciFact in benchmarks/results)."""
+    """What ``bench --train-split`` trains: the recipes' own defaults (measured on SciFact, benchmarks/results), one
+    dev fraction and seed for both. ``twostage train-retriever`` / ``train-reranker`` take their flags' defaults
+    from ``TrainSettings().aligned()``, so all three train the same thing."""
 
     base: str = "all-MiniLM-L6-v2"
     dev_fraction: float = 0.1
     seed: int = 42
     dev_depth: int = 30
-    retriever: RetrieverRecipe = field(default_factory=_default_retriever)
-    reranker: RerankerConfig = field(default_factory=_default_reranker)
+    retriever: RetrieverRecipe = field(default_factory=RetrieverRecipe)
+    reranker: RerankerConfig = field(default_factory=RerankerConfig)
 
     def aligned(self) -> TrainSettings:
         """The same dev queries for both models: one fraction, one seed."""
@@ -121,8 +112,6 @@ def train_models(data: str | Path, train_split: str, eval_split: str, models_dir
         out = models_dir / "reranker"
         config = settings.reranker
         encoder = BiEncoder.load(retriever, precision="bf16" if config.bf16 else "fp32") if retriever else None
-        if encoder is None and "dense" in config.mine_from:
-            config = replace(config, mine_from=("bm25",))
         train_reranker_on(data, train_split, settings.base, out, config, dev_fraction=settings.dev_fraction,
                           dev_depth=settings.dev_depth, dev_metric=ndcg, retriever=encoder,
                           show_progress=show_progress)

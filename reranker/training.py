@@ -54,22 +54,25 @@ class Group:
 
 @dataclass(frozen=True)
 class RerankerConfig:
+    """How the reranker trains. The defaults are the measured SciFact recipe (benchmarks/results/ablation-scifact):
+    what ``twostage train-reranker`` with no flags, ``bench --train-split`` and ``train_reranker_on`` all use."""
+
     epochs: int = 2
     groups_per_batch: int = 8
-    negatives: int = 3
+    negatives: int = 7
     loss: str = "listwise"
-    lr: float = 3e-5
+    lr: float = 5e-5
     warmup_ratio: float = 0.1
     weight_decay: float = 0.01
     max_grad_norm: float = 1.0
-    max_length: int = 256
+    max_length: int = 128
     seed: int = 42
-    bf16: bool = False
-    mine_from: tuple[str, ...] = ("bm25",)  # negatives are split evenly between these first stages
-    title_groups: int = 0  # (title, text) weak-supervision groups drawn from the corpus
+    bf16: bool = True  # autocast; fp32 weights
+    mine_from: tuple[str, ...] = ("bm25", "dense")  # negatives are split evenly between these first stages
+    title_groups: int = 1500  # (title, text) weak-supervision groups drawn from the corpus
     title_negatives: int = 3
     checkpoint_every: int = 50  # steps
-    mining: MiningConfig = field(default_factory=lambda: MiningConfig(num_negatives=3, depth=50, skip_top=0))
+    mining: MiningConfig = field(default_factory=lambda: MiningConfig(num_negatives=7, depth=50, skip_top=0))
 
     def __post_init__(self) -> None:
         if self.loss not in ("bce", "listwise"):
@@ -248,7 +251,7 @@ def train_reranker_on(data: str | Path | BeirDataset, split: str, base: str, out
                       command: str | None = None) -> dict[str, Any]:
     """Train a reranker from ``base`` on a BEIR split.
 
-    ``retriever`` (a bi-encoder) enables dense-mined negatives. With ``dev_fraction``, held-out train queries
+    ``retriever`` (a bi-encoder) mines the dense negatives (the base model when none is given). With ``dev_fraction``, held-out train queries
     pick the best epoch by ``dev_metric(qrels, run)`` on the first stages' top ``dev_depth`` reranked, then the
     score interpolation with the first stage (saved with the model, used by :class:`Pipeline`).
     """
@@ -261,6 +264,11 @@ def train_reranker_on(data: str | Path | BeirDataset, split: str, base: str, out
     queries, dev_queries = hold_out(list(sp.queries), dev_fraction, config.seed)
     bm25 = BM25Retriever.build(corpus)
     first_stages: dict[str, Any] = {"bm25": bm25}
+    if retriever is None and "dense" in config.mine_from:  # no fine-tuned bi-encoder given: the base model mines
+        from twostage.retriever.biencoder import BiEncoder
+
+        logger.info("mining dense negatives with the base model %s (pass a fine-tuned bi-encoder to use it)", base)
+        retriever = BiEncoder.load(base, precision="bf16" if config.bf16 else "fp32")
     if retriever is not None:
         from twostage.retriever.dense import DenseRetriever
 

@@ -115,7 +115,8 @@ def test_training_fits_the_training_queries(tmp_path, tiny_bert_dir, sample_dir)
     from twostage.reranker.training import RerankerConfig, groups_from_split, train_reranker
 
     ds = BeirDataset(sample_dir)
-    config = RerankerConfig(epochs=4, groups_per_batch=8, negatives=3, lr=2e-3, max_length=64)
+    config = RerankerConfig(epochs=4, groups_per_batch=8, negatives=3, lr=2e-3, max_length=64, mine_from=("bm25",),
+                            bf16=False)
     groups = groups_from_split(ds, "train", config)
     assert len(groups) == sum(len(ds.split("train").qrels.relevant(q.id)) for q in ds.split("train").queries)
 
@@ -140,7 +141,8 @@ def test_a_killed_reranker_run_resumes_to_the_same_model(tmp_path, tiny_bert_dir
     from twostage.reranker.training import RerankerConfig, groups_from_split, train_reranker
 
     ds = BeirDataset(sample_dir)
-    config = RerankerConfig(epochs=2, groups_per_batch=8, negatives=2, lr=1e-3, max_length=48, checkpoint_every=2)
+    config = RerankerConfig(epochs=2, groups_per_batch=8, negatives=2, lr=1e-3, max_length=48, checkpoint_every=2,
+                            mine_from=("bm25",), bf16=False)
     groups = groups_from_split(ds, "train", config)
 
     def fresh():  # the new head is drawn from torch's RNG: the same draw for every run

@@ -309,3 +309,36 @@ def test_recipe_second_round_nli_and_teacher(tmp_path, tiny_bert_dir, sample):
     with pytest.raises(ConfigError, match="needs hard negatives"):
         train_retriever(ds, "train", str(tiny_bert_dir), tmp_path / "n", RetrieverRecipe(negatives=0),
                         teacher=lambda pairs: np.zeros(len(pairs)))
+
+
+def test_training_commands_with_no_flags_train_the_recipe_bench_trains(tmp_path, tiny_bert_dir, sample_dir):
+    """One source of defaults: `train-retriever` / `train-reranker` with no recipe flags record exactly the settings
+    of `TrainSettings().aligned()`, which is what `bench --train-split` trains and records."""
+    from dataclasses import asdict
+
+    from twostage.eval.cli import main
+    from twostage.eval.train_models import TrainSettings
+    from twostage.reranker.training import RerankerConfig
+    from twostage.retriever.recipe import RetrieverRecipe
+
+    settings = TrainSettings().aligned()
+    bench_records = json.loads(json.dumps(asdict(settings), default=str))  # what train_models records
+    assert settings.retriever == replace(RetrieverRecipe(), dev_fraction=settings.dev_fraction)
+    assert settings.reranker == RerankerConfig()
+
+    base = str(tiny_bert_dir)
+    assert main(["-q", "train-retriever", "--data", str(sample_dir), "--base", base, "--out", str(tmp_path / "bi")]) == 0
+    recorded = json.loads((tmp_path / "bi" / "twostage.json").read_text())["training"]["recipe"]
+    assert recorded == bench_records["retriever"]
+
+    assert main(["-q", "train-reranker", "--data", str(sample_dir), "--base", base, "--out", str(tmp_path / "ce"),
+                 "--retriever-model", str(tmp_path / "bi")]) == 0
+    recorded = json.loads((tmp_path / "ce" / "twostage.json").read_text())["training"]["config"]
+    assert recorded == bench_records["reranker"]
+
+    # a flag changes only its own field
+    assert main(["-q", "train-reranker", "--data", str(sample_dir), "--base", base, "--out", str(tmp_path / "ce2"),
+                 "--epochs", "1", "--no-bf16", "--mine-from", "bm25", "--title-groups", "10"]) == 0
+    recorded = json.loads((tmp_path / "ce2" / "twostage.json").read_text())["training"]["config"]
+    assert {k for k in recorded if recorded[k] != bench_records["reranker"][k]} == {"epochs", "bf16", "mine_from",
+                                                                                     "title_groups"}
