@@ -19,7 +19,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from twostage.eval.report import versions  # noqa: E402
 from twostage.retriever.biencoder import BiEncoder  # noqa: E402
-from twostage.retriever.sts import sts_spearman  # noqa: E402
+from twostage.eval.sts import sts_spearman  # noqa: E402
 from twostage.retriever.trainer import TrainConfig, train  # noqa: E402
 from twostage.retriever.training_data import nli_triplets  # noqa: E402
 

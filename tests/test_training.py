@@ -16,7 +16,7 @@ from twostage.retriever.dense import DenseRetriever
 from twostage.retriever.gradcache import CachedMultipleNegativesRankingLoss
 from twostage.retriever.losses import MultipleNegativesRankingLoss
 from twostage.retriever.mining import MiningConfig, load_negatives, mine_hard_negatives, save_negatives
-from twostage.retriever.sts import sts_spearman
+from twostage.eval.sts import sts_spearman
 from twostage.retriever.trainer import TrainConfig, _Objectives, train
 from twostage.retriever.training_data import (
     PairExample,
