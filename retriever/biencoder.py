@@ -57,7 +57,13 @@ def config_from_directory(path: Path) -> BiEncoderConfig:
     """The encoder config recorded in a model directory (twostage.json, else sentence-transformers files)."""
     ours = path / "twostage.json"
     if ours.is_file():
-        data = _read_json(ours).get("encoder", {})
+        meta = _read_json(ours)
+        if not isinstance(meta, dict):
+            raise ConfigError(f"{ours}: not a JSON object; restore the model directory or train it again")
+        if meta.get("kind", "bi-encoder") != "bi-encoder":
+            raise ConfigError(f"{path}: a {meta.get('kind')} model (twostage.json), not a bi-encoder; give it where a "
+                              "reranker is taken (--reranker), and a bi-encoder here")
+        data = meta.get("encoder", {})
         return BiEncoderConfig(**{k: v for k, v in data.items() if k in BiEncoderConfig.__dataclass_fields__})
     cfg = BiEncoderConfig()
     modules = path / "modules.json"
@@ -272,6 +278,6 @@ class BiEncoder(torch.nn.Module):
                   "prompts": {"query": self.config.query_prefix, "document": self.config.document_prefix},
                   "default_prompt_name": None, "similarity_fn_name": "cosine" if self.config.normalize else "dot"}
             (tmp / "config_sentence_transformers.json").write_text(json.dumps(st, indent=2) + "\n")
-            meta = {"encoder": asdict(self.config), "training": training or {}, "base": self.name}
+            meta = {"kind": "bi-encoder", "encoder": asdict(self.config), "training": training or {}, "base": self.name}
             (tmp / "twostage.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
         return path

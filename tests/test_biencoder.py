@@ -145,3 +145,17 @@ def test_thread_count_is_respected_and_restored(enc, monkeypatch):
     assert seen and set(seen) == {1} and torch.get_num_threads() == before
     with pytest.raises(ConfigError):
         enc.encode(TEXTS, threads=0)
+
+
+def test_a_cross_encoder_is_refused_as_a_bi_encoder(models, tmp_path):
+    import json
+
+    from twostage.indexer.errors import ConfigError
+    from twostage.retriever.biencoder import BiEncoder
+
+    retriever, reranker = models
+    with pytest.raises(ConfigError, match="not a bi-encoder.*--reranker"):
+        BiEncoder.load(reranker)
+    saved = BiEncoder.load(retriever).save(tmp_path / "bi")
+    assert json.loads((saved / "twostage.json").read_text())["kind"] == "bi-encoder"
+    assert BiEncoder.load(saved).dim == BiEncoder.load(retriever).dim
