@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from twostage.indexer.codec import from_json_dict, to_json_dict
 from twostage.indexer.errors import ConfigError
 from twostage.reranker.training import RerankerConfig, train_reranker_on
 from twostage.retriever.recipe import RetrieverRecipe, train_retriever
@@ -43,25 +44,6 @@ class TrainSettings:
         return replace(self, retriever=retriever, reranker=replace(self.reranker, seed=self.seed))
 
 
-def _build(current: Any, data: dict[str, Any], where: str) -> Any:
-    """``current`` (a dataclass instance) with the fields ``data`` names replaced, nested ones too."""
-    known = [f.name for f in fields(current)]
-    unknown = set(data) - set(known)
-    if unknown:
-        raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}; known: {', '.join(known)}")
-    values = {}
-    for name, value in data.items():
-        default = getattr(current, name)
-        if is_dataclass(default) and isinstance(value, dict):
-            values[name] = _build(default, value, f"{where}.{name}")
-        else:
-            values[name] = tuple(value) if isinstance(default, tuple) else value
-    try:
-        return replace(current, **values)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: {exc}") from None
-
-
 def load_settings(path: str | Path) -> TrainSettings:
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -69,7 +51,7 @@ def load_settings(path: str | Path) -> TrainSettings:
         raise ConfigError(f"{path}: cannot read the training settings ({exc})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the training settings must be a JSON object")
-    return _build(TrainSettings(), data, str(path))
+    return from_json_dict(TrainSettings, data, str(path))
 
 
 @dataclass(frozen=True)
@@ -117,4 +99,4 @@ def train_models(data: str | Path, train_split: str, eval_split: str, models_dir
                           show_progress=show_progress)
         reranker = str(out)
         seconds["train_reranker_s"] = time.perf_counter() - t
-    return TrainedModels(retriever, reranker, seconds, json.loads(json.dumps(asdict(settings), default=str)))
+    return TrainedModels(retriever, reranker, seconds, to_json_dict(settings))

@@ -15,10 +15,11 @@ together and switched together. Everything here is validated before any library 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from twostage.indexer.codec import from_json_dict, to_json_dict
 from twostage.indexer.errors import ConfigError, IndexFormatError
 from twostage.indexer.manifest import check_file_name, describe_files, read_manifest_json
 
@@ -71,18 +72,12 @@ class EngineSettings:
             raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return to_json_dict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "settings") -> EngineSettings:
         """Settings from JSON; an unknown key is an error naming it."""
-        if not isinstance(data, dict):
-            raise ConfigError(f"{where}: expected an object of settings")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"{where}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        return cls(**data)
+        return from_json_dict(cls, data, where)
 
 
 def resolve_precision(precision: str) -> str:

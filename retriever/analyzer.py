@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
+from twostage.indexer.codec import from_json_dict, to_json_dict
 from twostage.indexer.errors import ConfigError, MissingDependencyError
 
 # Lucene's EnglishAnalyzer stop set (the classic 33 words), the list BM25 baselines use.
@@ -32,20 +33,11 @@ class AnalyzerConfig:
     token_pattern: str = r"(?u)\b\w\w+\b"
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        if isinstance(self.stopwords, tuple):
-            d["stopwords"] = list(self.stopwords)
-        return d
+        return to_json_dict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> AnalyzerConfig:
-        sw = d.get("stopwords", "en")
-        return cls(
-            lowercase=bool(d.get("lowercase", True)),
-            stopwords=tuple(sw) if isinstance(sw, list) else sw,
-            stemmer=d.get("stemmer", "english"),
-            token_pattern=d.get("token_pattern", cls.token_pattern),
-        )
+    def from_dict(cls, d: dict[str, Any], where: str = "analyzer settings") -> AnalyzerConfig:
+        return from_json_dict(cls, d, where)
 
 
 class Analyzer:

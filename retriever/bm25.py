@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from twostage.indexer.atomic import atomic_directory
+from twostage.indexer.codec import from_json_dict, to_json_dict
 from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
 from twostage.indexer.records import Document, RankedList
 from twostage.indexer.topk import check_k, top_k
@@ -46,16 +47,12 @@ class BM25Config:
             raise ConfigError(f"BM25 needs k1 >= 0 and 0 <= b <= 1, got k1={self.k1}, b={self.b}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"k1": self.k1, "b": self.b, "engine": self.engine, "analyzer": self.analyzer.to_dict()}
+        return to_json_dict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> BM25Config:
-        return cls(
-            k1=float(d.get("k1", 1.5)),
-            b=float(d.get("b", 0.75)),
-            engine=str(d.get("engine", "bm25s")),
-            analyzer=AnalyzerConfig.from_dict(d.get("analyzer", {})),
-        )
+    def from_dict(cls, d: dict[str, Any], where: str = "BM25 settings") -> BM25Config:
+        """Settings from JSON (what :meth:`to_dict` wrote); an unknown key is an error naming it."""
+        return from_json_dict(cls, d, where)
 
 
 class _Engine(Protocol):

@@ -1,0 +1,47 @@
+"""The one dataclass <-> JSON codec: round trips, defaults for missing keys, unknown keys named."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from twostage.indexer.codec import from_json_dict, to_json_dict
+from twostage.indexer.engine_dir import EngineSettings
+from twostage.indexer.errors import ConfigError
+from twostage.retriever.analyzer import AnalyzerConfig
+from twostage.retriever.bm25 import BM25Config
+
+
+def test_round_trips_through_json_text():
+    from twostage.eval.train_models import TrainSettings
+
+    for record in (EngineSettings(k_retrieve=7, interpolation=None), BM25Config(k1=0.9, analyzer=AnalyzerConfig(
+            stopwords=("the", "a"))), TrainSettings(dev_fraction=0.2)):
+        data = json.loads(json.dumps(to_json_dict(record)))
+        assert from_json_dict(type(record), data, "x") == record
+
+
+def test_missing_keys_keep_defaults_and_nested_records_fill_in():
+    bm25 = BM25Config.from_dict({"b": 0.5, "analyzer": {"stemmer": None}})
+    assert bm25.b == 0.5 and bm25.k1 == BM25Config().k1
+    assert bm25.analyzer == AnalyzerConfig(stemmer=None)
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"depht": 50}, "settings: unknown setting(s) depht; known: first_stage"),
+    ({"k_retrieve": 0}, "settings: k_retrieve must be a positive integer"),
+    ([1, 2], "settings: expected an object of settings, got list"),
+])
+def test_errors_name_the_key(data, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        EngineSettings.from_dict(data)
+
+
+def test_nested_unknown_key_is_named_with_its_path():
+    from twostage.eval.train_models import TrainSettings
+
+    with pytest.raises(ConfigError, match=r"f.json.reranker: unknown setting\(s\) epocs"):
+        from_json_dict(TrainSettings, {"reranker": {"epocs": 3}}, "f.json")
+    with pytest.raises(ConfigError, match=r"BM25 settings.analyzer: unknown setting\(s\) stem"):
+        BM25Config.from_dict({"analyzer": {"stem": "english"}})
