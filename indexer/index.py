@@ -142,7 +142,7 @@ class Index:
                      lease: Lease | None = None) -> Index:
         """Open one version directory (its manifest checked, then its files)."""
         manifest = read_manifest(version_dir)
-        verify_files(version_dir, manifest, checksums=verify)
+        verify_files(version_dir, manifest.files, checksums=verify)
         return cls(root, version_dir, manifest, encoder, lease)
 
     def refresh(self, *, verify: bool = False) -> Index:

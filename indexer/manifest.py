@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,10 +111,7 @@ def read_manifest(root: Path) -> Manifest:
         if not isinstance(seg.name, str) or not _PLAIN.match(seg.name) or not isinstance(seg.rows, int) \
                 or not isinstance(seg.start, int) or seg.rows < 0 or seg.start < 0:
             raise IndexFormatError(f"{path}: malformed segment {seg!r}; restore or rebuild the index")
-    for rel, meta in manifest.files.items():
-        check_file_name(rel, path)
-        if not isinstance(meta, dict) or not isinstance(meta.get("bytes"), int) or not isinstance(meta.get("sha256"), str):
-            raise IndexFormatError(f"{path}: entry of {rel!r} needs integer bytes and a sha256; restore or rebuild")
+    check_file_entries(path, manifest.files)
     if not isinstance(manifest.encoder.dim, int) or manifest.encoder.dim <= 0 or not isinstance(manifest.deleted, int):
         raise IndexFormatError(f"{path}: malformed counts; restore or rebuild the index")
     if data["counts"].get("rows") != manifest.rows or data["counts"].get("dim") != manifest.encoder.dim:
@@ -121,9 +119,21 @@ def read_manifest(root: Path) -> Manifest:
     return manifest
 
 
-def verify_files(root: Path, manifest: Manifest, *, checksums: bool = True) -> None:
-    """Every listed file exists with its size (and, with ``checksums``, its sha256)."""
-    for rel, meta in manifest.files.items():
+def check_file_entries(where: Path, files: Any) -> dict[str, dict[str, Any]]:
+    """The ``files`` of a manifest, checked: plain names inside the directory, each with integer bytes and a
+    sha256 (what :func:`describe_files` writes)."""
+    if not isinstance(files, dict):
+        raise IndexFormatError(f"{where}: files must be an object; restore or rebuild")
+    for rel, meta in files.items():
+        check_file_name(rel, where)
+        if not isinstance(meta, dict) or not isinstance(meta.get("bytes"), int) or not isinstance(meta.get("sha256"), str):
+            raise IndexFormatError(f"{where}: entry of {rel!r} needs integer bytes and a sha256; restore or rebuild")
+    return files
+
+
+def verify_files(root: Path, files: Mapping[str, Mapping[str, Any]], *, checksums: bool = True) -> None:
+    """Every file of a manifest's ``files`` exists with its size (and, with ``checksums``, its sha256)."""
+    for rel, meta in files.items():
         path = root / rel
         if not path.is_file():
             raise IndexFormatError(f"{path}: missing; the index is incomplete (restore or rebuild it)")
@@ -135,4 +145,5 @@ def verify_files(root: Path, manifest: Manifest, *, checksums: bool = True) -> N
 
 
 def describe_files(root: Path, names: list[str]) -> dict[str, dict[str, Any]]:
+    """The ``files`` entry of a manifest: each file's sha256 and size, by name."""
     return {n: {"sha256": sha256_file(root / n), "bytes": (root / n).stat().st_size} for n in sorted(names)}

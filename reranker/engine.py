@@ -119,7 +119,7 @@ class SearchEngine:
         for part in ("dense", "bm25"):
             if not (version_dir / part).is_dir():
                 raise IndexFormatError(f"{version_dir / part}: missing; restore or rebuild the engine")
-        verify_files(version_dir, _as_index_manifest(manifest), checksums=verify)
+        verify_files(version_dir, manifest.files, checksums=verify)
         index = Index.open_version(root, version_dir / "dense", verify=verify)
         bm25 = BM25Retriever.load(version_dir / "bm25")
         return cls(root, version_dir, manifest, index, bm25, lease, models)
@@ -470,15 +470,6 @@ def _format_of(version_dir: Path) -> str | None:
     except (OSError, ValueError):
         return None
     return data.get("format") if isinstance(data, dict) else None
-
-
-def _as_index_manifest(manifest: EngineManifest) -> Any:
-    """The engine manifest seen by :func:`verify_files` (it only reads ``files``)."""
-
-    class _Files:
-        files = manifest.files
-
-    return _Files()
 
 
 def _live_after(index: Index, change: IndexChange, new_docs: list[Document]) -> list[Document]:

@@ -18,12 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from twostage.indexer.atomic import sha256_file
 from twostage.indexer.errors import IndexFormatError
-from twostage.indexer.manifest import read_manifest_json
+from twostage.indexer.manifest import check_file_entries, describe_files, read_manifest_json, verify_files
 
 FORMAT = "twostage.bm25"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: files list sha256 and bytes (the index's convention); 1 listed sha256 only
 ARRAYS = ("data", "indices", "indptr")
 
 
@@ -44,7 +43,7 @@ def write_bm25_files(tmp: Path, model: Any, doc_ids: Any, config: dict[str, Any]
         "num_docs": len(doc_ids),
         "vocab_size": len(model.vocab_dict),
         "versions": {"bm25s": bm25s.__version__},
-        "files": {name: sha256_file(tmp / name) for name in files},
+        "files": describe_files(tmp, files),
     }
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True), encoding="utf-8")
 
@@ -63,12 +62,12 @@ def read_bm25_files(path: str | Path) -> tuple[dict[str, Any], list[str], dict[s
     files = manifest.get("files", {})
     if not isinstance(files, dict) or set(files) != {"doc_ids.json", "vocab.json", *(f"weights.{a}.npy" for a in ARRAYS)}:
         raise IndexFormatError(f"{root / 'manifest.json'}: lists other files than a BM25 index holds; rebuild it")
-    for name, digest in files.items():
-        file = root / name
-        if not file.is_file():
-            raise IndexFormatError(f"{file}: missing; the index is incomplete, rebuild it")
-        if sha256_file(file) != digest:
-            raise IndexFormatError(f"{file}: checksum mismatch (file corrupted or changed); rebuild the index")
+    if manifest.get("format_version") == 1:  # v1 listed sha256 only: take the sizes as found, the sha256 decides
+        if not all(isinstance(digest, str) for digest in files.values()):
+            raise IndexFormatError(f"{root / 'manifest.json'}: malformed file list; rebuild the index")
+        files = {name: {"sha256": digest, "bytes": (root / name).stat().st_size if (root / name).is_file() else 0}
+                 for name, digest in files.items()}
+    verify_files(root, check_file_entries(root / "manifest.json", files))
     try:
         config = manifest["config"]
         doc_ids = json.loads((root / "doc_ids.json").read_text(encoding="utf-8"))

@@ -140,3 +140,28 @@ def test_newer_format_and_bad_manifest(tmp_path, bm25):
         BM25Retriever.load(root)
     with pytest.raises(IndexFormatError, match="no such BM25 index"):
         BM25Retriever.load(tmp_path / "nope")
+
+
+def test_bm25_manifest_lists_sizes_and_old_manifests_still_load(tmp_path):
+    bm25 = BM25Retriever.build([Document("a", "rain and snow"), Document("b", "cats and dogs"),
+                                Document("c", "snow in winter")])
+    bm25.save(tmp_path / "idx")
+    path = tmp_path / "idx" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    assert manifest["format_version"] == 2
+    assert all(set(meta) == {"sha256", "bytes"} for meta in manifest["files"].values())
+    # a version-1 manifest (sha256 only) still loads, and its checksums are still checked
+    manifest["format_version"] = 1
+    manifest["files"] = {name: meta["sha256"] for name, meta in manifest["files"].items()}
+    path.write_text(json.dumps(manifest))
+    assert BM25Retriever.load(tmp_path / "idx").search("snow", 3).ids.tolist() == bm25.search("snow", 3).ids.tolist()
+    with open(tmp_path / "idx" / "vocab.json", "a") as f:
+        f.write(" ")
+    with pytest.raises(IndexFormatError, match="checksum mismatch"):
+        BM25Retriever.load(tmp_path / "idx")
+    # version 2: a truncated file is caught by its size before any checksum
+    bm25.save(tmp_path / "idx2")
+    weights = tmp_path / "idx2" / "weights.data.npy"
+    weights.write_bytes(weights.read_bytes()[:-4])
+    with pytest.raises(IndexFormatError, match="bytes, the manifest says"):
+        BM25Retriever.load(tmp_path / "idx2")
