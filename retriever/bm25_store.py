@@ -4,7 +4,7 @@ This module knows the files; :class:`twostage.retriever.bm25.BM25Retriever` (``s
 turns them into a retriever, so the dependency points one way (bm25 -> bm25_store).
 
     BM25_DIR/
-      manifest.json   format, version, BM25 and analyzer config, counts, sha256 of every file
+      manifest.json   format, version, BM25 and analyzer config, counts, size and sha256 of every file
       doc_ids.json    document ids in row order
       vocab.json      term -> column of the weight matrix
       weights.data.npy, weights.indices.npy, weights.indptr.npy   the bm25s CSC term x document weights
