@@ -30,9 +30,8 @@ def main() -> int:
     parser.add_argument("--chromium", default="/usr/bin/chromium")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "serve_page.png")
     args = parser.parse_args()
-    from playwright.sync_api import sync_playwright
-
     import httpx
+    from playwright.sync_api import sync_playwright
 
     server = Server(args.engine)
     try:  # one search first, so that the page shows a warm server's timings

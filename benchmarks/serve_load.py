@@ -109,7 +109,7 @@ async def load(url: str, queries: list[str], concurrency: int, requests: int, ma
     return {"concurrency": concurrency, "requests": len(latencies), "errors": len(errors), "error_samples": errors[:3],
             "seconds": wall, "rps": len(latencies) / wall, "p50_ms": float(np.percentile(lat, 50)),
             "p95_ms": float(np.percentile(lat, 95)), "p99_ms": float(np.percentile(lat, 99)),
-            "versions": sorted(versions), "_latencies": lat}
+            "versions": sorted(versions), "latencies": lat}
 
 
 def measure(server: Server, queries: list[str], c: int, n: int, max_seconds: float) -> dict[str, Any]:
@@ -121,7 +121,6 @@ def measure(server: Server, queries: list[str], c: int, n: int, max_seconds: flo
         calls = after["reranker"]["model_calls"] - before["reranker"]["model_calls"]
         reqs = after["reranker"]["requests"] - before["reranker"]["requests"]
         result["mean_batch_requests"] = reqs / calls if calls else 0.0
-    result["latencies"] = result.pop("_latencies")
     return result
 
 
@@ -178,7 +177,7 @@ def writer_phase(engine: Path, queries: list[str], n_add: int) -> dict[str, Any]
     writer = threading.Thread(target=write)
     writer.start()
     searched = asyncio.run(load(server.url, queries, 4, 0, 0, stop=stop))
-    searched.pop("_latencies")
+    searched.pop("latencies")
     writer.join()
     # every added document: its code word through BM25 alone (exact), and a sample through the default pipeline
     found_bm25 = found_default = 0

@@ -132,9 +132,8 @@ def _reranker_recipe(args: argparse.Namespace) -> tuple[Any, float, int]:
 
 def _train_retriever(args: argparse.Namespace) -> int:
     from twostage.eval.metrics import evaluate
-    from twostage.retriever.recipe import train_retriever
-
     from twostage.eval.train_models import TrainSettings
+    from twostage.retriever.recipe import train_retriever
 
     recipe = _retriever_recipe(args)
     teacher = None
@@ -154,16 +153,16 @@ def _train_retriever(args: argparse.Namespace) -> int:
 
 def _train_reranker(args: argparse.Namespace) -> int:
     from twostage.eval.metrics import evaluate
+    from twostage.eval.train_models import TrainSettings
     from twostage.reranker.training import train_reranker_on
     from twostage.retriever.biencoder import BiEncoder
-
-    from twostage.eval.train_models import TrainSettings
 
     config, dev_fraction, dev_depth = _reranker_recipe(args)
     retriever = BiEncoder.load(args.retriever_model, precision="bf16" if config.bf16 else "fp32") \
         if args.retriever_model else None
     result = train_reranker_on(args.data, args.split, args.base or TrainSettings().base, args.out, config,
-                               dev_fraction=dev_fraction, dev_depth=dev_depth, retriever=retriever, resume=not args.no_resume,
+                               dev_fraction=dev_fraction, dev_depth=dev_depth, retriever=retriever,
+                               resume=not args.no_resume,
                                dev_metric=lambda q, run: float(evaluate(q, run, ["ndcg@10"])["ndcg@10"].mean()),
                                show_progress=not args.quiet, command=args.command_line)
     best = result.get("best_dev")

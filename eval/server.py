@@ -39,7 +39,8 @@ try:
     from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
     from starlette.exceptions import HTTPException
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise MissingDependencyError("twostage serve needs FastAPI and uvicorn: pip install 'twostage-search[serve]'") from exc
+    raise MissingDependencyError("twostage serve needs FastAPI and uvicorn: "
+                                 "pip install 'twostage-search[serve]'") from exc
 
 MAX_K = 1000
 MAX_BATCH = 256
@@ -393,8 +394,8 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
             if auth.lower().startswith("bearer "):
                 given = auth[7:].strip()
             if not given or not hmac.compare_digest(given.encode(), api_key.encode()):
-                raise HTTPException(401, "writes need the API key: send 'Authorization: Bearer KEY' or 'X-API-Key: KEY'",
-                                    headers={"WWW-Authenticate": "Bearer"})
+                raise HTTPException(401, "writes need the API key: send 'Authorization: Bearer KEY' or "
+                                         "'X-API-Key: KEY'", headers={"WWW-Authenticate": "Bearer"})
 
     @contextmanager
     def searching() -> Iterator[Any]:

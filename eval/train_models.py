@@ -49,8 +49,6 @@ def load_settings(path: str | Path) -> TrainSettings:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read the training settings ({exc})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the training settings must be a JSON object")
     return from_json_dict(TrainSettings, data, str(path))
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from twostage.indexer.codec import from_json_dict, to_json_dict
 from twostage.indexer.errors import ConfigError, IndexFormatError
-from twostage.indexer.manifest import check_file_name, describe_files, read_manifest_json
+from twostage.indexer.manifest import check_file_entries, describe_files, read_manifest_json
 
 FORMAT = "twostage.engine"
 FORMAT_VERSION = 1
@@ -137,12 +137,7 @@ def read_engine_manifest(version_dir: Path) -> EngineManifest:
     if not isinstance(counts, dict) or isinstance(counts.get("documents"), bool) \
             or not isinstance(counts.get("documents"), int) or counts["documents"] < 0:
         raise IndexFormatError(f"{path}: counts.documents must be a non-negative integer; restore or rebuild the engine")
-    if not isinstance(files, dict):
-        raise IndexFormatError(f"{path}: files must be an object; restore or rebuild the engine")
-    for rel, meta in files.items():
-        check_file_name(rel, path)
-        if not isinstance(meta, dict) or not isinstance(meta.get("bytes"), int) or not isinstance(meta.get("sha256"), str):
-            raise IndexFormatError(f"{path}: entry of {rel!r} needs integer bytes and a sha256; restore or rebuild")
+    check_file_entries(path, files)
     reranker = data.get("reranker")
     versions = data.get("versions") if isinstance(data.get("versions"), dict) else {}
     return EngineManifest(settings, ModelRef.from_dict(data.get("retriever"), f"{path}: retriever"),

@@ -126,7 +126,8 @@ def check_file_entries(where: Path, files: Any) -> dict[str, dict[str, Any]]:
         raise IndexFormatError(f"{where}: files must be an object; restore or rebuild")
     for rel, meta in files.items():
         check_file_name(rel, where)
-        if not isinstance(meta, dict) or not isinstance(meta.get("bytes"), int) or not isinstance(meta.get("sha256"), str):
+        if not isinstance(meta, dict) or not isinstance(meta.get("bytes"), int) \
+                or not isinstance(meta.get("sha256"), str):
             raise IndexFormatError(f"{where}: entry of {rel!r} needs integer bytes and a sha256; restore or rebuild")
     return files
 

@@ -251,9 +251,10 @@ def train_reranker_on(data: str | Path | BeirDataset, split: str, base: str, out
                       command: str | None = None) -> dict[str, Any]:
     """Train a reranker from ``base`` on a BEIR split.
 
-    ``retriever`` (a bi-encoder) mines the dense negatives (the base model when none is given). With ``dev_fraction``, held-out train queries
-    pick the best epoch by ``dev_metric(qrels, run)`` on the first stages' top ``dev_depth`` reranked, then the
-    score interpolation with the first stage (saved with the model, used by :class:`Pipeline`).
+    ``retriever`` (a bi-encoder) mines the dense negatives (the base model when none is given). With
+    ``dev_fraction``, held-out train queries pick the best epoch by ``dev_metric(qrels, run)`` on the first stages'
+    top ``dev_depth`` reranked, then the score interpolation with the first stage (saved with the model, used by
+    :class:`Pipeline`).
     """
     from twostage.reranker.interpolation import select_interpolation
     from twostage.reranker.pipeline import Pipeline
