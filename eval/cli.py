@@ -165,11 +165,11 @@ def _train_reranker(args: argparse.Namespace) -> int:
                                resume=not args.no_resume,
                                dev_metric=lambda q, run: float(evaluate(q, run, ["ndcg@10"])["ndcg@10"].mean()),
                                show_progress=not args.quiet, command=args.command_line)
-    best = result.get("best_dev")
-    print(f"trained on {result['groups']} groups in {result['seconds']:.0f} s; model in {args.out}"
-          + (f" (best dev nDCG@10 {best:.4f})" if best is not None else ""))
-    if "interpolation" in result:
-        choice = result["interpolation"]
+    print(f"trained on {result.training['groups']} groups, {result.steps} steps in {result.seconds:.0f} s; "
+          f"model in {result.model_dir}"
+          + (f" (best dev nDCG@10 {result.best_dev:.4f})" if result.best_dev is not None else ""))
+    if "interpolation" in result.training:
+        choice = result.training["interpolation"]
         print(f"interpolation with the first stage chosen on dev: alpha={choice['alpha']} "
               f"(dev nDCG@10 by alpha: {', '.join(f'{a:g}={v:.4f}' for a, v in choice['dev_by_alpha'])})")
     return 0

@@ -14,14 +14,13 @@ together and switched together. Everything here is validated before any library 
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from twostage.indexer.codec import from_json_dict, to_json_dict
 from twostage.indexer.errors import ConfigError, IndexFormatError
-from twostage.indexer.manifest import check_file_entries, describe_files, read_manifest_json
+from twostage.indexer.manifest import check_file_entries, describe_files, manifest_text, read_manifest_json
 
 FORMAT = "twostage.engine"
 FORMAT_VERSION = 1
@@ -116,11 +115,10 @@ class EngineManifest:
     versions: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> str:
-        return json.dumps({
-            "format": FORMAT, "format_version": FORMAT_VERSION, "settings": self.settings.to_dict(),
-            "retriever": asdict(self.retriever), "reranker": asdict(self.reranker) if self.reranker else None,
-            "counts": {"documents": self.documents}, "files": self.files, "versions": self.versions,
-        }, indent=2, sort_keys=True) + "\n"
+        return manifest_text(
+            FORMAT, FORMAT_VERSION, self.files, self.versions, settings=self.settings.to_dict(),
+            retriever=asdict(self.retriever), reranker=asdict(self.reranker) if self.reranker else None,
+            counts={"documents": self.documents})
 
 
 def read_engine_manifest(version_dir: Path) -> EngineManifest:

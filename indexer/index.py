@@ -27,7 +27,15 @@ from typing import Any
 import numpy as np
 
 from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
-from twostage.indexer.manifest import EncoderInfo, Manifest, Segment, describe_files, read_manifest, verify_files
+from twostage.indexer.manifest import (
+    EncoderInfo,
+    Manifest,
+    Segment,
+    describe_files,
+    library_versions,
+    read_manifest,
+    verify_files,
+)
 from twostage.indexer.records import Document, RankedList
 from twostage.indexer.topk import check_k
 from twostage.indexer.vectors import (
@@ -44,18 +52,6 @@ from twostage.indexer.versions import current_version as _current_version
 
 logger = logging.getLogger(__name__)
 EXACT_BELOW = 20_000  # filtered searches over at most this many allowed rows are exact
-
-
-def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for pkg in ("twostage-search", "numpy", "faiss-cpu", "hnswlib", "pyarrow"):
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            pass
-    return out
 
 
 def current_version(root: Path) -> Path:
@@ -483,5 +479,5 @@ def write_index_files(directory: Path, previous: Path | None, change: IndexChang
         np.save(directory / "deleted.npy", np.asarray(change.deleted, dtype=np.int64), allow_pickle=False)
         files.append("deleted.npy")
     manifest = Manifest(encoder, metric, backend, params, tuple(change.segments), int(len(change.deleted)),
-                        describe_files(directory, files), _versions())
+                        describe_files(directory, files), library_versions())
     (directory / "manifest.json").write_text(manifest.to_json(), encoding="utf-8")

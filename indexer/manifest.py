@@ -1,6 +1,10 @@
-"""``manifest.json`` of an index directory: what is inside, how it was made, and a checksum of every file.
+"""Manifests: what a directory holds, how it was made, and a checksum of every file.
 
-It is read and checked before any binary file is opened.
+One shape for every directory twostage writes (the index, BM25, shards, the engine): ``format``,
+``format_version``, ``files`` (each file's sha256 and size), ``versions`` (the libraries that wrote it), then the
+directory's own fields. :func:`manifest_text` writes it, :func:`read_manifest_json` reads and checks the header,
+:func:`check_file_entries` / :func:`verify_files` check the file list and the files. A manifest is read and
+checked before any binary file is opened. This module also reads the index's own manifest (:class:`Manifest`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,30 @@ from twostage.indexer.errors import IndexFormatError
 FORMAT = "twostage.index"
 FORMAT_VERSION = 1
 _PLAIN = re.compile(r"^[A-Za-z0-9_.-]+$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+LIBRARIES = ("twostage-search", "numpy", "pyarrow", "faiss-cpu", "hnswlib", "bm25s", "torch", "transformers")
+
+
+def library_versions() -> dict[str, str]:
+    """The installed versions of twostage and the libraries whose files it writes."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in LIBRARIES:
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def manifest_text(fmt: str, format_version: int, files: Mapping[str, Mapping[str, Any]],
+                  versions: Mapping[str, str] | None = None, **fields: Any) -> str:
+    """The JSON text of a manifest: the common header (``versions`` defaults to :func:`library_versions`), then
+    ``fields``."""
+    data = {**fields, "format": fmt, "format_version": format_version, "files": dict(files),
+            "versions": dict(library_versions() if versions is None else versions)}
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 
 def check_file_name(rel: str, where: Path) -> str:
@@ -70,20 +98,18 @@ class Manifest:
         return self.rows - self.deleted
 
     def to_json(self) -> str:
-        return json.dumps({
-            "format": FORMAT, "format_version": FORMAT_VERSION, "encoder": self.encoder.__dict__,
-            "metric": self.metric, "backend": {"name": self.backend, "params": self.params},
-            "segments": [s.__dict__ for s in self.segments],
-            "counts": {"rows": self.rows, "deleted": self.deleted, "live": self.live, "dim": self.encoder.dim},
-            "files": self.files, "versions": self.versions,
-        }, indent=2, sort_keys=True) + "\n"
+        return manifest_text(
+            FORMAT, FORMAT_VERSION, self.files, self.versions, encoder=self.encoder.__dict__, metric=self.metric,
+            backend={"name": self.backend, "params": self.params}, segments=[s.__dict__ for s in self.segments],
+            counts={"rows": self.rows, "deleted": self.deleted, "live": self.live, "dim": self.encoder.dim})
 
 
-def read_manifest_json(root: Path, fmt: str, max_version: int, what: str, how_to_build: str) -> dict[str, Any]:
-    """``root/manifest.json`` as a dict, after checking it is readable, of format ``fmt`` and not too new."""
-    path = root / "manifest.json"
+def read_manifest_json(root: Path, fmt: str, max_version: int, what: str, how_to_build: str,
+                       name: str = "manifest.json") -> dict[str, Any]:
+    """``root/name`` as a dict, after checking it is readable, of format ``fmt`` and not too new."""
+    path = root / name
     if not path.is_file():
-        raise IndexFormatError(f"{root}: no manifest.json; not {what} (build one with {how_to_build})")
+        raise IndexFormatError(f"{root}: no {name}; not {what} (build one with {how_to_build})")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -127,8 +153,9 @@ def check_file_entries(where: Path, files: Any) -> dict[str, dict[str, Any]]:
     for rel, meta in files.items():
         check_file_name(rel, where)
         if not isinstance(meta, dict) or not isinstance(meta.get("bytes"), int) \
-                or not isinstance(meta.get("sha256"), str):
-            raise IndexFormatError(f"{where}: entry of {rel!r} needs integer bytes and a sha256; restore or rebuild")
+                or not isinstance(meta.get("sha256"), str) or not _SHA256.match(meta["sha256"]):
+            raise IndexFormatError(f"{where}: entry of {rel!r} needs integer bytes and a sha256 (64 hex digits); "
+                                   "restore or rebuild")
     return files
 
 

@@ -23,12 +23,14 @@ import numpy as np
 from twostage.indexer.atomic import atomic_write_text
 from twostage.indexer.corpus import CorpusSource, iter_documents
 from twostage.indexer.errors import ConfigError, DataNotFoundError, IndexFormatError
+from twostage.indexer.manifest import check_file_name, manifest_text, read_manifest_json
 from twostage.indexer.records import Document, RankedList
 from twostage.indexer.topk import check_k
 
 logger = logging.getLogger(__name__)
 
 MANIFEST = "shards.json"
+FORMAT, FORMAT_VERSION = "twostage.shards", 1
 
 
 def merge_topk(results: Sequence[RankedList], k: int) -> RankedList:
@@ -72,7 +74,9 @@ def build_shards(corpus: CorpusSource, encoder: Any, out: str | Path, shards: in
 
 
 def write_manifest(out: Path, names: Sequence[str]) -> None:
-    atomic_write_text(out / MANIFEST, json.dumps({"format": "twostage-shards/1", "shards": list(names)}, indent=2) + "\n")
+    """``shards.json`` in the common manifest shape; it lists no files of its own (each shard directory checks its
+    own files when opened)."""
+    atomic_write_text(out / MANIFEST, manifest_text(FORMAT, FORMAT_VERSION, {}, shards=list(names)))
 
 
 def shard_paths(path: str | Path) -> list[Path]:
@@ -82,9 +86,16 @@ def shard_paths(path: str | Path) -> list[Path]:
     if not f.is_file():
         raise DataNotFoundError(f"{path}: no {MANIFEST}; build shards with `twostage index shard`")
     try:
-        names = json.loads(f.read_text(encoding="utf-8"))["shards"]
-    except (json.JSONDecodeError, KeyError, TypeError):
-        raise IndexFormatError(f"{f}: not a shards manifest") from None
+        legacy = json.loads(f.read_text(encoding="utf-8")).get("format") == "twostage-shards/1"  # before the header
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        raise IndexFormatError(f"{f}: not a shards manifest; rebuild with `twostage index shard`") from None
+    data = json.loads(f.read_text(encoding="utf-8")) if legacy else read_manifest_json(
+        path, FORMAT, FORMAT_VERSION, "a shards directory", "`twostage index shard`", name=MANIFEST)
+    names = data.get("shards")
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise IndexFormatError(f"{f}: shards must be a non-empty list of directory names; rebuild the shards")
+    for name in names:
+        check_file_name(name, f)
     missing = [n for n in names if not (path / n / "CURRENT").is_file()]
     if missing:
         raise IndexFormatError(f"{path}: shard(s) {', '.join(missing)} listed in {MANIFEST} are not index directories")

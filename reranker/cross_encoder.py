@@ -7,7 +7,6 @@ marker in config.json), so ``sentence_transformers.CrossEncoder(path)`` loads th
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,8 +18,14 @@ import torch
 from twostage.indexer.atomic import atomic_directory
 from twostage.indexer.errors import ConfigError, DataError, UntrainedHeadError
 from twostage.retriever.biencoder import check_texts
-from twostage.retriever.hf import (cap_max_length, check_tokenizer, require_tokenizer_files, unreadable_weights,
-                                   with_precision)
+from twostage.retriever.hf import (
+    cap_max_length,
+    check_tokenizer,
+    require_tokenizer_files,
+    unreadable_weights,
+    with_precision,
+)
+from twostage.retriever.model_meta import read_model_meta, write_model_meta
 from twostage.retriever.weights import ModelNotFoundError, resolve_model
 
 logger = logging.getLogger(__name__)
@@ -129,18 +134,12 @@ class CrossEncoder(torch.nn.Module):
             self.model.config.sentence_transformers = {"activation_fn": "torch.nn.modules.activation.Sigmoid"}
             self.model.save_pretrained(tmp, safe_serialization=True)
             self.tokenizer.save_pretrained(tmp)
-            meta = {"kind": "cross-encoder", "max_length": self.max_length, "head_trained": self.head_trained,
-                    "interpolation": self.interpolation, "base": self.name, "training": training or {}}
-            (tmp / "twostage.json").write_text(json.dumps(meta, indent=2, default=str) + "\n", encoding="utf-8")
+            write_model_meta(tmp, "cross-encoder", self.name, {"max_length": self.max_length, "head_trained":
+                             self.head_trained, "interpolation": self.interpolation}, training)
         return path
 
 
 def _read_meta(path: Path) -> dict[str, Any]:
-    f = path / "twostage.json"
-    if not f.is_file():
-        return {}
-    try:
-        data = json.loads(f.read_text(encoding="utf-8"))
-    except json.JSONDecodeError:
-        raise ConfigError(f"{f}: unreadable") from None
-    return data if data.get("kind") == "cross-encoder" else {}
+    """The settings a cross-encoder directory records; none for a bi-encoder given as a base to train from."""
+    meta = read_model_meta(path)
+    return meta[1] if meta is not None and meta[0] == "cross-encoder" else {}

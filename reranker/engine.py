@@ -35,8 +35,8 @@ from twostage.indexer.engine_dir import (
     resolve_precision,
 )
 from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
-from twostage.indexer.index import Index, IndexChange, _versions, link_or_copy, write_index_files
-from twostage.indexer.manifest import verify_files
+from twostage.indexer.index import Index, IndexChange, link_or_copy, write_index_files
+from twostage.indexer.manifest import library_versions, verify_files
 from twostage.indexer.records import Document, Hit, RankedList, SearchResult
 from twostage.indexer.topk import check_k, top_k
 from twostage.indexer.vectors import BackendConfig
@@ -485,7 +485,7 @@ def _write_engine(directory: Path, bm25: BM25Retriever | None, manifest: EngineM
     if bm25 is not None:
         (directory / "bm25").mkdir()
         bm25.write_files(directory / "bm25")
-    final = replace(manifest, files=engine_files(directory), versions=_versions())
+    final = replace(manifest, files=engine_files(directory), versions=library_versions())
     if final.documents == 0:
         raise DataError("the engine would hold no documents; build a new one instead")
     (directory / "manifest.json").write_text(final.to_json(), encoding="utf-8")

@@ -1,4 +1,6 @@
-"""Training the cross-encoder on groups of (query, positive, hard negatives), resumable.
+"""Training the cross-encoder on groups (:class:`~twostage.retriever.examples.PairExample`: query, positive, hard
+negatives), run by the shared loop (:func:`twostage.retriever.fit.fit`: seeding, AdamW, schedule, checkpoints and
+resume, best epoch on dev).
 
 Losses (``scores`` are the raw logits of one group, positive first):
 - ``bce``: binary cross-entropy of every pair against 1 (positive) or 0 (negative), averaged over pairs;
@@ -8,19 +10,15 @@ Losses (``scores`` are the raw logits of one group, positive first):
 Groups come from a split's qrels, negatives mined from the first stages the reranker will see (BM25 and/or a
 dense model, ``mine_from``) with the false-negative guard of :mod:`twostage.retriever.mining`, and optionally from
 (title, text) pairs of the corpus (weak supervision: the title is the query, its own text the positive, BM25
-neighbours of the title the negatives). Work directory ``OUT.train/``: ``last/`` (checkpoint every
-``checkpoint_every`` steps and at each epoch end), ``best/`` (best epoch on the dev metric); the final model
-goes to ``OUT``.
+neighbours of the title the negatives).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import random
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,22 +32,15 @@ from twostage.indexer.errors import ConfigError, DataError
 from twostage.indexer.records import Judgment, Qrels, Query
 from twostage.reranker.cross_encoder import CrossEncoder
 from twostage.retriever.bm25 import BM25Retriever
-from twostage.retriever.checkpoint import resume_from, save_checkpoint
+from twostage.retriever.examples import PairExample
+from twostage.retriever.fit import FitResult, fit, seed_everything
 from twostage.retriever.mining import MiningConfig, mine_hard_negatives
-from twostage.retriever.trainer import linear_schedule
 from twostage.retriever.training_data import hold_out
 
 logger = logging.getLogger(__name__)
 
 Scorer = Callable[[str], np.ndarray]  # query text -> score of every corpus document (corpus order)
 SOURCES = ("bm25", "dense")
-
-
-@dataclass(frozen=True)
-class Group:
-    query: str
-    positive: str
-    negatives: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -75,8 +66,8 @@ class RerankerConfig:
     mining: MiningConfig = field(default_factory=lambda: MiningConfig(num_negatives=7, depth=50, skip_top=0))
 
     def __post_init__(self) -> None:
-        if self.loss not in ("bce", "listwise"):
-            raise ConfigError(f"loss must be 'bce' or 'listwise', got {self.loss!r}")
+        if self.loss not in LOSSES:
+            raise ConfigError(f"loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
         bad = [s for s in self.mine_from if s not in SOURCES]
         if bad or not self.mine_from:
             raise ConfigError(f"mine_from must name some of {', '.join(SOURCES)}, got {', '.join(bad) or 'none'}")
@@ -84,13 +75,22 @@ class RerankerConfig:
             raise ConfigError("epochs, groups_per_batch, negatives and lr must be positive")
 
 
-def group_loss(scores: torch.Tensor, kind: str) -> torch.Tensor:
-    """``scores`` (groups, 1 + m) raw logits with the positive in column 0."""
-    if kind == "listwise":
-        return F.cross_entropy(scores, torch.zeros(len(scores), dtype=torch.long, device=scores.device))
+def _listwise(scores: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(scores, torch.zeros(len(scores), dtype=torch.long, device=scores.device))
+
+
+def _bce(scores: torch.Tensor) -> torch.Tensor:
     labels = torch.zeros_like(scores)
     labels[:, 0] = 1.0
     return F.binary_cross_entropy_with_logits(scores, labels)
+
+
+LOSSES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"listwise": _listwise, "bce": _bce}
+
+
+def group_loss(scores: torch.Tensor, kind: str) -> torch.Tensor:
+    """``scores`` (groups, 1 + m) raw logits with the positive in column 0; ``kind`` one of :data:`LOSSES`."""
+    return LOSSES[kind](scores)
 
 
 def _mine(queries: Sequence[Query], qrels: Qrels, corpus: Corpus, scorers: Mapping[str, Scorer],
@@ -132,13 +132,13 @@ def _scorers(corpus: Corpus, config: RerankerConfig, scorers: Mapping[str, Score
 
 
 def groups_from_split(ds: BeirDataset, split: str, config: RerankerConfig, queries: Sequence[Query] | None = None,
-                      scorers: Mapping[str, Scorer] | None = None) -> list[Group]:
+                      scorers: Mapping[str, Scorer] | None = None) -> list[PairExample]:
     """One group per relevant (query, document); ``config.negatives`` mined from ``config.mine_from``."""
     sp = ds.split(split)
     corpus = ds.corpus
     queries = list(queries if queries is not None else sp.queries)
     negs = _mine(queries, sp.qrels, corpus, _scorers(corpus, config, scorers), config, config.negatives)
-    groups = [Group(q.text, corpus.get(d).full_text, tuple(corpus.get(n).full_text for n in negs[q.id]))
+    groups = [PairExample(q.text, corpus.get(d).full_text, tuple(corpus.get(n).full_text for n in negs[q.id]))
               for q in queries for d in sorted(sp.qrels.relevant(q.id)) if d in corpus]
     if not groups:
         raise DataError(f"{ds.root}/{split}: no training group (no relevant document in the corpus)")
@@ -146,7 +146,7 @@ def groups_from_split(ds: BeirDataset, split: str, config: RerankerConfig, queri
 
 
 def title_groups(corpus: Corpus, n: int, config: RerankerConfig, bm25: BM25Retriever | None = None,
-                 min_chars: int = 20) -> list[Group]:
+                 min_chars: int = 20) -> list[PairExample]:
     """Weak supervision: ``n`` documents (seeded sample) as (title, own text, texts of BM25 neighbours)."""
     docs = [d for d in corpus if len(d.title.strip()) >= min_chars and len(d.text.strip()) >= min_chars]
     if not docs:
@@ -157,98 +157,59 @@ def title_groups(corpus: Corpus, n: int, config: RerankerConfig, bm25: BM25Retri
     qrels = Qrels(Judgment(q.id, d.id, 1) for q, d in zip(queries, picked))
     scorer = (bm25 or BM25Retriever.build(corpus)).scores
     negs = _mine(queries, qrels, corpus, {"bm25": scorer}, config, config.title_negatives)
-    return [Group(d.title, d.text, tuple(corpus.get(x).text or corpus.get(x).full_text for x in negs[q.id]))
+    return [PairExample(d.title, d.text, tuple(corpus.get(x).text or corpus.get(x).full_text for x in negs[q.id]))
             for q, d in zip(queries, picked)]
 
 
-def _batch_loss(model: CrossEncoder, batch: Sequence[Group], config: RerankerConfig) -> torch.Tensor:
-    queries = [g.query for g in batch for _ in range(1 + len(g.negatives))]
-    docs = [d for g in batch for d in (g.positive, *g.negatives)]
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
-        logits = model(model.tokenize(queries, docs)).float()
-    sizes = [1 + len(g.negatives) for g in batch]
-    if len(set(sizes)) == 1:
-        return group_loss(logits.reshape(len(batch), -1), config.loss)
-    return torch.stack([group_loss(s[None], config.loss) for s in torch.split(logits, sizes)]).mean()
+class RerankerTask:
+    """The cross-encoder's part of a training run: seeded shuffles of the groups, a group loss over raw logits."""
+
+    def __init__(self, model: CrossEncoder, groups: Sequence[PairExample], config: RerankerConfig) -> None:
+        if not groups:
+            raise DataError("no training group")
+        self.model, self.groups, self.config = model, list(groups), config
+        model.allow_untrained_head = True
+        model.head_trained = True  # what it saves from here on is trained (dev scoring needs it too)
+        model.max_length = min(model.max_length, config.max_length)
+
+    def identity(self) -> dict[str, Any]:
+        return {"config": asdict(self.config), "groups": len(self.groups)}
+
+    def start(self, device: torch.device) -> list[torch.nn.Module]:
+        return []
+
+    def plan(self, epoch: int) -> list[list[int]]:
+        order = np.random.default_rng(self.config.seed + epoch).permutation(len(self.groups)).tolist()
+        size = self.config.groups_per_batch
+        return [order[i:i + size] for i in range(0, len(order), size)]
+
+    def loss(self, batch: list[int]) -> torch.Tensor:
+        groups = [self.groups[i] for i in batch]
+        queries = [g.anchor for g in groups for _ in range(1 + len(g.negatives))]
+        docs = [d for g in groups for d in (g.positive, *g.negatives)]
+        logits = self.model(self.model.tokenize(queries, docs)).float()
+        sizes = [1 + len(g.negatives) for g in groups]
+        if len(set(sizes)) == 1:
+            return group_loss(logits.reshape(len(groups), -1), self.config.loss)
+        return torch.stack([group_loss(s[None], self.config.loss) for s in torch.split(logits, sizes)]).mean()
 
 
-def _config_json(config: RerankerConfig) -> dict[str, Any]:
-    return json.loads(json.dumps(asdict(config)))
-
-
-def train_reranker(model: CrossEncoder, groups: Sequence[Group], config: RerankerConfig, out: str | Path, *,
+def train_reranker(model: CrossEncoder, groups: Sequence[PairExample], config: RerankerConfig, out: str | Path, *,
                    dev: Callable[[CrossEncoder], float] | None = None, resume: bool = True,
-                   show_progress: bool = False, info: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Train and save to ``out`` (the best epoch on ``dev`` when given). Returns what was recorded.
+                   show_progress: bool = False, info: dict[str, Any] | None = None) -> FitResult:
+    """Train and save to ``out`` (the best epoch on ``dev`` when given).
 
     With ``resume``, a checkpoint in ``OUT.train/last`` of the same configuration and groups is continued.
     """
-    from tqdm.auto import tqdm
-
-    if not groups:
-        raise DataError("no training group")
-    out = Path(out)
-    work = out.parent / f"{out.name}.train"
-    work.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(config.seed)
-    model.allow_untrained_head = True
-    model.max_length = min(model.max_length, config.max_length)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    steps_per_epoch = (len(groups) + config.groups_per_batch - 1) // config.groups_per_batch
-    total = steps_per_epoch * config.epochs
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_schedule(total, int(config.warmup_ratio * total)))
-    fresh = {"config": _config_json(config), "groups": len(groups), "epoch": 0, "batch": 0, "step": 0,
-             "best_dev": None, "history": [], "seconds": 0.0}
-    last = work / "last"
-    state, _ = resume_from(last, model, optimizer, scheduler, fresh, ("config", "groups")) if resume else (fresh, {})
-    started = time.perf_counter() - state["seconds"]
-    bar = tqdm(total=total, initial=state["step"], desc="train reranker", unit="step", disable=not show_progress)
-    for epoch in range(state["epoch"], config.epochs):
-        order = np.random.default_rng(config.seed + epoch).permutation(len(groups))
-        model.train()
-        for b in range(state["batch"] if epoch == state["epoch"] else 0, steps_per_epoch):
-            batch = [groups[i] for i in order[b * config.groups_per_batch:(b + 1) * config.groups_per_batch]]
-            loss = _batch_loss(model, batch, config)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            state.update(epoch=epoch, batch=b + 1, step=state["step"] + 1)
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.4f}")
-            if config.checkpoint_every and state["step"] % config.checkpoint_every == 0:
-                state["seconds"] = time.perf_counter() - started
-                save_checkpoint(last, model, optimizer, state)
-        model.eval()
-        model.head_trained = True
-        record: dict[str, Any] = {"epoch": epoch + 1, "step": state["step"],
-                                  "seconds": time.perf_counter() - started, "loss": loss.item()}
-        if dev is not None:
-            record["dev"] = float(dev(model))
-            if state["best_dev"] is None or record["dev"] > state["best_dev"]:
-                state["best_dev"] = record["dev"]
-                model.save(work / "best", training={"epoch": epoch + 1, "dev": record["dev"]})
-        state["history"].append(record)
-        logger.info("reranker epoch %d: %s", epoch + 1, record)
-        state.update(epoch=epoch + 1, batch=0, seconds=time.perf_counter() - started)
-        save_checkpoint(last, model, optimizer, state)
-    bar.close()
-    result = {**(info or {}), "config": state["config"], "groups": len(groups), "history": state["history"],
-              "seconds": time.perf_counter() - started, "best_dev": state["best_dev"]}
-    final = model
-    if dev is not None and (work / "best").is_dir():
-        final = CrossEncoder.load(work / "best")
-        final.name = model.name
-    final.save(out, training=result)
-    return result
+    return fit(RerankerTask(model, groups, config), config, out, dev=dev, resume=resume,
+               show_progress=show_progress, info=info, desc="train reranker")
 
 
 def train_reranker_on(data: str | Path | BeirDataset, split: str, base: str, out: str | Path,
                       config: RerankerConfig = RerankerConfig(), *, dev_fraction: float = 0.0, dev_depth: int = 30,
                       dev_metric: Callable[[Any, dict[str, Any]], float] | None = None,
                       retriever: Any = None, resume: bool = True, show_progress: bool = False,
-                      command: str | None = None) -> dict[str, Any]:
+                      command: str | None = None) -> FitResult:
     """Train a reranker from ``base`` on a BEIR split.
 
     ``retriever`` (a bi-encoder) mines the dense negatives (the base model when none is given). With
@@ -288,6 +249,7 @@ def train_reranker_on(data: str | Path | BeirDataset, split: str, base: str, out
                                                                     interpolation=None).ranked(q.text, dev_depth)
                                                      for q in dev_queries}) for fs in first_stages.values()]))
 
+    seed_everything(config.seed)  # the new head's weights are the seed's
     model = CrossEncoder.load(base, allow_untrained_head=True)
     info = {"data": str(ds.root), "split": split, "base": base, "train_queries": len(queries),
             "dev_queries": [q.id for q in dev_queries], "title_groups": config.title_groups, "command": command}
@@ -297,6 +259,6 @@ def train_reranker_on(data: str | Path | BeirDataset, split: str, base: str, out
         trained = CrossEncoder.load(out)
         choice = select_interpolation(trained, first_stages, dev_queries, qrels, texts, dev_depth, dev_metric)
         trained.interpolation = choice.alpha
-        result["interpolation"] = asdict(choice)
-        trained.save(out, training=result)
+        result = replace(result, training={**result.training, "interpolation": asdict(choice)})
+        trained.save(out, training=result.training)
     return result

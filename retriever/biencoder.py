@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +18,17 @@ import numpy as np
 import torch
 
 from twostage.indexer.atomic import atomic_directory
+from twostage.indexer.codec import from_json_dict, to_json_dict
 from twostage.indexer.errors import ConfigError, DataError
 from twostage.indexer.manifest import EncoderInfo
-from twostage.retriever.hf import (cap_max_length, check_tokenizer, require_tokenizer_files, unreadable_weights,
-                                   with_precision)
+from twostage.retriever.hf import (
+    cap_max_length,
+    check_tokenizer,
+    require_tokenizer_files,
+    unreadable_weights,
+    with_precision,
+)
+from twostage.retriever.model_meta import read_model_meta, write_model_meta
 from twostage.retriever.pooling import check_pooling, mode_from_st_config, pool, st_pooling_config
 from twostage.retriever.weights import ModelNotFoundError, resolve_model
 
@@ -55,16 +62,13 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def config_from_directory(path: Path) -> BiEncoderConfig:
     """The encoder config recorded in a model directory (twostage.json, else sentence-transformers files)."""
-    ours = path / "twostage.json"
-    if ours.is_file():
-        meta = _read_json(ours)
-        if not isinstance(meta, dict):
-            raise ConfigError(f"{ours}: not a JSON object; restore the model directory or train it again")
-        if meta.get("kind", "bi-encoder") != "bi-encoder":
-            raise ConfigError(f"{path}: a {meta.get('kind')} model (twostage.json), not a bi-encoder; give it where a "
+    meta = read_model_meta(path)
+    if meta is not None:
+        kind, settings, _ = meta
+        if kind != "bi-encoder":
+            raise ConfigError(f"{path}: a {kind} model (twostage.json), not a bi-encoder; give it where a "
                               "reranker is taken (--reranker), and a bi-encoder here")
-        data = meta.get("encoder", {})
-        return BiEncoderConfig(**{k: v for k, v in data.items() if k in BiEncoderConfig.__dataclass_fields__})
+        return from_json_dict(BiEncoderConfig, settings, f"{path / 'twostage.json'}: settings")
     cfg = BiEncoderConfig()
     modules = path / "modules.json"
     if modules.is_file():
@@ -278,6 +282,5 @@ class BiEncoder(torch.nn.Module):
                   "prompts": {"query": self.config.query_prefix, "document": self.config.document_prefix},
                   "default_prompt_name": None, "similarity_fn_name": "cosine" if self.config.normalize else "dot"}
             (tmp / "config_sentence_transformers.json").write_text(json.dumps(st, indent=2) + "\n")
-            meta = {"kind": "bi-encoder", "encoder": asdict(self.config), "training": training or {}, "base": self.name}
-            (tmp / "twostage.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+            write_model_meta(tmp, "bi-encoder", self.name, to_json_dict(self.config), training)
         return path

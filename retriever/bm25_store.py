@@ -19,7 +19,13 @@ from typing import Any
 import numpy as np
 
 from twostage.indexer.errors import IndexFormatError
-from twostage.indexer.manifest import check_file_entries, describe_files, read_manifest_json, verify_files
+from twostage.indexer.manifest import (
+    check_file_entries,
+    describe_files,
+    manifest_text,
+    read_manifest_json,
+    verify_files,
+)
 
 FORMAT = "twostage.bm25"
 FORMAT_VERSION = 2  # 2: files list sha256 and bytes (the index's convention); 1 listed sha256 only
@@ -29,23 +35,14 @@ ARRAYS = ("data", "indices", "indptr")
 def write_bm25_files(tmp: Path, model: Any, doc_ids: Any, config: dict[str, Any]) -> None:
     """Write a bm25s model's files and the manifest into the existing directory ``tmp`` (the caller makes it
     atomic). ``config`` is the retriever's BM25Config as a dict."""
-    import bm25s
-
     (tmp / "doc_ids.json").write_text(json.dumps([str(i) for i in doc_ids]), encoding="utf-8")
     (tmp / "vocab.json").write_text(json.dumps(model.vocab_dict, ensure_ascii=False), encoding="utf-8")
     for name in ARRAYS:
         np.save(tmp / f"weights.{name}.npy", np.asarray(model.scores[name]), allow_pickle=False)
     files = ["doc_ids.json", "vocab.json", *(f"weights.{a}.npy" for a in ARRAYS)]
-    manifest = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "config": config,
-        "num_docs": len(doc_ids),
-        "vocab_size": len(model.vocab_dict),
-        "versions": {"bm25s": bm25s.__version__},
-        "files": describe_files(tmp, files),
-    }
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True), encoding="utf-8")
+    text = manifest_text(FORMAT, FORMAT_VERSION, describe_files(tmp, files), config=config, num_docs=len(doc_ids),
+                         vocab_size=len(model.vocab_dict))
+    (tmp / "manifest.json").write_text(text, encoding="utf-8")
 
 
 def _read_manifest(root: Path) -> dict[str, Any]:

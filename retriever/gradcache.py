@@ -64,7 +64,8 @@ class CachedMultipleNegativesRankingLoss(torch.nn.Module):
             raise ConfigError("every example needs the same number of hard negatives")
         columns = [(list(anchors), "query"), (list(positives), "document")]
         columns += [([n[j] for n in negatives], "document") for j in range(m)] if negatives else []
-        autocast = (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))
+        device = self.model.device.type
+        autocast = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
         reps, plans = [], []
         for texts, kind in columns:
             r, chunks = self._embed_without_graph(texts, kind)
@@ -78,7 +79,7 @@ class CachedMultipleNegativesRankingLoss(torch.nn.Module):
         out = loss.detach().requires_grad_()
 
         def replay(grad_output: torch.Tensor) -> None:
-            with torch.enable_grad(), torch.autocast("cpu", enabled=autocast[0], dtype=autocast[1]):
+            with torch.enable_grad(), torch.autocast(device, enabled=autocast[0], dtype=autocast[1]):
                 for (kind, chunks), grad in zip(plans, grads):
                     offset = 0
                     for chunk, state in chunks:

@@ -16,8 +16,9 @@ from twostage.indexer.records import Qrels, RankedList
 from twostage.retriever.biencoder import BiEncoder
 from twostage.retriever.bm25 import BM25Retriever
 from twostage.retriever.dense import DenseRetriever
+from twostage.retriever.fit import FitResult
 from twostage.retriever.mining import MiningConfig, mine_hard_negatives, save_negatives
-from twostage.retriever.trainer import TrainConfig, TrainResult, train
+from twostage.retriever.trainer import TrainConfig, train
 from twostage.retriever.training_data import (
     PairScorer,
     TrainingSet,
@@ -68,7 +69,7 @@ def _sample(training_set: TrainingSet, n: int, seed: int) -> TrainingSet:
 
 def train_retriever(data: str | Path | BeirDataset, split: str, base: str, out: str | Path,
                     recipe: RetrieverRecipe = RetrieverRecipe(), *, dev_metric: DevMetric | None = None,
-                    teacher: PairScorer | None = None, teacher_name: str = "", show_progress: bool = False) -> TrainResult:
+                    teacher: PairScorer | None = None, teacher_name: str = "", show_progress: bool = False) -> FitResult:
     """Fine-tune ``base`` on ``split`` of a BEIR directory and save the model to ``out``.
 
     With ``teacher`` (a function scoring (query, document) pairs, e.g. a cross-encoder's logits), the queries

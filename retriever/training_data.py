@@ -18,39 +18,15 @@ from twostage.indexer.corpus import Corpus
 from twostage.indexer.errors import ConfigError, DataError
 from twostage.indexer.jsonl import iter_jsonl
 from twostage.indexer.records import Qrels, Query
+from twostage.retriever.examples import PairExample, ScoredPair
+from twostage.retriever.objectives import OBJECTIVES
 
 logger = logging.getLogger(__name__)
 
-OBJECTIVES = ("mnrl", "triplet", "cosine", "contrastive", "softmax", "margin_mse")
-
-
-@dataclass(frozen=True)
-class PairExample:
-    """A query (or any anchor), one positive and any number of hard negatives.
-
-    ``margins`` (objective ``margin_mse`` only): a teacher's score of (anchor, positive) minus its score of
-    (anchor, negative j), one per negative.
-    """
-
-    anchor: str
-    positive: str
-    negatives: tuple[str, ...] = ()
-    margins: tuple[float, ...] = ()
-
-    def texts(self) -> tuple[str, ...]:
-        return (self.anchor, self.positive, *self.negatives)
-
-
-@dataclass(frozen=True)
-class ScoredPair:
-    """Two texts and a label: a similarity in [0, 1] (cosine), 0/1 (contrastive) or a class id (softmax)."""
-
-    text1: str
-    text2: str
-    label: float
-
-    def texts(self) -> tuple[str, ...]:
-        return (self.text1, self.text2)
+__all__ = [  # the records live in twostage.retriever.examples; importable from here too
+    "PairExample", "PairScorer", "ScoredPair", "TrainingSet", "hold_out", "nli_triplets", "no_duplicate_batches",
+    "pairs_from_qrels", "pairs_from_titles", "round_robin", "scored_pairs", "with_margins",
+]
 
 
 @dataclass(frozen=True)
@@ -63,22 +39,17 @@ class TrainingSet:
     num_labels: int = 0  # softmax only
 
     def __post_init__(self) -> None:
-        if self.objective not in OBJECTIVES:
+        objective = OBJECTIVES.get(self.objective)
+        if objective is None:
             raise ConfigError(f"unknown objective {self.objective!r}; use one of {', '.join(OBJECTIVES)}")
         if not self.examples:
             raise DataError(f"training set {self.name!r} is empty")
-        want = PairExample if self.objective in ("mnrl", "triplet", "margin_mse") else ScoredPair
-        bad = next((i for i, e in enumerate(self.examples) if not isinstance(e, want)), None)
+        bad = next((i for i, e in enumerate(self.examples) if not isinstance(e, objective.example)), None)
         if bad is not None:
-            raise DataError(f"training set {self.name!r}: example #{bad} is not a {want.__name__}")
-        if self.objective == "triplet" and any(not e.negatives for e in self.examples):  # type: ignore[union-attr]
-            raise DataError(f"training set {self.name!r}: the triplet objective needs a negative in every example")
-        if self.objective == "margin_mse":
-            bad = next((i for i, e in enumerate(self.examples)  # type: ignore[union-attr]
-                        if not e.negatives or len(e.margins) != len(e.negatives)), None)  # type: ignore[union-attr]
-            if bad is not None:
-                raise DataError(f"training set {self.name!r}: example #{bad} needs one teacher margin per negative "
-                                "(and at least one negative) for the margin_mse objective")
+            raise DataError(f"training set {self.name!r}: example #{bad} is not a {objective.example.__name__}")
+        problem = objective.check(self.examples)
+        if problem:
+            raise DataError(f"training set {self.name!r}: {problem}")
 
 
 def pairs_from_qrels(corpus: Corpus, queries: Sequence[Query], qrels: Qrels, *,

@@ -121,7 +121,7 @@ def test_unknown_name_offline_is_a_clear_error(monkeypatch, tmp_path):
 def test_saved_config_records_training(tmp_path, enc):
     enc.save(tmp_path / "m", training={"epochs": 2})
     meta = json.loads((tmp_path / "m" / "twostage.json").read_text())
-    assert meta["training"] == {"epochs": 2} and meta["encoder"]["pooling"] == "mean"
+    assert meta["training"] == {"epochs": 2} and meta["settings"]["pooling"] == "mean" and meta["format"] == "twostage.model"
 
 
 @pytest.mark.slow

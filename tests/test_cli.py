@@ -165,10 +165,10 @@ def test_train_reranker_cli(tmp_path, sample_dir, tiny_bert_dir, capsys):
                str(tmp_path / "ce"), "--epochs", "2", "--lr", "1e-3", "--max-length", "64", "--dev-fraction", "0.2"])
     assert rc == 0 and "best dev nDCG@10" in capsys.readouterr().out
     meta = json.loads((tmp_path / "ce" / "twostage.json").read_text())
-    assert meta["head_trained"] and len(meta["training"]["dev_queries"]) == 8
+    assert meta["settings"]["head_trained"] and len(meta["training"]["dev_queries"]) == 8
     tried = dict(meta["training"]["interpolation"]["dev_by_alpha"])  # alpha chosen on dev, saved with the model
-    assert len(tried) == 11 and meta["interpolation"] in tried
-    assert tried[meta["interpolation"]] == max(tried.values())
+    assert len(tried) == 11 and meta["settings"]["interpolation"] in tried
+    assert tried[meta["settings"]["interpolation"]] == max(tried.values())
 
 
 def test_shard_and_search_shards_cli(tmp_path, sample_dir, tiny_bert_dir, capsys):

@@ -72,14 +72,31 @@ def test_local_shards_equal_one_exact_index(single_and_shards, corpus):
 def test_shard_manifest_errors(tmp_path, single_and_shards):
     with pytest.raises(FileNotFoundError, match="shards.json"):
         ShardedIndex.open(tmp_path, KeywordEncoder())
-    (tmp_path / "shards.json").write_text(json.dumps({"shards": ["shard-000"]}))
+    header = {"format": "twostage.shards", "format_version": 1, "files": {}, "versions": {}}
+    (tmp_path / "shards.json").write_text(json.dumps({**header, "shards": ["shard-000"]}))
     with pytest.raises(IndexFormatError, match="shard-000"):
+        ShardedIndex.open(tmp_path, KeywordEncoder())
+    (tmp_path / "shards.json").write_text(json.dumps({"shards": ["shard-000"]}))
+    with pytest.raises(IndexFormatError, match="not the manifest of a shards directory"):
+        ShardedIndex.open(tmp_path, KeywordEncoder())
+    (tmp_path / "shards.json").write_text(json.dumps({**header, "format_version": 9, "shards": ["shard-000"]}))
+    with pytest.raises(IndexFormatError, match="newer than this library reads"):
+        ShardedIndex.open(tmp_path, KeywordEncoder())
+    (tmp_path / "shards.json").write_text(json.dumps({**header, "shards": ["../elsewhere"]}))
+    with pytest.raises(IndexFormatError, match="elsewhere"):
         ShardedIndex.open(tmp_path, KeywordEncoder())
     (tmp_path / "shards.json").write_text("{not json")
     with pytest.raises(IndexFormatError, match="not a shards manifest"):
         ShardedIndex.open(tmp_path, KeywordEncoder())
     _, path = single_and_shards
     assert isinstance(Index.load(path / "shard-001"), Index)  # each shard is a normal index directory
+    manifest = json.loads((path / "shards.json").read_text())  # the common manifest shape
+    assert manifest["format"] == "twostage.shards" and manifest["files"] == {} and "numpy" in manifest["versions"]
+    legacy = tmp_path / "legacy"  # written before the common header: still opens
+    legacy.mkdir()
+    (legacy / "shards.json").write_text(json.dumps({"format": "twostage-shards/1", "shards": ["a"]}))
+    (legacy / "a").symlink_to(path / "shard-000", target_is_directory=True)
+    assert len(ShardedIndex.open(legacy, KeywordEncoder())) == len(Index.load(path / "shard-000"))
 
 
 def test_pipeline_over_a_sharded_first_stage(single_and_shards):

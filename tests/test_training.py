@@ -17,7 +17,7 @@ from twostage.retriever.gradcache import CachedMultipleNegativesRankingLoss
 from twostage.retriever.losses import MultipleNegativesRankingLoss
 from twostage.retriever.mining import MiningConfig, load_negatives, mine_hard_negatives, save_negatives
 from twostage.eval.sts import sts_spearman
-from twostage.retriever.trainer import TrainConfig, _Objectives, train
+from twostage.retriever.trainer import TrainConfig, train
 from twostage.retriever.training_data import (
     PairExample,
     ScoredPair,
@@ -163,33 +163,6 @@ def test_training_fits_the_training_queries(tmp_path, tiny_bert_dir, sample):
     assert result.best_dev == pytest.approx(after, abs=1e-6)  # the kept model is the best epoch's
     meta = json.loads((tmp_path / "m" / "twostage.json").read_text())
     assert meta["training"]["steps"] == result.steps and len(meta["training"]["history"]) == 6
-
-
-def test_a_killed_run_resumes_to_the_same_model(tmp_path, tiny_bert_dir, sample, monkeypatch):
-    ds, split = sample
-    ts = pairs_from_qrels(ds.corpus, split.queries, split.qrels)
-    config = TrainConfig(epochs=2, batch_size=8, lr=1e-3, seed=3, checkpoint_every=2)
-    train(BiEncoder.load(tiny_bert_dir), [ts], config, tmp_path / "straight")
-
-    calls = {"n": 0}
-    real = _Objectives.loss
-
-    def crashing(self, set_index, examples):
-        calls["n"] += 1
-        if calls["n"] == 7:
-            raise KeyboardInterrupt("simulated kill")
-        return real(self, set_index, examples)
-
-    monkeypatch.setattr(_Objectives, "loss", crashing)
-    with pytest.raises(KeyboardInterrupt):
-        train(BiEncoder.load(tiny_bert_dir), [ts], config, tmp_path / "resumed")
-    monkeypatch.setattr(_Objectives, "loss", real)
-    state = json.loads((tmp_path / "resumed.train" / "last" / "trainer_state.json").read_text())
-    assert state["step"] == 6  # the checkpoint before the crash
-    train(BiEncoder.load(tiny_bert_dir), [ts], config, tmp_path / "resumed")
-    a = BiEncoder.load(tmp_path / "straight").encode(["cats purr", "rain forms"])
-    b = BiEncoder.load(tmp_path / "resumed").encode(["cats purr", "rain forms"])
-    np.testing.assert_allclose(a, b, atol=1e-5)
 
 
 @pytest.mark.parametrize("objective,examples,extra", [

@@ -1,0 +1,207 @@
+"""The one training loop both models train through (the bi-encoder and the cross-encoder).
+
+A model brings a :class:`Task`: its batches (a function of the seed and the epoch only, so a resumed run
+continues exactly where its checkpoint stopped) and the loss of one batch. :func:`fit` does the rest, the same
+way for both: seeding (python, numpy, torch), the GPU when there is one, AdamW with bias and norm weights exempt
+from weight decay, linear warm-up then linear decay, gradient clipping, bf16 autocast on the model's device,
+a checkpoint every ``checkpoint_every`` steps and at each epoch end (:mod:`twostage.retriever.checkpoint`:
+safetensors + JSON, no pickle), resume after a kill, dev evaluation after each epoch with the best epoch kept,
+and the final save.
+
+Work directory ``OUT.train/``: ``last/`` (checkpoint), ``best/`` (best epoch on dev), ``log.jsonl`` (one line per
+epoch), ``result.json``. The final model is written to ``OUT`` (atomically, by the model's ``save``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from twostage.indexer.atomic import write_json
+from twostage.indexer.errors import ConfigError
+from twostage.retriever.checkpoint import resume_from, save_checkpoint
+
+logger = logging.getLogger(__name__)
+
+NO_DECAY = ("bias", "LayerNorm", "norm")  # parameter names holding these train without weight decay
+
+
+class LoopSettings(Protocol):
+    """The loop's own hyper-parameters; ``TrainConfig`` and ``RerankerConfig`` both have them."""
+
+    epochs: int
+    lr: float
+    warmup_ratio: float
+    weight_decay: float
+    max_grad_norm: float
+    seed: int
+    bf16: bool
+    checkpoint_every: int
+
+
+class Task(Protocol):
+    """What one model brings to :func:`fit`: the model, its batches and its loss."""
+
+    model: Any  # a torch.nn.Module with ``save(path, training=)`` and a ``load(path)`` classmethod
+
+    def identity(self) -> dict[str, Any]:
+        """JSON-able facts a checkpoint must share to be resumed (the configuration, the data's size)."""
+        ...
+
+    def start(self, device: torch.device) -> Sequence[torch.nn.Module]:
+        """Called once the RNGs are seeded and the model is on ``device``; returns modules trained beside the
+        model (a loss's own weights), checkpointed with it and not saved with the final model."""
+        ...
+
+    def plan(self, epoch: int) -> Sequence[Any]:
+        """The batches of one epoch, in order; a function of the seed and ``epoch`` only."""
+        ...
+
+    def loss(self, batch: Any) -> torch.Tensor:
+        """The scalar loss of one batch (autocast is already on)."""
+        ...
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """What a training run produced; ``training`` is the record saved with the model (``twostage.json``)."""
+
+    model_dir: Path
+    steps: int
+    seconds: float
+    best_dev: float | None
+    history: tuple[dict[str, Any], ...]
+    training: dict[str, Any]
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def linear_schedule(total: int, warmup: int) -> Callable[[int], float]:
+    """Learning-rate factor per step: linear warm-up over ``warmup`` steps, then linear decay to 0 at ``total``."""
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / max(1, warmup)
+        return max(0.0, (total - step) / max(1, total - warmup))
+
+    return factor
+
+
+def _optimizer(model: torch.nn.Module, extra: Sequence[torch.nn.Module], config: LoopSettings) -> torch.optim.AdamW:
+    named = list(model.named_parameters())
+    decay = [p for n, p in named if not any(x in n for x in NO_DECAY)]
+    no_decay = [p for n, p in named if any(x in n for x in NO_DECAY)]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0},
+                              {"params": [p for m in extra for p in m.parameters()], "weight_decay": 0.0}],
+                             lr=config.lr)
+
+
+def _extra_state(extra: Sequence[torch.nn.Module]) -> dict[str, torch.Tensor]:
+    return {f"module{i}.{k}": v for i, m in enumerate(extra) for k, v in m.state_dict().items()}
+
+
+def _load_extra_state(extra: Sequence[torch.nn.Module], tensors: dict[str, torch.Tensor]) -> None:
+    for i, m in enumerate(extra):
+        m.load_state_dict({k.split(".", 1)[1]: v for k, v in tensors.items() if k.startswith(f"module{i}.")})
+
+
+def fit(task: Task, config: LoopSettings, out: str | Path, *, dev: Callable[[Any], float] | None = None,
+        resume: bool = True, show_progress: bool = False, info: dict[str, Any] | None = None,
+        desc: str = "train") -> FitResult:
+    """Train ``task.model`` and write the final model (the best epoch on ``dev`` when given) to ``out``.
+
+    ``dev(model) -> float`` (higher is better) runs after every epoch. With ``resume``, a checkpoint in
+    ``OUT.train/last`` whose :meth:`Task.identity` equals this run's is continued.
+    """
+    from tqdm.auto import tqdm
+
+    if config.epochs <= 0:
+        raise ConfigError(f"epochs must be positive, got {config.epochs}")
+    out = Path(out)
+    work = out.parent / f"{out.name}.train"
+    work.mkdir(parents=True, exist_ok=True)
+    model = task.model
+    seed_everything(config.seed)
+    if torch.cuda.is_available() and next(model.parameters()).device.type == "cpu":
+        model.to("cuda")
+    device = next(model.parameters()).device
+    extra = list(task.start(device))
+    optimizer = _optimizer(model, extra, config)
+    plans = [task.plan(e) for e in range(config.epochs)]
+    total = sum(len(p) for p in plans)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_schedule(total, int(config.warmup_ratio * total)))
+    identity = json.loads(json.dumps(task.identity()))
+    fresh = {**identity, "epoch": 0, "batch": 0, "step": 0, "loss_sum": 0.0, "best_dev": None, "history": [],
+             "seconds": 0.0}
+    last = work / "last"
+    state, tensors = resume_from(last, model, optimizer, scheduler, fresh, tuple(identity)) if resume else (fresh, {})
+    if tensors:
+        _load_extra_state(extra, tensors)
+    started = time.perf_counter() - state["seconds"]
+    autocast = config.bf16 and device.type in ("cpu", "cuda")
+    trained = [p for g in optimizer.param_groups for p in g["params"]]
+
+    def checkpoint() -> None:
+        state["seconds"] = time.perf_counter() - started
+        save_checkpoint(last, model, optimizer, state, _extra_state(extra))
+
+    bar = tqdm(total=total, initial=state["step"], desc=desc, unit="step", disable=not show_progress)
+    for epoch in range(state["epoch"], config.epochs):
+        model.train()
+        for b in range(state["batch"] if epoch == state["epoch"] else 0, len(plans[epoch])):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+                loss = task.loss(plans[epoch][b])
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(trained, config.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            value = loss.item()
+            state.update(epoch=epoch, batch=b + 1, step=state["step"] + 1, loss_sum=state["loss_sum"] + value)
+            bar.update(1)
+            bar.set_postfix(loss=f"{value:.4f}")
+            if state["step"] % 10 == 0:
+                logger.info("step %d/%d loss %.4f", state["step"], total, value)
+            if config.checkpoint_every and state["step"] % config.checkpoint_every == 0:
+                checkpoint()
+        model.eval()
+        record: dict[str, Any] = {"epoch": epoch + 1, "step": state["step"], "seconds": time.perf_counter() - started,
+                                  "loss": state["loss_sum"] / max(1, len(plans[epoch]))}
+        if dev is not None:
+            record["dev"] = float(dev(model))
+            if state["best_dev"] is None or record["dev"] > state["best_dev"]:
+                state["best_dev"] = record["dev"]
+                model.save(work / "best", training={"epoch": epoch + 1, "dev": record["dev"]})
+        state["history"].append(record)
+        logger.info("epoch %d: %s", epoch + 1, record)
+        with open(work / "log.jsonl", "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record) + "\n")
+        state.update(epoch=epoch + 1, batch=0, loss_sum=0.0)
+        checkpoint()
+    bar.close()
+    seconds = time.perf_counter() - started
+    model.eval()
+    training = {**(info or {}), **identity, "steps": state["step"], "seconds": seconds,
+                "best_dev": state["best_dev"], "history": state["history"]}
+    final = model
+    if dev is not None and (work / "best").is_dir():
+        final = type(model).load(work / "best")
+        final.name = model.name
+    final.save(out, training=training)
+    write_json(work / "result.json", training)
+    return FitResult(out, state["step"], seconds, state["best_dev"], tuple(state["history"]), training)
+

@@ -1,0 +1,66 @@
+"""``twostage.json``: what twostage records beside a saved model's weights, one schema for both model types.
+
+    {"format": "twostage.model", "format_version": 1,
+     "kind": "bi-encoder" | "cross-encoder",
+     "base": the model it started from,
+     "settings": how the model runs (the bi-encoder's pooling, normalisation, length and prefixes; the
+                 cross-encoder's length, whether its head is trained, its blend with the first stage),
+     "training": what trained it (recipe, data, history; empty for a model never trained here),
+     "versions": the libraries that wrote it}
+
+Files written before this schema (``encoder`` or top-level settings, no ``format``) are still read.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from twostage.indexer.errors import ConfigError
+from twostage.indexer.manifest import library_versions
+
+FILE = "twostage.json"
+FORMAT, FORMAT_VERSION = "twostage.model", 1
+KINDS = ("bi-encoder", "cross-encoder")
+_LEGACY_CROSS = ("max_length", "head_trained", "interpolation")
+
+
+def write_model_meta(directory: Path, kind: str, base: str, settings: dict[str, Any],
+                     training: dict[str, Any] | None) -> None:
+    if kind not in KINDS:
+        raise ConfigError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "kind": kind, "base": base, "settings": settings,
+            "training": training or {}, "versions": library_versions()}
+    (directory / FILE).write_text(json.dumps(meta, indent=2, default=str) + "\n", encoding="utf-8")
+
+
+def read_model_meta(directory: Path) -> tuple[str, dict[str, Any], dict[str, Any]] | None:
+    """(kind, settings, training) of a model directory, or None when it has no ``twostage.json``."""
+    f = Path(directory) / FILE
+    if not f.is_file():
+        return None
+    try:
+        meta = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{f}: unreadable ({exc}); restore the model directory or train it again") from None
+    if not isinstance(meta, dict):
+        raise ConfigError(f"{f}: not a JSON object; restore the model directory or train it again")
+    kind = meta.get("kind", "bi-encoder")
+    if kind not in KINDS:
+        raise ConfigError(f"{f}: unknown model kind {kind!r} (expected {' or '.join(KINDS)})")
+    if "format" in meta:
+        if meta["format"] != FORMAT or not isinstance(meta.get("format_version"), int):
+            raise ConfigError(f"{f}: not a twostage model description; restore the model directory")
+        if meta["format_version"] > FORMAT_VERSION:
+            raise ConfigError(f"{f}: format version {meta['format_version']} is newer than this library reads "
+                              f"({FORMAT_VERSION}); upgrade twostage")
+        settings = meta.get("settings")
+    elif kind == "bi-encoder":
+        settings = meta.get("encoder", {})
+    else:
+        settings = {k: meta[k] for k in _LEGACY_CROSS if k in meta}
+    training = meta.get("training", {})
+    if not isinstance(settings, dict) or not isinstance(training, dict):
+        raise ConfigError(f"{f}: settings and training must be objects; restore the model directory")
+    return kind, settings, training
