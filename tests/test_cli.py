@@ -230,3 +230,28 @@ def test_bench_trains_both_models_on_the_train_split(tmp_path, sample_dir, tiny_
     assert main([*args[:-6], "--train-settings", str(tmp_path / "bad.json"), "--train-split", "train", "--out",
                  str(tmp_path / "q")]) == 2
     assert "unknown setting(s) epoch" in capsys.readouterr().err
+
+
+def test_training_flags_are_generated_from_the_recipe_table():
+    from twostage.eval.cli import build_parser
+    from twostage.eval.cli_train import RERANKER, RETRIEVER, _get, settings_from_flags
+    from twostage.eval.train_models import TrainSettings
+
+    recipe = TrainSettings().aligned()
+    for flag in RETRIEVER + RERANKER:
+        for path in flag.paths:
+            _get(recipe, path)  # every flag names real settings
+    parser = build_parser()
+    base = ["--data", "d", "--out", "o"]
+    args = parser.parse_args(["train-reranker", *base])
+    assert settings_from_flags(args, RERANKER) == recipe  # no flag: exactly the recipe
+    args = parser.parse_args(["train-reranker", *base, "--negatives", "3", "--mine-from", "bm25,dense",
+                              "--no-bf16", "--seed", "5", "--dev-fraction", "0.2"])
+    got = settings_from_flags(args, RERANKER)
+    assert (got.reranker.negatives, got.reranker.mining.num_negatives) == (3, 3)
+    assert got.reranker.mine_from == ("bm25", "dense") and got.reranker.bf16 is False
+    assert got.reranker.seed == got.retriever.train.seed == 5 and got.retriever.dev_fraction == 0.2
+    args = parser.parse_args(["train-retriever", *base, "--nli", "a.jsonl", "b.jsonl", "--max-length", "64"])
+    got = settings_from_flags(args, RETRIEVER)
+    assert got.retriever.nli == ("a.jsonl", "b.jsonl") and got.retriever.max_length == 64
+    assert "(default: 3)" in parser._subparsers._group_actions[0].choices["train-retriever"].format_help()
