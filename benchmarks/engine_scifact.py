@@ -46,6 +46,7 @@ def main() -> None:
     from twostage.eval.run import Run
     from twostage.eval.systems import SystemOptions
     from twostage.indexer.beir import BeirDataset
+    from twostage.indexer.codec import to_json_dict
     from twostage.indexer.records import RankedList
     from twostage.reranker.engine import SearchEngine
 
@@ -99,7 +100,7 @@ def main() -> None:
             single = [engine.search(q, k=10) for q in texts]
             single_s.append(time.perf_counter() - t)
             differ = max(differ, sum(a.ids != b.ids for a, b in zip(batched, single)))
-        settings = engine.settings.to_dict()
+        settings = to_json_dict(engine.settings)
         # the same comparison with both models in fp32 (query time only; the corpus vectors stay as built)
         fp32 = engine.configure(precision="fp32")
         sample = texts[:64]

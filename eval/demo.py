@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from twostage.eval.train_models import TrainSettings
+from twostage.indexer.codec import to_json_dict
 
 DEMO_SETTINGS = TrainSettings(dev_fraction=0.2)
 DEMO_SETTINGS = replace(
@@ -65,7 +66,7 @@ def run_demo(data: str | Path, out: str | Path, *, base: str = "all-MiniLM-L6-v2
                        show_progress=show_progress)
     seconds["evaluate_s"] = time.perf_counter() - t
     write_outputs(result, out, {"command": command, "data": str(data), "split": "test",
-                                "train_settings": trained.settings, "engine": engine.settings.to_dict(),
+                                "train_settings": trained.settings, "engine": to_json_dict(engine.settings),
                                 "phase_seconds": seconds})
     say(f"\n5. every system against BM25 on the {len(result.split.queries)} test queries:\n")
     table = result.table()

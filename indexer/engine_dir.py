@@ -70,13 +70,6 @@ class EngineSettings:
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
 
-    def to_dict(self) -> dict[str, Any]:
-        return to_json_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], where: str = "settings") -> EngineSettings:
-        """Settings from JSON; an unknown key is an error naming it."""
-        return from_json_dict(cls, data, where)
 
 
 def resolve_precision(precision: str) -> str:
@@ -116,7 +109,7 @@ class EngineManifest:
 
     def to_json(self) -> str:
         return manifest_text(
-            FORMAT, FORMAT_VERSION, self.files, self.versions, settings=self.settings.to_dict(),
+            FORMAT, FORMAT_VERSION, self.files, self.versions, settings=to_json_dict(self.settings),
             retriever=asdict(self.retriever), reranker=asdict(self.reranker) if self.reranker else None,
             counts={"documents": self.documents})
 
@@ -126,7 +119,7 @@ def read_engine_manifest(version_dir: Path) -> EngineManifest:
     path = version_dir / "manifest.json"
     data = read_manifest_json(version_dir, FORMAT, FORMAT_VERSION, "a search engine directory", "`twostage build`")
     try:
-        settings = EngineSettings.from_dict(data["settings"], f"{path}: settings")
+        settings = from_json_dict(EngineSettings, data["settings"], f"{path}: settings")
     except ConfigError as exc:
         raise IndexFormatError(f"{exc}; restore or rebuild the engine") from None
     except KeyError:

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from twostage.indexer.build import check_out_dir, encode_chunks, first_version, merge_chunks, start_build
+from twostage.indexer.codec import to_json_dict
 from twostage.indexer.corpus import CorpusSource, iter_documents
 from twostage.indexer.engine_dir import (
     EngineManifest,
@@ -196,9 +197,9 @@ class SearchEngine:
     def info(self) -> dict[str, Any]:
         m = self.manifest
         return {"path": str(self.root), "version": self.version, "documents": m.documents,
-                "settings": m.settings.to_dict(), "retriever": asdict(m.retriever),
+                "settings": to_json_dict(m.settings), "retriever": asdict(m.retriever),
                 "reranker": asdict(m.reranker) if m.reranker else None, "dense": self.index.info(),
-                "bm25": {"documents": len(self.bm25), "config": self.bm25.config.to_dict()},
+                "bm25": {"documents": len(self.bm25), "config": to_json_dict(self.bm25.config)},
                 "metadata_fields": sorted(self.index.metadata_fields()), "versions": m.versions}
 
     def documents(self, ids: Iterable[str]) -> list[Document]:

@@ -5,9 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
-from twostage.indexer.codec import from_json_dict, to_json_dict
 from twostage.indexer.errors import ConfigError, MissingDependencyError
 
 # Lucene's EnglishAnalyzer stop set (the classic 33 words), the list BM25 baselines use.
@@ -31,13 +29,6 @@ class AnalyzerConfig:
     stopwords: str | tuple[str, ...] | None = "en"
     stemmer: str | None = "english"
     token_pattern: str = r"(?u)\b\w\w+\b"
-
-    def to_dict(self) -> dict[str, Any]:
-        return to_json_dict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any], where: str = "analyzer settings") -> AnalyzerConfig:
-        return from_json_dict(cls, d, where)
 
 
 class Analyzer:

@@ -46,14 +46,6 @@ class BM25Config:
         if not (self.k1 >= 0 and 0 <= self.b <= 1):
             raise ConfigError(f"BM25 needs k1 >= 0 and 0 <= b <= 1, got k1={self.k1}, b={self.b}")
 
-    def to_dict(self) -> dict[str, Any]:
-        return to_json_dict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any], where: str = "BM25 settings") -> BM25Config:
-        """Settings from JSON (what :meth:`to_dict` wrote); an unknown key is an error naming it."""
-        return from_json_dict(cls, d, where)
-
 
 class _Engine(Protocol):
     def scores(self, terms: list[str]) -> np.ndarray: ...
@@ -189,14 +181,14 @@ class BM25Retriever:
         """Write the index's files into the existing ``directory`` (the caller makes the write atomic)."""
         if not isinstance(self._engine, Bm25sEngine):
             raise ConfigError("only the bm25s engine can be saved; rank-bm25 is the in-memory reference engine")
-        write_bm25_files(Path(directory), self._engine.model, self.doc_ids, self.config.to_dict())
+        write_bm25_files(Path(directory), self._engine.model, self.doc_ids, to_json_dict(self.config))
 
     @classmethod
     def load(cls, path: str | Path) -> BM25Retriever:
         """Open a saved index; the manifest and every file's checksum are checked before any array is read."""
         raw, doc_ids, vocab, arrays = read_bm25_files(path)
         try:
-            config = BM25Config.from_dict(raw)
+            config = from_json_dict(BM25Config, raw, "BM25 settings")
         except (TypeError, ValueError) as exc:
             raise IndexFormatError(f"{path}: the BM25 settings in manifest.json are invalid ({exc}); rebuild it") from None
         return cls(config, doc_ids, Bm25sEngine.from_arrays(config, vocab, arrays, len(doc_ids)))

@@ -28,7 +28,7 @@ import torch
 
 from twostage.indexer.atomic import write_json
 from twostage.indexer.errors import ConfigError
-from twostage.retriever.checkpoint import resume_from, save_checkpoint
+from twostage.retriever import checkpoint as checkpoints
 
 logger = logging.getLogger(__name__)
 
@@ -110,15 +110,6 @@ def _optimizer(model: torch.nn.Module, extra: Sequence[torch.nn.Module], config:
                              lr=config.lr)
 
 
-def _extra_state(extra: Sequence[torch.nn.Module]) -> dict[str, torch.Tensor]:
-    return {f"module{i}.{k}": v for i, m in enumerate(extra) for k, v in m.state_dict().items()}
-
-
-def _load_extra_state(extra: Sequence[torch.nn.Module], tensors: dict[str, torch.Tensor]) -> None:
-    for i, m in enumerate(extra):
-        m.load_state_dict({k.split(".", 1)[1]: v for k, v in tensors.items() if k.startswith(f"module{i}.")})
-
-
 def fit(task: Task, config: LoopSettings, out: str | Path, *, dev: Callable[[Any], float] | None = None,
         resume: bool = True, show_progress: bool = False, info: dict[str, Any] | None = None,
         desc: str = "train") -> FitResult:
@@ -148,16 +139,14 @@ def fit(task: Task, config: LoopSettings, out: str | Path, *, dev: Callable[[Any
     fresh = {**identity, "epoch": 0, "batch": 0, "step": 0, "loss_sum": 0.0, "best_dev": None, "history": [],
              "seconds": 0.0}
     last = work / "last"
-    state, tensors = resume_from(last, model, optimizer, scheduler, fresh, tuple(identity)) if resume else (fresh, {})
-    if tensors:
-        _load_extra_state(extra, tensors)
+    state = checkpoints.resume(last, model, extra, optimizer, scheduler, fresh, tuple(identity)) if resume else fresh
     started = time.perf_counter() - state["seconds"]
     autocast = config.bf16 and device.type in ("cpu", "cuda")
     trained = [p for g in optimizer.param_groups for p in g["params"]]
 
     def checkpoint() -> None:
         state["seconds"] = time.perf_counter() - started
-        save_checkpoint(last, model, optimizer, state, _extra_state(extra))
+        checkpoints.save_checkpoint(last, model, extra, optimizer, state)
 
     bar = tqdm(total=total, initial=state["step"], desc=desc, unit="step", disable=not show_progress)
     for epoch in range(state["epoch"], config.epochs):

@@ -23,7 +23,7 @@ def test_round_trips_through_json_text():
 
 
 def test_missing_keys_keep_defaults_and_nested_records_fill_in():
-    bm25 = BM25Config.from_dict({"b": 0.5, "analyzer": {"stemmer": None}})
+    bm25 = from_json_dict(BM25Config, {"b": 0.5, "analyzer": {"stemmer": None}}, "BM25 settings")
     assert bm25.b == 0.5 and bm25.k1 == BM25Config().k1
     assert bm25.analyzer == AnalyzerConfig(stemmer=None)
 
@@ -35,7 +35,7 @@ def test_missing_keys_keep_defaults_and_nested_records_fill_in():
 ])
 def test_errors_name_the_key(data, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        EngineSettings.from_dict(data)
+        from_json_dict(EngineSettings, data, "settings")
 
 
 def test_nested_unknown_key_is_named_with_its_path():
@@ -44,4 +44,4 @@ def test_nested_unknown_key_is_named_with_its_path():
     with pytest.raises(ConfigError, match=r"f.json.reranker: unknown setting\(s\) epocs"):
         from_json_dict(TrainSettings, {"reranker": {"epocs": 3}}, "f.json")
     with pytest.raises(ConfigError, match=r"BM25 settings.analyzer: unknown setting\(s\) stem"):
-        BM25Config.from_dict({"analyzer": {"stem": "english"}})
+        from_json_dict(BM25Config, {"analyzer": {"stem": "english"}}, "BM25 settings")
