@@ -67,6 +67,11 @@ def evaluate(
     return table
 
 
+def mean_ndcg10(qrels: Qrels, run: Mapping[str, RankedList]) -> float:
+    """Mean nDCG@10 over the queries of ``qrels``: the dev metric training selects epochs and blends by."""
+    return float(evaluate(qrels, run, ["ndcg@10"])["ndcg@10"].mean())
+
+
 def mean(table: pd.DataFrame) -> dict[str, float]:
     return {m: float(table[m].mean()) for m in table.columns}
 

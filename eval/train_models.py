@@ -66,7 +66,7 @@ def train_models(data: str | Path, train_split: str, eval_split: str, models_dir
                  show_progress: bool = False) -> TrainedModels:
     """Train what is needed into ``models_dir`` (``retriever/``, ``reranker/``); a given ``retriever`` is used
     as is (for the reranker's dense negatives)."""
-    from twostage.eval.metrics import evaluate
+    from twostage.eval.metrics import mean_ndcg10
     from twostage.retriever.biencoder import BiEncoder
 
     if train_split == eval_split:
@@ -76,13 +76,10 @@ def train_models(data: str | Path, train_split: str, eval_split: str, models_dir
     models_dir = Path(models_dir)
     seconds: dict[str, float] = {}
 
-    def ndcg(qrels: Any, run: Any) -> float:
-        return float(evaluate(qrels, run, ["ndcg@10"])["ndcg@10"].mean())
-
     if need_retriever and retriever is None:
         t = time.perf_counter()
         out = models_dir / "retriever"
-        train_retriever(data, train_split, settings.base, out, settings.retriever, dev_metric=ndcg,
+        train_retriever(data, train_split, settings.base, out, settings.retriever, dev_metric=mean_ndcg10,
                         show_progress=show_progress)
         retriever = str(out)
         seconds["train_retriever_s"] = time.perf_counter() - t
@@ -93,7 +90,7 @@ def train_models(data: str | Path, train_split: str, eval_split: str, models_dir
         config = settings.reranker
         encoder = BiEncoder.load(retriever, precision="bf16" if config.bf16 else "fp32") if retriever else None
         train_reranker_on(data, train_split, settings.base, out, config, dev_fraction=settings.dev_fraction,
-                          dev_depth=settings.dev_depth, dev_metric=ndcg, retriever=encoder,
+                          dev_depth=settings.dev_depth, dev_metric=mean_ndcg10, retriever=encoder,
                           show_progress=show_progress)
         reranker = str(out)
         seconds["train_reranker_s"] = time.perf_counter() - t
