@@ -37,7 +37,8 @@ def save_checkpoint(path: Path, model: torch.nn.Module, extra: Sequence[torch.nn
         for i, p in enumerate(_params(optimizer)):
             for key, value in optimizer.state.get(p, {}).items():
                 tensors[f"opt.{i}.{key}"] = value.detach().cpu() if torch.is_tensor(value) else torch.tensor(value)
-        tensors.update({f"module{i}.{k}": v.detach().cpu() for i, m in enumerate(extra) for k, v in m.state_dict().items()})
+        tensors.update({f"module{i}.{k}": v.detach().cpu()
+                        for i, m in enumerate(extra) for k, v in m.state_dict().items()})
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "optimizer.safetensors"))
         (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2), encoding="utf-8")
 

@@ -99,7 +99,8 @@ OBJECTIVES: dict[str, Objective] = {
         _mnrl),
     "triplet": Objective(
         PairExample, lambda model, labels, c: TripletLoss(margin=c.triplet_margin), _triplet,
-        lambda ex: _first(ex, lambda e: not e.negatives, "has no negative: the triplet objective needs a negative in every example")),
+        lambda ex: _first(ex, lambda e: not e.negatives,
+                          "has no negative: the triplet objective needs a negative in every example")),
     "margin_mse": Objective(
         PairExample, lambda model, labels, c: MarginMSELoss(c.scale), _margin_mse,
         lambda ex: _first(ex, lambda e: not e.negatives or len(e.margins) != len(e.negatives),
