@@ -146,7 +146,6 @@ def build_parser() -> argparse.ArgumentParser:
     dl.add_argument("--sha256", default=None, help="expected sha256 of the zip")
     dl.set_defaults(func=_download)
 
-
     from twostage.eval import cli_engine, cli_index, cli_train
 
     cli_engine.add_commands(sub)

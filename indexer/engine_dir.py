@@ -71,7 +71,6 @@ class EngineSettings:
             raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
 
 
-
 def resolve_precision(precision: str) -> str:
     """``auto`` -> ``bf16`` where the CPU computes bfloat16 natively (AVX512-BF16 or AMX), else ``fp32``."""
     if precision != "auto":

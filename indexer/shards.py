@@ -86,11 +86,12 @@ def shard_paths(path: str | Path) -> list[Path]:
     if not f.is_file():
         raise DataNotFoundError(f"{path}: no {MANIFEST}; build shards with `twostage index shard`")
     try:
-        legacy = json.loads(f.read_text(encoding="utf-8")).get("format") == "twostage-shards/1"  # before the header
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        raw = json.loads(f.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
         raise IndexFormatError(f"{f}: not a shards manifest; rebuild with `twostage index shard`") from None
-    data = json.loads(f.read_text(encoding="utf-8")) if legacy else read_manifest_json(
-        path, FORMAT, FORMAT_VERSION, "a shards directory", "`twostage index shard`", name=MANIFEST)
+    legacy = isinstance(raw, dict) and raw.get("format") == "twostage-shards/1"  # written before the common header
+    data = raw if legacy else read_manifest_json(path, FORMAT, FORMAT_VERSION, "a shards directory",
+                                                 "`twostage index shard`", name=MANIFEST)
     names = data.get("shards")
     if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
         raise IndexFormatError(f"{f}: shards must be a non-empty list of directory names; rebuild the shards")
