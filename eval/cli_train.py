@@ -153,8 +153,9 @@ def _train_reranker(args: argparse.Namespace) -> int:
           + (f" (best dev nDCG@10 {result.best_dev:.4f})" if result.best_dev is not None else ""))
     if "interpolation" in result.training:
         choice = result.training["interpolation"]
-        print(f"interpolation with the first stage chosen on dev: alpha={choice['alpha']} "
-              f"(dev nDCG@10 by alpha: {', '.join(f'{a:g}={v:.4f}' for a, v in choice['dev_by_alpha'])})")
+        for name, alpha, curve in [("mean", choice["alpha"], choice["dev_by_alpha"]), *choice["by_first_stage"]]:
+            print(f"blend with the first stage ({name}) chosen on dev: alpha={alpha} "
+                  f"(dev nDCG@10 by alpha: {', '.join(f'{a:g}={v:.4f}' for a, v in curve)})")
     return 0
 
 

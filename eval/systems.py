@@ -97,15 +97,18 @@ def _bm25_rerank(corpus: Corpus, options: SystemOptions) -> SearchSystem:
     if options.retriever_model or options.engine:
         return _view("bm25", True)(corpus, options)
     from twostage.reranker.cross_encoder import CrossEncoder
+    from twostage.reranker.interpolation import blend_for
     from twostage.reranker.pipeline import Pipeline
 
     if not options.reranker_model:
         raise ConfigError("the +rerank systems need a cross-encoder: pass --reranker-model NAME_OR_DIR")
     reranker = CrossEncoder.load(options.reranker_model, precision=resolve_precision(options.precision))
     texts = {d.id: d.full_text for d in corpus}
+    alpha = options.rerank_interpolation
     return _Reranked(Pipeline(BM25Retriever.build(corpus), reranker=reranker, texts=texts,
                               k_retrieve=options.rerank_depth, k=min(10, options.rerank_depth),
-                              batch_size=options.batch_size, interpolation=options.rerank_interpolation))
+                              batch_size=options.batch_size,
+                              interpolation=blend_for(reranker, "bm25") if alpha == "auto" else alpha))
 
 
 class _Reranked:

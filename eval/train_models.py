@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from twostage.indexer.codec import from_json_dict, to_json_dict
+from twostage.indexer.engine_dir import EngineSettings
 from twostage.indexer.errors import ConfigError
 from twostage.reranker.training import RerankerConfig, train_reranker_on
 from twostage.retriever.recipe import RetrieverRecipe, train_retriever
@@ -33,7 +34,7 @@ class TrainSettings:
     base: str = "all-MiniLM-L6-v2"
     dev_fraction: float = 0.1
     seed: int = 42
-    dev_depth: int = 30
+    dev_depth: int = EngineSettings().k_retrieve  # the reranker is chosen and blended at the depth the engine reads
     retriever: RetrieverRecipe = field(default_factory=RetrieverRecipe)
     reranker: RerankerConfig = field(default_factory=RerankerConfig)
 

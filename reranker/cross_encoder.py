@@ -48,6 +48,7 @@ class CrossEncoder(torch.nn.Module):
         self.name = name
         self.precision = "fp32"
         self.interpolation: float | None = None  # blend with the first stage chosen on dev (reranker.interpolation)
+        self.blends: dict[str, float] = {}  # first stage -> its own blend chosen on dev (interpolation.blend_for)
 
     @classmethod
     def load(cls, name_or_path: str | Path, *, max_length: int | None = None, allow_untrained_head: bool = False,
@@ -78,7 +79,7 @@ class CrossEncoder(torch.nn.Module):
         limit = max_length or meta.get("max_length") or min(512, int(getattr(tokenizer, "model_max_length", 512) or 512))
         ce = cls(model, tokenizer, max_length=cap_max_length(model, int(limit)), head_trained=bool(head_trained), name=str(name_or_path))
         ce.allow_untrained_head = allow_untrained_head
-        ce.interpolation = meta.get("interpolation")
+        ce.interpolation, ce.blends = _read_blends(path, meta)
         ce.eval()
         ce.model = with_precision(ce.model, precision)
         ce.precision = precision
@@ -134,8 +135,11 @@ class CrossEncoder(torch.nn.Module):
             self.model.config.sentence_transformers = {"activation_fn": "torch.nn.modules.activation.Sigmoid"}
             self.model.save_pretrained(tmp, safe_serialization=True)
             self.tokenizer.save_pretrained(tmp)
-            write_model_meta(tmp, "cross-encoder", self.name, {"max_length": self.max_length, "head_trained":
-                             self.head_trained, "interpolation": self.interpolation}, training)
+            settings = {"max_length": self.max_length, "head_trained": self.head_trained,
+                        "interpolation": self.interpolation}
+            if self.blends:
+                settings["interpolation_by_first_stage"] = dict(self.blends)
+            write_model_meta(tmp, "cross-encoder", self.name, settings, training)
         return path
 
 
@@ -143,3 +147,20 @@ def _read_meta(path: Path) -> dict[str, Any]:
     """The settings a cross-encoder directory records; none for a bi-encoder given as a base to train from."""
     meta = read_model_meta(path)
     return meta[1] if meta is not None and meta[0] == "cross-encoder" else {}
+
+
+def _read_blends(path: Path, meta: dict[str, Any]) -> tuple[float | None, dict[str, float]]:
+    """The saved blends, checked: each a number in [0, 1] (the overall one may be null)."""
+    def alpha(value: Any, key: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            raise ConfigError(f"{path}/twostage.json: {key} must be a number in [0, 1], got {value!r}; "
+                              "restore the model directory or train it again")
+        return float(value)
+
+    overall = meta.get("interpolation")
+    by_stage = meta.get("interpolation_by_first_stage", {})
+    if not isinstance(by_stage, dict):
+        raise ConfigError(f"{path}/twostage.json: interpolation_by_first_stage must be an object of first stage -> "
+                          "alpha; restore the model directory or train it again")
+    return (None if overall is None else alpha(overall, "interpolation"),
+            {str(k): alpha(v, f"interpolation_by_first_stage.{k}") for k, v in by_stage.items()})

@@ -42,6 +42,7 @@ from twostage.indexer.records import Document, Hit, RankedList, SearchResult
 from twostage.indexer.topk import check_k, top_k
 from twostage.indexer.vectors import BackendConfig
 from twostage.indexer.versions import Lease, commit, current_version, open_current, writer_lock
+from twostage.reranker.interpolation import blend_for
 from twostage.reranker.pipeline import rerank_lists
 from twostage.retriever.bm25 import BM25Retriever
 from twostage.retriever.hybrid import rrf
@@ -291,7 +292,7 @@ class SearchEngine:
             firsts = lists[first_stage]
         timings["fuse_s"] = time.perf_counter() - t
         t = time.perf_counter()
-        alpha = s.interpolation if s.interpolation != "auto" else getattr(reranker, "interpolation", None)
+        alpha = s.interpolation if s.interpolation != "auto" else blend_for(reranker, first_stage)
         reranked = rerank_lists(reranker, queries, firsts, self._text, k=k, k_retrieve=k_retrieve,
                                 interpolation=None if alpha is None else float(alpha), batch_size=s.batch_size)
         if reranker is not None:

@@ -4,7 +4,8 @@
 
 where ``minmax`` rescales a query's candidate scores to [0, 1]. ``alpha = 1`` is pure reranking, ``alpha = 0``
 the first stage's order. A small in-domain reranker is often better blended than alone; ``alpha`` is chosen on
-held-out training queries (never on test) and saved with the model.
+held-out training queries (never on test) for each first stage the engine serves (BM25, dense, hybrid: their
+scores differ in shape, so one weight does not fit all), and saved with the model.
 """
 
 from __future__ import annotations
@@ -49,39 +50,59 @@ def rerank_order(first: np.ndarray, rerank: np.ndarray, alpha: float | None) -> 
 
 @dataclass(frozen=True)
 class InterpolationChoice:
-    """The chosen ``alpha`` and the dev metric at every ``alpha`` tried (mean over the first stages)."""
+    """The chosen ``alpha`` per first stage and overall, with the dev metric at every ``alpha`` tried.
+
+    ``alpha`` and ``dev_by_alpha`` are over the mean of the first stages (the blend for a first stage the reranker
+    was not tuned on); ``by_first_stage`` holds each first stage's own choice and curve (``(name, alpha, curve)``).
+    """
 
     alpha: float
     dev_by_alpha: tuple[tuple[float, float], ...]
+    by_first_stage: tuple[tuple[str, float, tuple[tuple[float, float], ...]], ...] = ()
 
     @property
     def best(self) -> float:
         return dict(self.dev_by_alpha)[self.alpha]
 
+    def alphas(self) -> dict[str, float]:
+        """first stage -> its chosen alpha."""
+        return {name: alpha for name, alpha, _ in self.by_first_stage}
+
+
+def _pick(curve: Sequence[tuple[float, float]]) -> float:
+    """The alpha with the best value (ties: the larger alpha)."""
+    return max(curve, key=lambda r: (round(r[1], 10), r[0]))[0]
+
 
 def select_interpolation(model: Any, first_stages: Mapping[str, Any], queries: Sequence[Query], qrels: Qrels,
                          texts: Mapping[str, str], depth: int, metric: Callable[[Qrels, dict[str, RankedList]], float],
                          grid: Sequence[float] = GRID) -> InterpolationChoice:
-    """Score each first stage's top ``depth`` once, then try every ``alpha`` of ``grid`` (ties: the larger)."""
+    """Score each first stage's top ``depth`` once, then try every ``alpha`` of ``grid`` for each first stage and
+    for their mean (ties: the larger alpha)."""
     if not queries:
         raise ConfigError("choosing the interpolation needs held-out queries")
-    cached = []
-    for fs in first_stages.values():
+    curves: dict[str, list[tuple[float, float]]] = {}
+    for name, fs in first_stages.items():
         per_query = {}
         for q in queries:
             first = fs.search(q.text, depth)
             rerank = model.score(q.text, [texts[str(d)] for d in first.ids]) if len(first) else np.zeros(0)
             per_query[q.id] = (first, rerank)
-        cached.append(per_query)
-    results = []
-    for alpha in grid:
-        values = []
-        for per_query in cached:
+        curves[name] = []
+        for alpha in grid:
             run = {}
             for qid, (first, rerank) in per_query.items():
                 order, scores = rerank_order(first.scores, rerank, float(alpha))
                 run[qid] = RankedList(first.ids[order], scores[order])
-            values.append(float(metric(qrels, run)))
-        results.append((float(alpha), float(np.mean(values))))
-    best = max(results, key=lambda r: (round(r[1], 10), r[0]))
-    return InterpolationChoice(best[0], tuple(results))
+            curves[name].append((float(alpha), float(metric(qrels, run))))
+    mean = [(float(a), float(np.mean([curve[i][1] for curve in curves.values()]))) for i, a in enumerate(grid)]
+    return InterpolationChoice(_pick(mean), tuple(mean),
+                               tuple((name, _pick(curve), tuple(curve)) for name, curve in curves.items()))
+
+
+def blend_for(reranker: Any, first_stage: str | None) -> float | None:
+    """The blend ``reranker`` chose on dev for ``first_stage`` (its overall choice for a first stage it was not
+    tuned on; None: rank by the reranker alone)."""
+    by_stage = getattr(reranker, "blends", None) or {}
+    alpha = by_stage.get(first_stage, getattr(reranker, "interpolation", None))
+    return None if alpha is None else float(alpha)

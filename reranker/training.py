@@ -28,12 +28,14 @@ import torch.nn.functional as F
 
 from twostage.indexer.beir import BeirDataset
 from twostage.indexer.corpus import Corpus
+from twostage.indexer.engine_dir import EngineSettings
 from twostage.indexer.errors import ConfigError, DataError
 from twostage.indexer.records import Judgment, Qrels, Query
 from twostage.reranker.cross_encoder import CrossEncoder
 from twostage.retriever.bm25 import BM25Retriever
 from twostage.retriever.examples import PairExample
 from twostage.retriever.fit import FitResult, fit, seed_everything
+from twostage.retriever.hybrid import HybridRetriever
 from twostage.retriever.mining import MiningConfig, mine_hard_negatives
 from twostage.retriever.training_data import hold_out
 
@@ -206,7 +208,8 @@ def train_reranker(model: CrossEncoder, groups: Sequence[PairExample], config: R
 
 
 def train_reranker_on(data: str | Path | BeirDataset, split: str, base: str, out: str | Path,
-                      config: RerankerConfig = RerankerConfig(), *, dev_fraction: float = 0.0, dev_depth: int = 30,
+                      config: RerankerConfig = RerankerConfig(), *, dev_fraction: float = 0.0,
+                      dev_depth: int = EngineSettings().k_retrieve,
                       dev_metric: Callable[[Any, dict[str, Any]], float] | None = None,
                       retriever: Any = None, resume: bool = True, show_progress: bool = False,
                       command: str | None = None) -> FitResult:
@@ -214,7 +217,8 @@ def train_reranker_on(data: str | Path | BeirDataset, split: str, base: str, out
 
     ``retriever`` (a bi-encoder) mines the dense negatives (the base model when none is given). With
     ``dev_fraction``, held-out train queries pick the best epoch by ``dev_metric(qrels, run)`` on the first stages'
-    top ``dev_depth`` reranked, then the score interpolation with the first stage (saved with the model, used by
+    top ``dev_depth`` reranked (BM25, dense and their hybrid as the engine fuses them; by default the engine's
+    depth), then the score interpolation with each first stage (saved with the model, used by the engine and
     :class:`Pipeline`).
     """
     from twostage.reranker.interpolation import select_interpolation
@@ -235,7 +239,10 @@ def train_reranker_on(data: str | Path | BeirDataset, split: str, base: str, out
         from twostage.retriever.dense import DenseRetriever
 
         first_stages["dense"] = DenseRetriever.build(corpus, retriever, show_progress=show_progress)
-    scorers = {name: fs.scores for name, fs in first_stages.items()}
+        engine = EngineSettings()
+        first_stages["hybrid"] = HybridRetriever([bm25, first_stages["dense"]], depth=engine.depth,
+                                                 k_rrf=engine.k_rrf)
+    scorers = {name: first_stages[name].scores for name in ("bm25", "dense") if name in first_stages}
     groups = groups_from_split(ds, split, config, queries, scorers)
     if config.title_groups:
         groups += title_groups(corpus, config.title_groups, config, bm25)
@@ -258,7 +265,7 @@ def train_reranker_on(data: str | Path | BeirDataset, split: str, base: str, out
     if dev is not None:
         trained = CrossEncoder.load(out)
         choice = select_interpolation(trained, first_stages, dev_queries, qrels, texts, dev_depth, dev_metric)
-        trained.interpolation = choice.alpha
+        trained.interpolation, trained.blends = choice.alpha, choice.alphas()
         result = replace(result, training={**result.training, "interpolation": asdict(choice)})
         trained.save(out, training=result.training)
     return result

@@ -321,3 +321,24 @@ def test_configure_and_tune_on_dev(built, tmp_path, sample_dir):
     best = result.scores[0]
     assert (tuned.settings.first_stage, tuned.settings.rerank) == (best[0], best[1]) or best[2] == next(
         v for fs, rr, v in result.scores if (fs, rr) == ("dense", False))  # a tie keeps the current settings
+
+
+def test_the_engine_blends_with_each_first_stages_own_weight(built):
+    """alpha 0 for bm25 keeps BM25's order after reranking; the other first stages keep the overall blend."""
+    reranker = built.reranker
+    saved = reranker.blends
+    try:
+        reranker.blends = {"bm25": 0.0}
+        query = "snow and rain"
+        kept = built.search(query, k=5, first_stage="bm25")
+        assert kept.ids == built.search(query, k=5, first_stage="bm25", rerank=False).ids
+        assert all("rerank" in h.stage_scores for h in kept.hits)
+        reranker.blends = {"bm25": 1.0}
+        alone = built.search(query, k=5, first_stage="bm25")
+        rerank = [h.stage_scores["rerank"] for h in alone.hits]
+        assert rerank == sorted(rerank, reverse=True)
+        hybrid = built.search(query, k=5)
+        reranker.blends = {}
+        assert built.search(query, k=5).ids == hybrid.ids  # hybrid has no weight of its own: the overall one
+    finally:
+        reranker.blends = saved

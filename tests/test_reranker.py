@@ -184,3 +184,77 @@ def test_a_tokenizer_of_another_model_is_refused(tmp_path, tiny_bert_dir):
         CrossEncoder.load(tmp_path / "m")
     with pytest.raises(ConfigError, match="tokenizer belongs to another model"):
         BiEncoder.load(tmp_path / "m")
+
+
+def test_blend_is_chosen_for_each_first_stage():
+    """A reranker that is right over one first stage and wrong over another gets alpha 1 on the first and
+    alpha 0 on the second; the overall choice is the best of their mean."""
+    from twostage.eval.metrics import mean_ndcg10
+    from twostage.indexer.records import Judgment, Qrels, Query, RankedList
+    from twostage.reranker.interpolation import blend_for, select_interpolation
+
+    docs = ["good", "bad1", "bad2"]
+
+    class Fixed:  # a first stage returning the candidates in a fixed order
+        def __init__(self, order):
+            self.order = order
+
+        def search(self, query, k):
+            return RankedList(np.array(self.order[:k], dtype=object), np.array([3.0, 2.0, 1.0][:k], np.float32))
+
+    class Oracle:  # scores "good" highest
+        def score(self, query, texts):
+            return np.array([1.0 if t == "good" else 0.0 for t in texts], np.float32)
+
+    queries = [Query("q1", "anything")]
+    qrels = Qrels([Judgment("q1", "good", 1)])
+    texts = {d: d for d in docs}
+    # over "low" the first stage ranks the relevant document last: the reranker fixes it (alpha 1);
+    # over "top" the first stage is already right and the oracle agrees: ties go to the larger alpha too
+    choice = select_interpolation(Oracle(), {"low": Fixed(["bad1", "bad2", "good"]), "top": Fixed(docs)},
+                                  queries, qrels, texts, 3, mean_ndcg10)
+    curves = {name: dict(curve) for name, _, curve in choice.by_first_stage}
+    assert curves["low"][0.0] < curves["low"][1.0] == 1.0 and set(curves["top"].values()) == {1.0}
+    assert choice.alphas()["low"] == 1.0
+    assert dict(choice.dev_by_alpha)[0.0] == pytest.approx((curves["low"][0.0] + 1.0) / 2)
+
+    class Wrong:  # scores "good" lowest: only alpha 0 keeps the right first stage right
+        def score(self, query, texts):
+            return np.array([0.0 if t == "good" else 1.0 for t in texts], np.float32)
+
+    choice = select_interpolation(Wrong(), {"top": Fixed(docs)}, queries, qrels, texts, 3, mean_ndcg10)
+    assert choice.alphas() == {"top": max(a for a, v in choice.by_first_stage[0][2] if v == 1.0)} and \
+        choice.alphas()["top"] < 1.0
+
+    class Model:
+        interpolation, blends = 0.4, {"hybrid": 0.2}
+
+    assert blend_for(Model(), "hybrid") == 0.2 and blend_for(Model(), "bm25") == 0.4
+    assert blend_for(object(), "hybrid") is None
+
+
+def test_per_first_stage_blends_are_saved_and_checked(tmp_path, tiny_bert_dir):
+    import json
+
+    from twostage.reranker.cross_encoder import CrossEncoder
+
+    ce = CrossEncoder.load(tiny_bert_dir, allow_untrained_head=True)
+    ce.head_trained, ce.interpolation, ce.blends = True, 0.4, {"hybrid": 0.2, "bm25": 0.6}
+    ce.save(tmp_path / "ce")
+    back = CrossEncoder.load(tmp_path / "ce")
+    assert (back.interpolation, back.blends) == (0.4, {"hybrid": 0.2, "bm25": 0.6})
+    meta_file = tmp_path / "ce" / "twostage.json"
+    meta = json.loads(meta_file.read_text())
+    meta["settings"]["interpolation_by_first_stage"]["hybrid"] = 7
+    meta_file.write_text(json.dumps(meta))
+    with pytest.raises(ConfigError, match=r"interpolation_by_first_stage\.hybrid must be a number in \[0, 1\]"):
+        CrossEncoder.load(tmp_path / "ce")
+    meta["settings"]["interpolation_by_first_stage"] = [0.2]
+    meta_file.write_text(json.dumps(meta))
+    with pytest.raises(ConfigError, match="interpolation_by_first_stage must be an object"):
+        CrossEncoder.load(tmp_path / "ce")
+    meta["settings"].pop("interpolation_by_first_stage")
+    meta["settings"]["interpolation"] = "high"
+    meta_file.write_text(json.dumps(meta))
+    with pytest.raises(ConfigError, match="interpolation must be a number"):
+        CrossEncoder.load(tmp_path / "ce")
