@@ -11,6 +11,7 @@ from typing import Any
 
 from twostage.indexer.engine_dir import FIRST_STAGES, PRECISIONS, EngineSettings
 from twostage.indexer.errors import ConfigError
+from twostage.indexer.vectors import BACKENDS
 
 BATCH = 32  # queries searched together when reading them from a file
 
@@ -226,7 +227,7 @@ def add_commands(sub: Any) -> None:
     b.add_argument("--k-retrieve", type=int, default=d.k_retrieve, help=f"candidates reranked (default {d.k_retrieve})")
     b.add_argument("--precision", default=d.precision, choices=PRECISIONS,
                    help="model precision at search time (auto: bf16 where the CPU has it)")
-    b.add_argument("--backend", default=d.backend, help="hnswlib, flat, faiss-flat, faiss-hnsw, faiss-ivf, faiss-ivfpq")
+    b.add_argument("--backend", default=d.backend, help=", ".join(BACKENDS))
     b.add_argument("--batch-size", type=int, default=d.batch_size)
     b.add_argument("--chunk-size", type=int, default=4096, help="documents encoded per resumable chunk")
     add_field_flags(b)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from twostage.indexer.errors import ConfigError
+from twostage.indexer.vectors import BACKENDS
 
 
 def _encoder(model: str, precision: str = "fp32") -> Any:
@@ -28,7 +29,7 @@ def _open(path: Path, with_encoder: bool = True) -> Any:
 def parse_params(items: list[str] | None) -> dict[str, Any]:
     """``--param KEY=VALUE``: numbers for the known numeric parameters, checked before any encoding starts."""
     numeric = {"M", "ef_construction", "ef_search", "nlist", "nprobe", "pq_m", "pq_bits", "seed", "build_threads",
-               "search_threads"}
+               "search_threads", "rescore"}
     params: dict[str, Any] = {}
     for item in items or []:
         key, sep, raw = item.partition("=")
@@ -40,7 +41,7 @@ def parse_params(items: list[str] | None) -> dict[str, Any]:
             value = int(raw)
         except ValueError:
             raise ConfigError(f"--param {item!r}: {key} must be a positive integer") from None
-        if value <= 0 and key not in ("seed",):
+        if value <= 0 and key not in ("seed", "rescore"):
             raise ConfigError(f"--param {item!r}: {key} must be a positive integer")
         params[key] = value
     return params
@@ -144,7 +145,7 @@ def add_commands(sub: Any) -> None:
     b.add_argument("--corpus", required=True, type=Path, help="BEIR directory, corpus.jsonl, .parquet or .csv")
     b.add_argument("--model", required=True, help="bi-encoder name or directory")
     b.add_argument("--out", required=True, type=Path)
-    b.add_argument("--backend", default="hnswlib", help="flat, faiss-flat, faiss-hnsw, faiss-ivf, faiss-ivfpq, hnswlib")
+    b.add_argument("--backend", default="hnswlib", help=", ".join(BACKENDS))
     b.add_argument("--metric", default="cosine", choices=["cosine", "ip", "l2"])
     b.add_argument("--param", action="append", help="backend parameter KEY=VALUE (M, ef_construction, nlist...)")
     b.add_argument("--chunk-size", type=int, default=4096)

@@ -4,7 +4,8 @@
       CURRENT                  the name of the live version, replaced atomically (os.replace)
       v000001/manifest.json    format, versions, encoder identity, metric, backend, segments, checksums
       v000001/segments/000000.npy, .parquet   float32 vectors and (id, title, text, metadata) per row
-      v000001/ann.hnswlib | ann.faiss          the search structure; its labels are row numbers
+      v000001/ann.hnswlib | ann.faiss          the search structure; its labels are row numbers (compressed
+                                               backends: their codes, rescored with the memory-mapped vectors)
       v000001/deleted.npy      tombstoned row numbers (when any)
 
 Every change writes a complete new version (unchanged segment files are hard links, not copies), fsyncs
@@ -40,11 +41,12 @@ from twostage.indexer.records import Document, RankedList
 from twostage.indexer.topk import check_k
 from twostage.indexer.vectors import (
     BackendConfig,
-    FaissIndex,
     FlatIndex,
-    HnswlibIndex,
+    ann_file,
     ann_from_vectors,
+    open_ann,
     prepare,
+    similarity,
     verify_saved,
 )
 from twostage.indexer.versions import Lease, commit, open_current, writer_lock
@@ -92,6 +94,7 @@ class Index:
                                        f"{manifest.encoder.dim}) float32; restore or rebuild the index")
             vectors.append(v)
         self._vectors = vectors
+        self._starts = np.cumsum([0, *(len(v) for v in vectors)])[:-1]
         ids: list[str] = []
         for seg in manifest.segments:
             path = version_dir / "segments" / f"{seg.name}.parquet"
@@ -153,16 +156,9 @@ class Index:
             self._lease.release()
 
     def _open_ann(self) -> Any:
-        m, d = self.manifest, self.version_dir
-        if m.backend == "flat":
-            return None
-        if m.backend == "hnswlib":
-            return HnswlibIndex.load(d / "ann.hnswlib", m.metric, m.encoder.dim, m.rows)
-        ann = FaissIndex.load(d / "ann.faiss", m.metric, m.encoder.dim, m.rows)
-        if ann.index.ntotal != m.rows or ann.index.d != m.encoder.dim:
-            raise IndexFormatError(f"{d / 'ann.faiss'}: {ann.index.ntotal} x {ann.index.d}, the manifest says "
-                                   f"{m.rows} x {m.encoder.dim}; restore or rebuild the index")
-        return ann
+        m = self.manifest
+        return None if m.backend == "flat" else open_ann(self.version_dir / ann_file(m.backend), m.backend, m.metric,
+                                                          m.encoder.dim, m.rows)
 
     def attach_encoder(self, encoder: Any) -> None:
         """Use ``encoder`` for text queries; it must be the one the index was built with."""
@@ -201,6 +197,15 @@ class Index:
         if self._stacked is None:
             self._stacked = np.vstack(self._vectors)
         return self._stacked
+
+    def rows(self, rows: np.ndarray) -> np.ndarray:
+        """The vectors of these rows, read from the memory-mapped segments (nothing else is loaded)."""
+        out = np.empty((len(rows), self.dim), dtype=np.float32)
+        seg = np.searchsorted(self._starts, rows, side="right") - 1
+        for s in np.unique(seg):
+            at = seg == s
+            out[at] = self._vectors[s][rows[at] - self._starts[s]]
+        return out
 
     def documents(self, ids: Iterable[str]) -> list[Document]:
         """The stored documents with these ids (live ones only; an unknown id is a KeyError naming it)."""
@@ -275,7 +280,8 @@ class Index:
         excluded = len(allowed) - n_allowed
         if self._ann is None or (where is not None and n_allowed <= EXACT_BELOW):
             return self._exact(q, k, allowed)
-        fetch = min(len(allowed), k + excluded)
+        rescore = int(params.get("rescore", 0))
+        fetch = min(len(allowed), max(k, k * rescore) + excluded)
         with self._lock:
             labels, scores = self._ann.search(q, fetch, params)
         out = []
@@ -285,6 +291,8 @@ class Index:
             if len(lab) < k:  # the graph missed some: fall back to exact search for this query
                 out.extend(self._exact(q[i:i + 1], k, allowed))
                 continue
+            if rescore:  # compressed codes found the candidates; the exact vectors order them
+                sc = similarity(q[i:i + 1], self.rows(lab), self.manifest.metric)[0].astype(np.float32)
             order = np.lexsort((lab, -sc))[:k]
             out.append(RankedList(self.doc_ids[lab[order]], sc[order].astype(np.float32)))
         return out
@@ -418,9 +426,7 @@ class Index:
         try:
             self._ann.save(tmp)
             m = self.manifest
-            if m.backend == "hnswlib":
-                return HnswlibIndex.load(tmp, m.metric, m.encoder.dim, m.rows)
-            return FaissIndex.load(tmp, m.metric)
+            return open_ann(tmp, m.backend, m.metric, m.encoder.dim, m.rows)
         finally:
             tmp.unlink(missing_ok=True)
 
@@ -442,7 +448,7 @@ class _Unchanged:
     """An ANN file carried over to the next version as a hard link."""
 
     def __init__(self, version_dir: Path, backend: str) -> None:
-        self.path = version_dir / ("ann.hnswlib" if backend == "hnswlib" else "ann.faiss")
+        self.path = version_dir / ann_file(backend)
 
     def save(self, path: Path) -> None:
         link_or_copy(self.path, path)
@@ -471,7 +477,7 @@ def write_index_files(directory: Path, previous: Path | None, change: IndexChang
                 link_or_copy(previous / "segments" / f"{seg.name}{ext}", directory / "segments" / f"{seg.name}{ext}")
     files = [f"segments/{s.name}{ext}" for s in change.segments for ext in (".npy", ".parquet")]
     if change.ann is not None:
-        ann_name = "ann.hnswlib" if backend == "hnswlib" else "ann.faiss"
+        ann_name = ann_file(backend)
         change.ann.save(directory / ann_name)
         verify_saved(change.ann, directory / ann_name, encoder.dim, sum(s.rows for s in change.segments))
         files.append(ann_name)

@@ -1,7 +1,11 @@
 """Vector search structures behind one interface. Labels are row numbers; scores are higher-is-better.
 
 Backends (by name): ``flat`` (exact, numpy), ``faiss-flat``, ``faiss-hnsw``, ``faiss-ivf``, ``faiss-ivfpq``,
-``hnswlib``. Metrics: ``cosine`` (vectors L2-normalised, then inner product), ``ip`` (inner product),
+``hnswlib``, and the compressed ones, whose codes stand in memory for the candidate search while the float32
+vectors stay memory-mapped on disk and are read only to rescore each query's top ``rescore x k`` candidates
+exactly (``Index.search``): ``faiss-hnsw-sq8`` and ``faiss-ivf-sq8`` (int8 scalar codes, 1 byte a dimension),
+``faiss-binary`` (the signs, 1 bit a dimension, searched by Hamming distance in an HNSW graph) and
+``faiss-ivfpq`` (product codes). Metrics: ``cosine`` (vectors L2-normalised, then inner product), ``ip`` (inner product),
 ``l2`` (the score is the negated squared Euclidean distance). Files are the libraries' own binary formats
 (faiss ``write_index``, hnswlib ``save_index``) or ``.npy``, never pickle.
 """
@@ -19,7 +23,10 @@ import numpy as np
 from twostage.indexer.errors import ConfigError, IndexFormatError
 from twostage.indexer.topk import top_k
 
-BACKENDS = ("flat", "faiss-flat", "faiss-hnsw", "faiss-ivf", "faiss-ivfpq", "hnswlib")
+BACKENDS = ("flat", "faiss-flat", "faiss-hnsw", "faiss-ivf", "faiss-ivfpq", "hnswlib", "faiss-hnsw-sq8",
+            "faiss-ivf-sq8", "faiss-binary")
+# candidates rescored with the exact vectors, as a multiple of k (benchmarks/results/scale.md)
+RESCORE = {"faiss-ivfpq": 10, "faiss-hnsw-sq8": 3, "faiss-ivf-sq8": 3, "faiss-binary": 10}
 METRICS = ("cosine", "ip", "l2")
 
 
@@ -40,11 +47,13 @@ class BackendConfig:
 
 def default_params(name: str, n: int, dim: int) -> dict[str, Any]:
     """Sensible parameters for ``n`` vectors of ``dim`` dimensions."""
-    if name in ("faiss-hnsw", "hnswlib"):  # measured: recall@10 0.98 on 1M x 384 (benchmarks/results/ann-synthetic.md)
-        return {"M": 16, "ef_construction": 100, "ef_search": 256}
-    if name in ("faiss-ivf", "faiss-ivfpq"):
+    rescore = {"rescore": RESCORE[name]} if name in RESCORE else {}
+    if name in ("faiss-hnsw", "hnswlib", "faiss-hnsw-sq8", "faiss-binary"):
+        # measured: recall@10 0.98 on 1M x 384 (benchmarks/results/ann-synthetic.md)
+        return {"M": 32 if name == "faiss-binary" else 16, "ef_construction": 100, "ef_search": 256, **rescore}
+    if name in ("faiss-ivf", "faiss-ivfpq", "faiss-ivf-sq8"):
         nlist = int(max(1, min(65536, 2 * math.sqrt(max(n, 1)))))
-        p: dict[str, Any] = {"nlist": nlist, "nprobe": max(1, min(nlist, 32))}
+        p: dict[str, Any] = {"nlist": nlist, "nprobe": max(1, min(nlist, 32)), **rescore}
         if name == "faiss-ivfpq":  # 8 dimensions per sub-quantizer: 48 bytes for 384-d vectors
             m = next(m for m in (dim // 8, dim // 4, dim // 2, 1) if m >= 1 and dim % m == 0)
             p.update(pq_m=m, pq_bits=int(min(8, max(1, math.log2(max(n, 2))))))  # PQ trains 2**bits centroids
@@ -78,6 +87,14 @@ class VectorIndex(Protocol):
     def save(self, path: Path) -> None: ...
 
 
+def similarity(queries: np.ndarray, vectors: np.ndarray, metric: str) -> np.ndarray:
+    """(queries, vectors) scores, higher is better: the inner product, or -|q - v|^2 for ``l2``."""
+    scores = queries @ vectors.T
+    if metric == "l2":  # -|q - v|^2 = 2 q.v - |q|^2 - |v|^2
+        scores = 2 * scores - np.sum(queries**2, 1)[:, None] - np.sum(vectors**2, 1)[None]
+    return scores
+
+
 class FlatIndex:
     """Exact search with numpy over an (optionally memory-mapped) matrix; labels are its rows."""
 
@@ -91,10 +108,7 @@ class FlatIndex:
         self.vectors = np.vstack([np.asarray(self.vectors), vectors])
 
     def search(self, queries: np.ndarray, k: int, params: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-        vectors = np.asarray(self.vectors)
-        scores = queries @ vectors.T
-        if self.metric == "l2":  # -|q - v|^2 = 2 q.v - |q|^2 - |v|^2
-            scores = 2 * scores - np.sum(queries**2, 1)[:, None] - np.sum(vectors**2, 1)[None]
+        scores = similarity(queries, np.asarray(self.vectors), self.metric)
         k = min(k, scores.shape[1])
         labels = np.empty((len(queries), k), dtype=np.int64)
         out = np.empty((len(queries), k), dtype=np.float32)
@@ -121,12 +135,16 @@ class FaissIndex:
             spec = f"HNSW{int(params['M'])},Flat"
         elif name == "faiss-ivf":
             spec = f"IVF{int(params['nlist'])},Flat"
+        elif name == "faiss-hnsw-sq8":
+            spec = f"HNSW{int(params['M'])},SQ8"
+        elif name == "faiss-ivf-sq8":
+            spec = f"IVF{int(params['nlist'])},SQ8"
         else:
             spec = f"IVF{int(params['nlist'])},PQ{int(params['pq_m'])}x{int(params['pq_bits'])}"
         index = faiss.index_factory(dim, spec, fm)
-        if name == "faiss-hnsw":
+        if name in ("faiss-hnsw", "faiss-hnsw-sq8"):
             index.hnsw.efConstruction = int(params["ef_construction"])
-        if not index.is_trained:
+        if not index.is_trained:  # IVF lists, PQ and SQ8 codebooks
             if len(train) < int(params.get("nlist", 1)):
                 raise ConfigError(f"{name} needs at least nlist={params['nlist']} vectors to train, got {len(train)}")
             index.train(train)
@@ -161,6 +179,53 @@ class FaissIndex:
             check_faiss_header(path, dim, count)
         try:
             return cls(faiss.read_index(str(path)), metric)
+        except RuntimeError as exc:
+            raise IndexFormatError(f"{path}: faiss cannot read it ({str(exc).splitlines()[0][:200]}); rebuild the index") from None
+
+
+class BinaryIndex:
+    """Sign bits (1 bit a dimension) in a faiss binary HNSW graph; the score is minus the Hamming distance, a
+    coarse stand-in that the index rescores with the exact vectors."""
+
+    def __init__(self, index: Any) -> None:
+        self.index = index
+
+    @classmethod
+    def create(cls, dim: int, params: dict[str, Any]) -> BinaryIndex:
+        import faiss
+
+        if dim % 8:
+            raise ConfigError(f"faiss-binary needs a dimension divisible by 8, got {dim}")
+        inner = faiss.IndexBinaryHNSW(dim, int(params["M"]))
+        inner.hnsw.efConstruction = int(params["ef_construction"])
+        return cls(faiss.IndexBinaryIDMap2(inner))
+
+    @staticmethod
+    def codes(vectors: np.ndarray) -> np.ndarray:
+        return np.packbits(np.asarray(vectors) > 0, axis=1)
+
+    def add(self, vectors: np.ndarray, labels: np.ndarray) -> None:
+        self.index.add_with_ids(self.codes(vectors), labels.astype(np.int64))
+
+    def search(self, queries: np.ndarray, k: int, params: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+        import faiss
+
+        faiss.downcast_IndexBinary(self.index.index).hnsw.efSearch = max(int(params.get("ef_search", 128)), k)
+        dist, labels = self.index.search(self.codes(queries), k)
+        return labels, -dist.astype(np.float32)
+
+    def save(self, path: Path) -> None:
+        import faiss
+
+        faiss.write_index_binary(self.index, str(path))
+
+    @classmethod
+    def load(cls, path: Path, dim: int, count: int) -> BinaryIndex:
+        import faiss
+
+        check_faiss_header(path, dim, count, binary=True)
+        try:
+            return cls(faiss.read_index_binary(str(path)))
         except RuntimeError as exc:
             raise IndexFormatError(f"{path}: faiss cannot read it ({str(exc).splitlines()[0][:200]}); rebuild the index") from None
 
@@ -216,17 +281,21 @@ class HnswlibIndex:
         return cls(index, metric)
 
 
-def check_faiss_header(path: Path, dim: int, count: int) -> None:
+def check_faiss_header(path: Path, dim: int, count: int, binary: bool = False) -> None:
     """The faiss file is the IDMap2 index this library writes, of the manifest's dimension and count (checked
     before faiss reads it; faiss checks the rest of its format itself and raises)."""
+    size, magic = (20, b"IBM2") if binary else (16, b"IxM2")  # binary: d in bits, code size, count
     try:
         with open(path, "rb") as fh:
-            head = fh.read(16)
+            head = fh.read(size)
     except OSError as exc:
         raise IndexFormatError(f"{path}: cannot be read ({exc.strerror}); restore or rebuild the index") from None
-    if len(head) < 16 or head[:4] != b"IxM2":
-        raise IndexFormatError(f"{path}: not a faiss IDMap2 index file; restore or rebuild the index")
-    d, n = struct.unpack("<iq", head[4:16])
+    if len(head) < size or head[:4] != magic:
+        raise IndexFormatError(f"{path}: not a faiss {'binary ' if binary else ''}IDMap2 index file; restore or "
+                               "rebuild the index")
+    d, n = struct.unpack("<iq", head[4:8] + head[size - 8:size])
+    if binary and struct.unpack("<i", head[8:12])[0] * 8 != d:
+        raise IndexFormatError(f"{path}: a binary faiss index whose code size does not match its dimension")
     if d != dim or n != count:
         raise IndexFormatError(f"{path}: a faiss index of {n} x {d} vectors, the manifest says {count} x {dim}; "
                                "restore or rebuild the index")
@@ -237,8 +306,8 @@ def verify_saved(ann: Any, path: Path, dim: int, count: int) -> None:
     try:
         if isinstance(ann, HnswlibIndex):
             check_hnswlib_file(path, dim, count)
-        elif isinstance(ann, FaissIndex):
-            check_faiss_header(path, dim, count)
+        elif isinstance(ann, (FaissIndex, BinaryIndex)):
+            check_faiss_header(path, dim, count, binary=isinstance(ann, BinaryIndex))
     except IndexFormatError:
         raise OSError(28, "the ANN file was not written completely (is the disk full?)", str(path)) from None
 
@@ -322,6 +391,8 @@ def ann_from_vectors(backend: BackendConfig, vectors: np.ndarray, batch: int = 6
         return None
     if backend.name == "hnswlib":
         ann: Any = HnswlibIndex.create(backend.metric, dim, params, n)
+    elif backend.name == "faiss-binary":
+        ann = BinaryIndex.create(dim, params)
     else:
         # k-means needs ~40-64 points per list; more only costs time
         sample = np.asarray(vectors[np.linspace(0, n - 1, min(n, max(64 * int(params.get("nlist", 1)), 4096))).astype(int)])
@@ -329,3 +400,21 @@ def ann_from_vectors(backend: BackendConfig, vectors: np.ndarray, batch: int = 6
     for start in range(0, n, batch):
         ann.add(np.ascontiguousarray(vectors[start:start + batch]), np.arange(start, min(n, start + batch)))
     return ann
+
+
+def open_ann(path: Path, backend: str, metric: str, dim: int, count: int) -> Any:
+    """Load the ANN file of ``backend`` (checked against the manifest's dimension and count first)."""
+    if backend == "hnswlib":
+        return HnswlibIndex.load(path, metric, dim, count)
+    if backend == "faiss-binary":
+        return BinaryIndex.load(path, dim, count)
+    ann = FaissIndex.load(path, metric, dim, count)
+    if ann.index.ntotal != count or ann.index.d != dim:
+        raise IndexFormatError(f"{path}: {ann.index.ntotal} x {ann.index.d}, the manifest says {count} x {dim}; "
+                               "restore or rebuild the index")
+    return ann
+
+
+def ann_file(backend: str) -> str:
+    """The ANN structure's file name in a version directory."""
+    return "ann.hnswlib" if backend == "hnswlib" else "ann.faiss"
