@@ -1,0 +1,137 @@
+"""Scale benchmark: build and query a dense index (documents in parquet, float32 vectors, ANN structure: the
+engine's dense part) over N synthetic documents, for one vector mode.
+
+Usage (from the repository root):
+    python benchmarks/scale.py --docs 1000000 --mode int8
+    python benchmarks/scale.py --docs 100000 --mode float32 --md benchmarks/results/scale.md   # appends a row
+
+Documents are short synthetic texts ("t417 w2093 w77 ..."): a topic word and eight words. The encoder is a fast
+deterministic stand-in (a fixed random vector per topic plus the mean of fixed random word vectors, 384-d),
+so encoding is not what is measured and the vectors have the cluster structure of real embeddings. Queries
+are held-out texts from the same law.
+
+Modes: float32 (hnswlib over float32 vectors), int8 (faiss HNSW over int8 scalar codes), int8-ivf (faiss IVF
+over int8 codes), binary (faiss binary HNSW over sign bits), ivfpq (faiss IVF-PQ); every compressed mode
+rescores its candidates with the memory-mapped float32 vectors. Recall@10 is against exact search (numpy over
+the same float32 vectors); p50 is one query at a time (encoding included, ANN search + rescoring).
+The last line: ``scale: N docs, mode M, peak RSS X GB, recall@10 R, p50 T ms``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from twostage.indexer.build import build_index  # noqa: E402
+from twostage.indexer.manifest import EncoderInfo  # noqa: E402
+from twostage.indexer.records import Document  # noqa: E402
+from twostage.indexer.vectors import BackendConfig  # noqa: E402
+
+MODES = {"float32": "hnswlib", "int8": "faiss-hnsw-sq8", "int8-ivf": "faiss-ivf-sq8", "binary": "faiss-binary",
+         "ivfpq": "faiss-ivfpq"}
+DIM, TOPICS, WORDS, PER_DOC = 384, 2000, 20000, 8
+
+
+class SyntheticEncoder:
+    """text -> topic vector + 0.6 * mean of word vectors (fixed random tables, seed 0)."""
+
+    def __init__(self) -> None:
+        rng = np.random.default_rng(0)
+        self.topics = rng.normal(size=(TOPICS, DIM)).astype(np.float32)
+        self.words = rng.normal(size=(WORDS, DIM)).astype(np.float32)
+
+    def encode(self, texts: list[str], kind: str = "document", **kw: object) -> np.ndarray:
+        ids = np.array([[int(tok[1:]) for tok in t.split()] for t in texts], dtype=np.int64)
+        return self.topics[ids[:, 0]] + 0.6 * self.words[ids[:, 1:]].mean(axis=1)
+
+    def info(self) -> EncoderInfo:
+        return EncoderInfo("synthetic-384", DIM, weights_sha256="synthetic-0")
+
+
+def texts(n: int, seed: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    topic = rng.integers(0, TOPICS, n)
+    words = rng.zipf(1.3, size=(n, PER_DOC)) % WORDS
+    return [f"t{t} " + " ".join(f"w{w}" for w in row) for t, row in zip(topic, words)]
+
+
+def documents(n: int, chunk: int = 100_000):
+    for start in range(0, n, chunk):
+        for i, text in enumerate(texts(min(chunk, n - start), seed=1 + start // chunk)):
+            yield Document(f"d{start + i}", text)
+
+
+def exact_top10(vectors: np.ndarray, queries: np.ndarray, chunk: int = 200_000) -> np.ndarray:
+    best_s = np.full((len(queries), 10), -np.inf, dtype=np.float32)
+    best_i = np.zeros((len(queries), 10), dtype=np.int64)
+    for start in range(0, len(vectors), chunk):
+        s = queries @ np.asarray(vectors[start:start + chunk]).T
+        top = np.argpartition(-s, min(10, s.shape[1] - 1), axis=1)[:, :10]
+        s_all = np.concatenate([best_s, np.take_along_axis(s, top, 1)], 1)
+        i_all = np.concatenate([best_i, top + start], 1)
+        keep = np.argsort(-s_all, axis=1)[:, :10]
+        best_s, best_i = np.take_along_axis(s_all, keep, 1), np.take_along_axis(i_all, keep, 1)
+    return best_i
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--docs", type=int, required=True)
+    ap.add_argument("--mode", choices=sorted(MODES), default="float32")
+    ap.add_argument("--queries", type=int, default=200)
+    ap.add_argument("--dir", type=Path, default=None, help="where the index goes (default: a temporary directory)")
+    ap.add_argument("--md", type=Path, default=None, help="append the result as a table row to this markdown file")
+    args = ap.parse_args()
+    from twostage.indexer.index import Index
+
+    encoder = SyntheticEncoder()
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        t = time.perf_counter()
+        index = build_index(documents(args.docs), encoder, Path(tmp) / "idx",
+                            backend=BackendConfig(MODES[args.mode], "cosine"), chunk_size=65536, batch_size=4096)
+        build_s = time.perf_counter() - t
+        size = sum(f.stat().st_size for f in (Path(tmp) / "idx").rglob("*") if f.is_file())
+        ann = next((f.stat().st_size for f in index.version_dir.glob("ann.*")), 0)
+        query_texts = texts(args.queries, seed=10**6)
+        qv = encoder.encode(query_texts)
+        qv /= np.linalg.norm(qv, axis=1, keepdims=True)
+        truth = exact_top10(index.vectors(), qv)
+        index.attach_encoder(encoder)
+        index.search(query_texts[0], 10)  # warm-up
+        times, found = [], []
+        for q in query_texts:
+            t = time.perf_counter()
+            found.append(index.search(q, 10).ids)
+            times.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        index.search_batch(query_texts, 10)
+        qps = len(query_texts) / (time.perf_counter() - t)
+        recall = float(np.mean([len({int(d[1:]) for d in f} & set(e.tolist())) / 10 for f, e in zip(found, truth)]))
+        params = dict(Index.load(Path(tmp) / "idx", verify=False).manifest.params)
+        index.close()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30
+    p50, p95 = (float(np.percentile(times, p)) * 1000 for p in (50, 95))
+    if args.md:
+        new = not args.md.exists()
+        with open(args.md, "a", encoding="utf-8") as fh:
+            if new:
+                fh.write("| docs | mode | backend, params | build s | disk MB (ANN MB) | peak RSS GB | recall@10 | "
+                         "p50 ms | p95 ms | queries/s (batch) |\n|---|---|---|---|---|---|---|---|---|---|\n")
+            fh.write(f"| {args.docs:,} | {args.mode} | {MODES[args.mode]} {params} | {build_s:.0f} | "
+                     f"{size / 2**20:.0f} ({ann / 2**20:.0f}) | {peak:.2f} | {recall:.3f} | {p50:.2f} | {p95:.2f} | "
+                     f"{qps:.0f} |\n")
+    print(f"build {build_s:.1f} s, disk {size / 2**20:.0f} MB (ANN {ann / 2**20:.0f} MB), p95 {p95:.2f} ms, "
+          f"{qps:.0f} queries/s in one batch, params {params}")
+    print(f"scale: {args.docs} docs, mode {args.mode}, peak RSS {peak:.2f} GB, recall@10 {recall:.3f}, p50 {p50:.2f} ms")
+
+
+if __name__ == "__main__":
+    main()
