@@ -2,8 +2,10 @@
 
 Documents are read as a stream and encoded ``chunk_size`` at a time; each chunk's vectors (``.npy``) and
 documents (``.parquet``) are written to ``.INDEX_DIR.build/`` as soon as they are done, so memory stays
-bounded and a killed build resumes from the chunks already encoded. The chunks are then copied into one
-memory-mapped segment, the ANN structure is built from it, and the version is committed atomically.
+bounded and a killed build resumes from the chunks already encoded. The chunks then become the version's
+segments (hard-linked, never loaded whole), the ANN structure is built from their memory maps, and the version
+is committed atomically: peak memory is the ANN structure plus one chunk, whatever the corpus size. (The search
+engine still merges its chunks: BM25 indexes every text at once.)
 """
 
 from __future__ import annotations
@@ -74,8 +76,9 @@ def write_chunk(work: Path, plan: dict[str, Any], done: list[dict[str, Any]], ve
     name = f"{len(done):06d}"
     tmp = work / f".{name}.tmp"
     write_segment(tmp, name, vectors, docs)
+    (work / "segments").mkdir(exist_ok=True)
     for ext in (".npy", ".parquet"):
-        os.replace(tmp / "segments" / f"{name}{ext}", work / f"{name}{ext}")
+        os.replace(tmp / "segments" / f"{name}{ext}", work / "segments" / f"{name}{ext}")
     shutil.rmtree(tmp, ignore_errors=True)
     done.append({"name": name, "rows": len(docs), "ids": _ids_hash(docs)})
     state_tmp = work / "state.json.tmp"
@@ -101,7 +104,8 @@ def encode_chunks(corpus: CorpusSource, encoder: Any, work: Path, plan: dict[str
         for i, docs in enumerate(_chunks(corpus, chunk_size)):
             if bar is None:  # created after the first read, so that a bad file shows only its error
                 bar = tqdm(desc="encode corpus", unit="doc", disable=not show_progress)
-            if i < len(done) and done[i]["ids"] == _ids_hash(docs) and (work / f"{done[i]['name']}.npy").is_file():
+            if i < len(done) and done[i]["ids"] == _ids_hash(docs) and \
+                    (work / "segments" / f"{done[i]['name']}.npy").is_file():
                 bar.update(len(docs))
                 continue
             del done[i:]
@@ -143,23 +147,17 @@ def merge_chunks(work: Path, done: list[dict[str, Any]], info: EncoderInfo) -> t
     """The chunks as one memory-mapped (n, dim) matrix, the documents in order, and the encoder's identity."""
     import pyarrow.parquet as pq
 
+    info = _checked_dim(work, done, info)
     total = sum(int(c["rows"]) for c in done)
-    if total == 0:
-        raise DataError("cannot build an index over an empty corpus")
-    dim = int(np.load(work / f"{done[0]['name']}.npy", mmap_mode="r").shape[1])
-    if info.dim != dim:
-        if info.dim:
-            raise DataError(f"the encoder {info.name} declares dimension {info.dim} but its vectors have {dim}")
-        info = replace(info, dim=dim)
     seen: set[str] = set()
-    vectors = np.lib.format.open_memmap(work / "merged.npy", mode="w+", dtype=np.float32, shape=(total, dim))
+    vectors = np.lib.format.open_memmap(work / "merged.npy", mode="w+", dtype=np.float32, shape=(total, info.dim))
     row = 0
     docs_all: list[Document] = []
     for c in done:
-        v = np.load(work / f"{c['name']}.npy", allow_pickle=False)
+        v = np.load(work / "segments" / f"{c['name']}.npy", allow_pickle=False)
         vectors[row:row + len(v)] = v
         row += len(v)
-        for r in pq.read_table(work / f"{c['name']}.parquet").to_pylist():
+        for r in pq.read_table(work / "segments" / f"{c['name']}.parquet").to_pylist():
             if r["id"] in seen:
                 raise DataError(f"duplicate document id {r['id']!r} in the corpus")
             seen.add(r["id"])
@@ -178,15 +176,53 @@ def first_version(vectors: np.ndarray, docs: list[Document], backend: BackendCon
     return change, params
 
 
+def _checked_dim(work: Path, done: list[dict[str, Any]], info: EncoderInfo) -> EncoderInfo:
+    if not done or sum(int(c["rows"]) for c in done) == 0:
+        raise DataError("cannot build an index over an empty corpus")
+    dim = int(np.load(work / "segments" / f"{done[0]['name']}.npy", mmap_mode="r").shape[1])
+    if info.dim != dim:
+        if info.dim:
+            raise DataError(f"the encoder {info.name} declares dimension {info.dim} but its vectors have {dim}")
+        info = replace(info, dim=dim)
+    return info
+
+
+def check_unique_ids(work: Path, done: list[dict[str, Any]]) -> None:
+    """No id twice across the chunks, checked with 8 bytes a document (hashes sorted; equal hashes compared)."""
+    import pyarrow.parquet as pq
+
+    ids = [pq.read_table(work / "segments" / f"{c['name']}.parquet", columns=["id"]).column("id")
+           for c in done]
+    hashes = np.concatenate([np.frombuffer(b"".join(hashlib.blake2b(str(i).encode(), digest_size=8).digest()
+                                                    for i in col.to_pylist()), dtype=np.uint64) for col in ids])
+    order = np.argsort(hashes, kind="stable")
+    same = np.flatnonzero(hashes[order][1:] == hashes[order][:-1])
+    if len(same):
+        flat = [i for col in ids for i in col.to_pylist()]
+        for a, b in zip(order[same], order[same + 1]):
+            if flat[a] == flat[b]:
+                raise DataError(f"duplicate document id {flat[a]!r} in the corpus")
+
+
 def finish_build(work: Path, done: list[dict[str, Any]], out: Path, backend: BackendConfig, info: EncoderInfo,
                  encoder: Any = None) -> Index:
-    """Merge the chunks into one segment, build the ANN structure and commit the version atomically."""
-    vectors, docs_all, info = merge_chunks(work, done, info)
-    change, params = first_version(vectors, docs_all, backend)
+    """Commit the chunks as the version's segments (hard links, nothing copied or held in memory: the ANN
+    structure is built from the memory-mapped chunks), atomically."""
+    info = _checked_dim(work, done, info)
+    check_unique_ids(work, done)
+    segments, start = [], 0
+    for c in done:
+        segments.append(Segment(c["name"], start, int(c["rows"])))
+        start += int(c["rows"])
+    parts = [np.load(work / "segments" / f"{s.name}.npy", mmap_mode="r", allow_pickle=False) for s in segments]
+    logger.info("building %s over %d x %d vectors", backend.name, start, info.dim)
+    ann = ann_from_vectors(backend, parts)
+    params = {**default_params(backend.name, start, info.dim), **backend.params}
+    change = IndexChange(segments, {}, np.array([], dtype=np.int64), ann)
     check_out_dir(out)
     # a rebuild replaces the contents of an existing index directory as a new version
     with writer_lock(out), commit(out) as version:
-        write_index_files(version.tmp, None, change, info, backend.metric, backend.name, params)
-    del vectors, change
+        write_index_files(version.tmp, work, change, info, backend.metric, backend.name, params)
+    del parts, change, ann
     shutil.rmtree(work, ignore_errors=True)
     return Index.load(out, encoder=encoder, verify=False)

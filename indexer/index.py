@@ -308,7 +308,7 @@ class Index:
 
     def _exact(self, q: np.ndarray, k: int, allowed: np.ndarray) -> list[RankedList]:
         rows = np.flatnonzero(allowed)
-        flat = FlatIndex(self.manifest.metric, np.asarray(self.vectors())[rows])
+        flat = FlatIndex(self.manifest.metric, self.rows(rows))
         labels, scores = flat.search(q, k, {})
         return [RankedList(self.doc_ids[rows[lab]], sc) for lab, sc in zip(labels, scores)]
 

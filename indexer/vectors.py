@@ -383,9 +383,16 @@ def check_hnswlib_file(path: Path, dim: int, count: int) -> None:
         raise bad(f"{(len(tail) - at) * 4} bytes after the last element")
 
 
-def ann_from_vectors(backend: BackendConfig, vectors: np.ndarray, batch: int = 65536) -> Any:
-    """Build the ANN structure of ``backend`` over ``vectors`` (labels = row numbers), in slices."""
-    n, dim = vectors.shape
+def ann_from_vectors(backend: BackendConfig, vectors: np.ndarray | list[np.ndarray], batch: int = 65536) -> Any:
+    """Build the ANN structure of ``backend`` over ``vectors`` (labels = row numbers), in slices. ``vectors`` may
+    be a list of (memory-mapped) parts, the rows of one after the other's."""
+    if isinstance(vectors, list):
+        return _ann_from_parts(backend, vectors, batch)
+    return _ann_from_parts(backend, [vectors], batch)
+
+
+def _ann_from_parts(backend: BackendConfig, parts: list[np.ndarray], batch: int) -> Any:
+    n, dim = sum(len(p) for p in parts), parts[0].shape[1]
     params = {**default_params(backend.name, n, dim), **backend.params}
     if backend.name == "flat":
         return None
@@ -395,10 +402,17 @@ def ann_from_vectors(backend: BackendConfig, vectors: np.ndarray, batch: int = 6
         ann = BinaryIndex.create(dim, params)
     else:
         # k-means needs ~40-64 points per list; more only costs time
-        sample = np.asarray(vectors[np.linspace(0, n - 1, min(n, max(64 * int(params.get("nlist", 1)), 4096))).astype(int)])
+        rows = np.linspace(0, n - 1, min(n, max(64 * int(params.get("nlist", 1)), 4096))).astype(int)
+        starts = np.cumsum([0, *(len(p) for p in parts)])
+        part = np.searchsorted(starts, rows, side="right") - 1
+        sample = np.concatenate([np.asarray(parts[i][rows[part == i] - starts[i]]) for i in np.unique(part)])
         ann = FaissIndex.create(backend.name, backend.metric, dim, params, sample)
-    for start in range(0, n, batch):
-        ann.add(np.ascontiguousarray(vectors[start:start + batch]), np.arange(start, min(n, start + batch)))
+    offset = 0
+    for vectors in parts:
+        for start in range(0, len(vectors), batch):
+            stop = min(len(vectors), start + batch)
+            ann.add(np.ascontiguousarray(vectors[start:stop]), np.arange(offset + start, offset + stop))
+        offset += len(vectors)
     return ann
 
 

@@ -96,8 +96,11 @@ def test_l2_scores_are_negated_distances(tmp_path):
 def test_build_writes_the_documented_layout(built, tmp_path):
     v = current_version(tmp_path / "idx")
     names = sorted(p.relative_to(v).as_posix() for p in v.rglob("*") if p.is_file())
-    assert names == ["READERS", "ann.hnswlib", "manifest.json", "segments/000000.npy", "segments/000000.parquet"]
+    # one segment per build chunk (50 documents here), committed as they were encoded
+    chunks = [f"segments/{i:06d}{ext}" for i in range(5) for ext in (".npy", ".parquet")]
+    assert names == sorted(["READERS", "ann.hnswlib", "manifest.json", *chunks])
     manifest = json.loads((v / "manifest.json").read_text())
+    assert [s["rows"] for s in manifest["segments"]] == [50, 50, 50, 50, 5]
     assert manifest["counts"] == {"rows": 205, "deleted": 0, "live": 205, "dim": 13}
     assert manifest["encoder"]["name"] == "kw" and set(manifest["files"]) == set(names) - {"manifest.json", "READERS"}
     assert not list(tmp_path.glob(".idx.build"))  # the work directory is gone
@@ -337,3 +340,17 @@ def test_binary_index_file_is_checked_before_faiss_reads_it(tmp_path):
     with pytest.raises(ConfigError, match="divisible by 8"):
         build_index(docs[:10], TableEncoder({d.text: np.ones(12, np.float32) for d in docs[:10]}), tmp_path / "c",
                     backend="faiss-binary", encoder_info=EncoderInfo("table", 12))
+
+
+def test_a_duplicate_id_in_another_chunk_is_refused_and_nothing_is_written(tmp_path):
+    docs = [Document(f"d{i}", "cat rain") for i in range(120)] + [Document("d7", "dog")]
+    with pytest.raises(DataError, match="duplicate document id 'd7'"):
+        build_index(docs, KeywordEncoder(), tmp_path / "idx", chunk_size=50)
+    assert not (tmp_path / "idx" / "CURRENT").exists()
+
+
+def test_filtered_exact_search_reads_rows_across_segments(built):
+    rows = np.array([0, 49, 50, 51, 204, 120])
+    np.testing.assert_array_equal(built.rows(rows), np.vstack([np.asarray(v) for v in built._vectors])[rows])
+    got = built.search("rain snow", 5, where={"topic": "weather"})
+    assert len(got) == 5 and all(d.metadata["topic"] == "weather" for d in built.documents(got.ids))
