@@ -4,8 +4,9 @@ Documents are read as a stream and encoded ``chunk_size`` at a time; each chunk'
 documents (``.parquet``) are written to ``.INDEX_DIR.build/`` as soon as they are done, so memory stays
 bounded and a killed build resumes from the chunks already encoded. The chunks then become the version's
 segments (hard-linked, never loaded whole), the ANN structure is built from their memory maps, and the version
-is committed atomically: peak memory is the ANN structure plus one chunk, whatever the corpus size. (The search
-engine still merges its chunks: BM25 indexes every text at once.)
+is committed atomically: beyond the ANN structure and one chunk, nothing held in memory grows with the corpus
+(the vectors are read through memory maps). (The search engine still merges its chunks: BM25 indexes every text
+at once.)
 """
 
 from __future__ import annotations

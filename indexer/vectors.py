@@ -386,12 +386,7 @@ def check_hnswlib_file(path: Path, dim: int, count: int) -> None:
 def ann_from_vectors(backend: BackendConfig, vectors: np.ndarray | list[np.ndarray], batch: int = 65536) -> Any:
     """Build the ANN structure of ``backend`` over ``vectors`` (labels = row numbers), in slices. ``vectors`` may
     be a list of (memory-mapped) parts, the rows of one after the other's."""
-    if isinstance(vectors, list):
-        return _ann_from_parts(backend, vectors, batch)
-    return _ann_from_parts(backend, [vectors], batch)
-
-
-def _ann_from_parts(backend: BackendConfig, parts: list[np.ndarray], batch: int) -> Any:
+    parts = vectors if isinstance(vectors, list) else [vectors]
     n, dim = sum(len(p) for p in parts), parts[0].shape[1]
     params = {**default_params(backend.name, n, dim), **backend.params}
     if backend.name == "flat":
@@ -408,11 +403,11 @@ def _ann_from_parts(backend: BackendConfig, parts: list[np.ndarray], batch: int)
         sample = np.concatenate([np.asarray(parts[i][rows[part == i] - starts[i]]) for i in np.unique(part)])
         ann = FaissIndex.create(backend.name, backend.metric, dim, params, sample)
     offset = 0
-    for vectors in parts:
-        for start in range(0, len(vectors), batch):
-            stop = min(len(vectors), start + batch)
-            ann.add(np.ascontiguousarray(vectors[start:stop]), np.arange(offset + start, offset + stop))
-        offset += len(vectors)
+    for part in parts:
+        for start in range(0, len(part), batch):
+            stop = min(len(part), start + batch)
+            ann.add(np.ascontiguousarray(part[start:stop]), np.arange(offset + start, offset + stop))
+        offset += len(part)
     return ann
 
 

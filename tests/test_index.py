@@ -328,7 +328,7 @@ def test_crafted_hnswlib_file_with_a_matching_checksum_is_a_clear_error(built, t
 
 
 def test_binary_index_file_is_checked_before_faiss_reads_it(tmp_path):
-    docs, vecs, enc = random_corpus(n=300)
+    docs, _, enc = random_corpus(n=300)
     build_index(docs, enc, tmp_path / "b", backend="faiss-binary", encoder_info=EncoderInfo("table", 24))
     Index.load(tmp_path / "b", verify=False).close()
     ann = current_version(tmp_path / "b") / "ann.faiss"
