@@ -371,7 +371,7 @@ class Index:
     def change_compact(self) -> IndexChange:
         """The change that rewrites the index without tombstoned rows, in one segment, with a new ANN structure."""
         live = np.flatnonzero(~self.deleted)
-        vectors = np.asarray(self.vectors())[live]
+        vectors = self.rows(live)
         docs = self.documents(self.doc_ids[live])
         ann = ann_from_vectors(BackendConfig(self.manifest.backend, self.manifest.metric, self.manifest.params), vectors)
         name = f"{0:06d}-{uuid.uuid4().hex[:6]}"

@@ -17,7 +17,7 @@ from twostage.indexer.errors import ConfigError
 from twostage.indexer.protocols import Retriever
 from twostage.indexer.records import Hit, RankedList, SearchResult
 from twostage.indexer.topk import check_k
-from twostage.reranker.interpolation import rerank_order
+from twostage.reranker.interpolation import blend_for, rerank_order
 
 
 class Pipeline:
@@ -37,7 +37,7 @@ class Pipeline:
                  interpolation: float | None | str = "auto") -> None:
         self.first_stage, self.reranker = first_stage, reranker
         if interpolation == "auto":
-            interpolation = getattr(reranker, "interpolation", None)
+            interpolation = blend_for(reranker, None)
         if interpolation is not None and not (isinstance(interpolation, (int, float)) and 0 <= interpolation <= 1):
             raise ConfigError(f"interpolation must be None, 'auto' or a number in [0, 1], got {interpolation!r}")
         self.interpolation = None if interpolation is None else float(interpolation)
