@@ -25,7 +25,7 @@ __all__ = [
     "BM25Config", "BM25Retriever", "BiEncoder", "DenseRetriever", "HybridRetriever", "rrf",
     "Index", "build_index", "CrossEncoder", "Pipeline", "SearchResult",
     # the engine
-    "SearchEngine", "EngineSettings",
+    "SearchEngine", "EngineSettings", "ShardedEngine", "open_engine",
     # training and evaluation
     "RetrieverRecipe", "train_retriever", "RerankerConfig", "train_reranker_on", "run_bench", "evaluate",
 ]
@@ -43,6 +43,7 @@ _WHERE = {
     "Index": "indexer.index", "build_index": "indexer.build",
     "CrossEncoder": "reranker.cross_encoder", "Pipeline": "reranker.pipeline", "SearchResult": "indexer.records",
     "SearchEngine": "reranker.engine", "EngineSettings": "indexer.engine_dir",
+    "ShardedEngine": "reranker.sharded", "open_engine": "reranker.sharded",
     "RetrieverRecipe": "retriever.recipe", "train_retriever": "retriever.recipe",
     "RerankerConfig": "reranker.training", "train_reranker_on": "reranker.training",
     "run_bench": "eval.harness", "evaluate": "eval.metrics",
@@ -71,6 +72,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from twostage.reranker.cross_encoder import CrossEncoder
     from twostage.reranker.engine import SearchEngine
     from twostage.reranker.pipeline import Pipeline
+    from twostage.reranker.sharded import ShardedEngine, open_engine
     from twostage.reranker.training import RerankerConfig, train_reranker_on
     from twostage.retriever.biencoder import BiEncoder
     from twostage.retriever.bm25 import BM25Config, BM25Retriever

@@ -88,8 +88,15 @@ class VectorIndex(Protocol):
 
 
 def similarity(queries: np.ndarray, vectors: np.ndarray, metric: str) -> np.ndarray:
-    """(queries, vectors) scores, higher is better: the inner product, or -|q - v|^2 for ``l2``."""
-    scores = queries @ vectors.T
+    """(queries, vectors) scores, higher is better: the inner product, or -|q - v|^2 for ``l2``.
+
+    Each score is the same bits whatever else is in the matrices: numpy's einsum computes every dot product on its
+    own, where BLAS rounds a row differently by its place in the matrix and the number of queries (1 ulp; measured:
+    a 102-row slice and the 205-row whole, one query and a batch). Exact search then gives one engine's answer in
+    every shard and one query's answer in every batch. The price: a batch does not share reads of the vectors
+    (32 queries x 200k x 384: 0.53 s against BLAS's 0.07 s on 2 cores; one query costs the same, 17 ms).
+    """
+    scores = np.einsum("qd,nd->qn", queries, vectors)
     if metric == "l2":  # -|q - v|^2 = 2 q.v - |q|^2 - |v|^2
         scores = 2 * scores - np.sum(queries**2, 1)[:, None] - np.sum(vectors**2, 1)[None]
     return scores

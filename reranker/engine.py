@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -38,18 +38,16 @@ from twostage.indexer.engine_dir import (
 from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
 from twostage.indexer.index import Index, IndexChange, link_or_copy, write_index_files
 from twostage.indexer.manifest import library_versions, verify_files
-from twostage.indexer.records import Document, Hit, RankedList, SearchResult
-from twostage.indexer.topk import check_k, top_k
+from twostage.indexer.records import Document, RankedList
+from twostage.indexer.topk import top_k
 from twostage.indexer.vectors import BackendConfig
 from twostage.indexer.versions import Lease, commit, current_version, open_current, writer_lock
-from twostage.reranker.interpolation import blend_for
-from twostage.reranker.pipeline import rerank_lists
+from twostage.reranker.two_stage import TwoStageSearch, Where
 from twostage.retriever.bm25 import BM25Retriever
-from twostage.retriever.hybrid import rrf
+from twostage.retriever.bm25_stats import CorpusStats
 
 logger = logging.getLogger(__name__)
 WHAT = "a search engine directory (build one with `twostage build`)"
-Where = Mapping[str, Any] | Callable[[Document], bool] | None
 
 
 def model_ref(name: str | Path) -> ModelRef:
@@ -81,7 +79,7 @@ class _Models:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-class SearchEngine:
+class SearchEngine(TwoStageSearch):
     """A saved two-stage search engine. Build with :meth:`build`, open with :meth:`load`."""
 
     def __init__(self, root: Path, version_dir: Path, manifest: EngineManifest, index: Index, bm25: BM25Retriever,
@@ -210,102 +208,22 @@ class SearchEngine:
     def metadata_fields(self) -> set[str]:
         return self.index.metadata_fields()
 
-    # ---- searching -----------------------------------------------------------------------------
-    def search(self, query: str, k: int = 10, *, where: Where = None, k_retrieve: int | None = None,
-               first_stage: str | None = None, rerank: bool | None = None) -> SearchResult:
-        """The ``k`` best documents for ``query``: first stage, then the reranker on the top ``k_retrieve``.
-
-        Hits carry id, title, text, metadata, the final score and each stage's score; ``timings`` the seconds
-        of each stage. ``where`` keeps documents whose metadata has the given values (or passes a function).
-        """
-        return self.search_batch([query], k, where=where, k_retrieve=k_retrieve, first_stage=first_stage,
-                                 rerank=rerank)[0]
-
-    def search_batch(self, queries: Sequence[str], k: int = 10, *, where: Where = None, k_retrieve: int | None = None,
-                     first_stage: str | None = None, rerank: bool | None = None) -> list[SearchResult]:
-        """:meth:`search` for many queries: encoded in one pass, their pairs reranked in shared batches.
-
-        Each result's ``timings`` are the batch's seconds per stage divided by the number of queries.
-        """
-        queries = _check_queries(queries)
-        ranked, stage_scores, timings = self._ranked(queries, k, where, k_retrieve, first_stage, rerank)
-        t = time.perf_counter()
-        ids = sorted({str(d) for r in ranked for d in r.ids})
-        docs = dict(zip(ids, self.documents(ids)))
-        timings["fetch_s"] = time.perf_counter() - t
-        n = len(queries)
-        per_query = {name: seconds / n for name, seconds in timings.items()}
-        per_query["total_s"] = sum(per_query.values())
-        out = []
-        for query, r, scores in zip(queries, ranked, stage_scores):
-            hits = []
-            for rank, (d, s) in enumerate(zip(r.ids, r.scores), 1):
-                doc = docs[str(d)]
-                stages = {name: table[str(d)] for name, table in scores.items() if str(d) in table}
-                hits.append(Hit(doc.id, float(s), rank, stages.get("first_stage"), doc.text, doc.title,
-                                dict(doc.metadata), stages))
-            out.append(SearchResult(query, tuple(hits), per_query))
-        return out
-
-    def ranked(self, query: str, k: int = 10, **kw: Any) -> RankedList:
-        """Ids and final scores only (the retriever contract: ``search(query, k) -> RankedList``)."""
-        return self._ranked(_check_queries([query]), k, kw.get("where"), kw.get("k_retrieve"),
-                            kw.get("first_stage"), kw.get("rerank"))[0][0]
-
-    def as_retriever(self, *, first_stage: str | None = None, rerank: bool | None = None,
-                     k_retrieve: int | None = None) -> EngineRetriever:
-        """This engine as a plain retriever (``search`` / ``search_batch`` -> RankedList), e.g. for the harness."""
-        return EngineRetriever(self, first_stage, rerank, k_retrieve)
-
-    def _ranked(self, queries: list[str], k: int, where: Where, k_retrieve: int | None, first_stage: str | None,
-                rerank: bool | None) -> tuple[list[RankedList], list[dict[str, dict[str, float]]], dict[str, float]]:
-        s = self.settings
-        rerank = s.rerank if rerank is None else rerank
-        k = check_k(k)
-        k_retrieve = check_k(s.k_retrieve if k_retrieve is None else k_retrieve)
-        first_stage = first_stage or s.first_stage
-        if first_stage not in ("hybrid", "dense", "bm25"):
-            raise ConfigError(f"first_stage must be hybrid, dense or bm25, got {first_stage!r}")
-        reranker = self.reranker if rerank else None
-        n_first = max(k, k_retrieve) if reranker is not None else k
-        depth = max(s.depth, n_first)
+    # ---- searching (TwoStageSearch does the rest) -------------------------------------------------
+    def _candidates(self, queries: list[str], vectors: np.ndarray | None, first_stage: str, n: int, where: Where,
+                    timings: dict[str, float]) -> dict[str, list[RankedList]]:
+        """Each first stage's top ``n`` for every query ("dense" from the query vectors, "bm25")."""
         allowed = self.index.allowed(where)
-        timings: dict[str, float] = {}
         lists: dict[str, list[RankedList]] = {}
         if first_stage in ("dense", "hybrid"):
             t = time.perf_counter()
-            vectors = self.encoder.encode(queries, kind="query", batch_size=s.batch_size)
-            timings["encode_s"] = time.perf_counter() - t
-            t = time.perf_counter()
-            lists["dense"] = self.index.search_batch(vectors, depth if first_stage == "hybrid" else n_first,
-                                                     where=where)
+            lists["dense"] = self.index.search_batch(vectors, n, where=where)
             timings["dense_s"] = time.perf_counter() - t
         if first_stage in ("bm25", "hybrid"):
             t = time.perf_counter()
             mask = allowed[self._bm25_rows]
-            lists["bm25"] = [self._bm25_search(q, depth if first_stage == "hybrid" else n_first, mask) for q in queries]
+            lists["bm25"] = [self._bm25_search(q, n, mask) for q in queries]
             timings["bm25_s"] = time.perf_counter() - t
-        t = time.perf_counter()
-        if first_stage == "hybrid":
-            firsts = [rrf([b, d], s.k_rrf).truncate(n_first) for b, d in zip(lists["bm25"], lists["dense"])]
-        else:
-            firsts = lists[first_stage]
-        timings["fuse_s"] = time.perf_counter() - t
-        t = time.perf_counter()
-        alpha = s.interpolation if s.interpolation != "auto" else blend_for(reranker, first_stage)
-        reranked = rerank_lists(reranker, queries, firsts, self._text, k=k, k_retrieve=k_retrieve,
-                                interpolation=None if alpha is None else float(alpha), batch_size=s.batch_size)
-        if reranker is not None:
-            timings["rerank_s"] = time.perf_counter() - t
-        stage_scores = []
-        for i, (first, res) in enumerate(zip(firsts, reranked)):
-            scores = {name: dict(zip(map(str, ls[i].ids), ls[i].scores.astype(float).tolist()))
-                      for name, ls in lists.items()}
-            scores["first_stage"] = dict(zip(map(str, first.ids), first.scores.astype(float).tolist()))
-            if res.rerank_scores:
-                scores["rerank"] = dict(res.rerank_scores)
-            stage_scores.append(scores)
-        return [r.ranked for r in reranked], stage_scores, timings
+        return lists
 
     def _bm25_search(self, query: str, k: int, mask: np.ndarray) -> RankedList:
         scores = self.bm25.scores(query)
@@ -313,9 +231,6 @@ class SearchEngine:
             scores = np.where(mask, scores, 0.0)
         rows, values = top_k(scores, k, positive_only=True)
         return RankedList(self.bm25.doc_ids[rows], values)
-
-    def _text(self, doc_id: str) -> str:
-        return self.documents([doc_id])[0].full_text
 
     # ---- building ------------------------------------------------------------------------------
     @classmethod
@@ -328,8 +243,6 @@ class SearchEngine:
         ``overrides`` set fields of :class:`EngineSettings` (``first_stage="dense"``, ``backend="flat"``, ...).
         An interrupted build resumes from the chunks already encoded when run again.
         """
-        from twostage.retriever.biencoder import BiEncoder
-
         settings = _with(settings or EngineSettings(), overrides)
         if chunk_size <= 0:
             raise ConfigError(f"chunk_size must be positive, got {chunk_size}")
@@ -337,34 +250,10 @@ class SearchEngine:
         check_out_dir(out, WHAT)
         if (out / "CURRENT").is_file() and _format_of(current_version(out, WHAT)) != "twostage.engine":
             raise ConfigError(f"{out}: holds something other than a search engine; choose another --out")
-        precision = resolve_precision(settings.precision)
-        retriever_ref = model_ref(retriever)
-        reranker_ref = model_ref(reranker) if reranker is not None else None
-        models = _Models(encoder=BiEncoder.load(retriever_ref.path, precision=precision))
-        if reranker_ref is not None:
-            from twostage.reranker.cross_encoder import CrossEncoder
-
-            models.reranker = CrossEncoder.load(reranker_ref.path, precision=precision)
-            if not models.reranker.head_trained:
-                raise ConfigError(f"reranker {str(reranker)!r}: its classification head was never trained; train one "
-                                  "with `twostage train-reranker` or build without --reranker")
-        backend = BackendConfig(settings.backend, settings.metric)
-        info = models.encoder.info()
-        plan = {"encoder": asdict(info), "metric": backend.metric, "chunk_size": chunk_size}
-        work, done = start_build(out, plan, resume)
-        encode_chunks(corpus, models.encoder, work, plan, done, metric=backend.metric, dim=info.dim,
-                      chunk_size=chunk_size, batch_size=settings.batch_size, show_progress=show_progress)
-        vectors, docs, info = merge_chunks(work, done, info)
-        change, params = first_version(vectors, docs, backend)
-        bm25 = BM25Retriever.build(docs)
-        with writer_lock(out), commit(out) as version:
-            write_index_files(version.tmp / "dense", None, change, info, backend.metric, backend.name, params)
-            _write_engine(version.tmp, bm25, EngineManifest(settings, retriever_ref, reranker_ref, len(docs)))
-        del vectors, change
-        import shutil
-
-        shutil.rmtree(work, ignore_errors=True)
-        return open_current(out, lambda v, lease: cls._open(out, v, lease, False, models), WHAT)
+        prepared = _encode_corpus(corpus, out, settings, retriever, reranker, chunk_size, resume, show_progress)
+        _write_first(out, prepared, prepared.vectors, prepared.docs, settings, None)
+        prepared.discard()
+        return open_current(out, lambda v, lease: cls._open(out, v, lease, False, prepared.models), WHAT)
 
     # ---- updating ------------------------------------------------------------------------------
     def add(self, documents: CorpusSource, *, show_progress: bool = False) -> SearchEngine:
@@ -407,10 +296,15 @@ class SearchEngine:
         return self.index.encode_documents(docs, batch_size=self.settings.batch_size)
 
     def _update(self, make: Callable[[SearchEngine], tuple[IndexChange, list[Document] | None]],
-                settings: EngineSettings | None = None) -> SearchEngine:
-        """Lock, re-open the version current now, apply ``make`` to it, write every part, commit, return it."""
+                settings: EngineSettings | None = None, *, bm25_stats: CorpusStats | None = None,
+                pinned: bool = False) -> SearchEngine:
+        """Lock, re-open the version current now, apply ``make`` to it, write every part, commit, return it.
+
+        ``pinned``: start from this object's version, not CURRENT's (a shard, whose committed version is the one
+        its sharded engine names); ``bm25_stats``: the corpus statistics BM25 scores with (a shard's global ones).
+        """
         with writer_lock(self.root):
-            base = self.refresh()
+            base = self if pinned else self.refresh()
             change, new_docs = make(base)
             with commit(self.root) as version:
                 base.index.write(version.tmp / "dense", change)
@@ -421,39 +315,11 @@ class SearchEngine:
                     bm25, count = None, len(base)
                 else:
                     live = _live_after(base.index, change, new_docs)
-                    bm25, count = BM25Retriever.build(live, base.bm25.config), len(live)
+                    bm25, count = BM25Retriever.build(live, base.bm25.config, stats=bm25_stats), len(live)
                 _write_engine(version.tmp, bm25, replace(base.manifest, documents=count,
                                                          settings=settings or base.manifest.settings))
             return open_current(self.root, lambda v, lease: SearchEngine._open(self.root, v, lease, False,
                                                                                self._models), WHAT)
-
-
-class EngineRetriever:
-    """A :class:`SearchEngine` seen as a retriever: ``search(query, k)`` and ``search_batch`` -> RankedList."""
-
-    def __init__(self, engine: SearchEngine, first_stage: str | None, rerank: bool | None,
-                 k_retrieve: int | None) -> None:
-        self.engine, self.first_stage, self.rerank, self.k_retrieve = engine, first_stage, rerank, k_retrieve
-
-    def search(self, query: str, k: int = 10) -> RankedList:
-        return self.search_batch([query], k)[0]
-
-    def search_batch(self, queries: Sequence[str], k: int = 10) -> list[RankedList]:
-        return self.engine._ranked(_check_queries(queries), k, None, self.k_retrieve, self.first_stage,
-                                   self.rerank)[0]
-
-
-def _check_queries(queries: Sequence[str]) -> list[str]:
-    if isinstance(queries, str) or not isinstance(queries, Sequence):
-        raise ConfigError("search_batch takes a list of query strings; use search for one")
-    for i, q in enumerate(queries):
-        if not isinstance(q, str):
-            raise ConfigError(f"query #{i + 1} is {type(q).__name__}, not a string")
-        if not q.strip():
-            raise ConfigError(f"query #{i + 1} is empty; give it some words")
-    if not queries:
-        raise ConfigError("no queries given")
-    return list(queries)
 
 
 def _with(settings: EngineSettings, overrides: dict[str, Any]) -> EngineSettings:
@@ -491,3 +357,60 @@ def _write_engine(directory: Path, bm25: BM25Retriever | None, manifest: EngineM
     if final.documents == 0:
         raise DataError("the engine would hold no documents; build a new one instead")
     (directory / "manifest.json").write_text(final.to_json(), encoding="utf-8")
+
+
+@dataclass
+class _Encoded:
+    """A corpus read and encoded for a build: vectors (memory-mapped) and documents in order, the models and their
+    references, and the work directory to remove once the build is committed."""
+
+    vectors: np.ndarray
+    docs: list[Document]
+    info: Any
+    retriever: ModelRef
+    reranker: ModelRef | None
+    models: _Models
+    work: Path
+
+    def discard(self) -> None:
+        import shutil
+
+        del self.vectors
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+def _encode_corpus(corpus: CorpusSource, out: Path, settings: EngineSettings, retriever: str | Path,
+                   reranker: str | Path | None, chunk_size: int, resume: bool, show_progress: bool) -> _Encoded:
+    """Load (and check) the models, then encode the corpus in resumable chunks next to ``out``."""
+    from twostage.retriever.biencoder import BiEncoder
+
+    BackendConfig(settings.backend, settings.metric)  # a bad backend or metric fails before any encoding
+    precision = resolve_precision(settings.precision)
+    retriever_ref = model_ref(retriever)
+    reranker_ref = model_ref(reranker) if reranker is not None else None
+    models = _Models(encoder=BiEncoder.load(retriever_ref.path, precision=precision))
+    if reranker_ref is not None:
+        from twostage.reranker.cross_encoder import CrossEncoder
+
+        models.reranker = CrossEncoder.load(reranker_ref.path, precision=precision)
+        if not models.reranker.head_trained:
+            raise ConfigError(f"reranker {str(reranker)!r}: its classification head was never trained; train one "
+                              "with `twostage train-reranker` or build without --reranker")
+    info = models.encoder.info()
+    plan = {"encoder": asdict(info), "metric": settings.metric, "chunk_size": chunk_size}
+    work, done = start_build(out, plan, resume)
+    encode_chunks(corpus, models.encoder, work, plan, done, metric=settings.metric, dim=info.dim,
+                  chunk_size=chunk_size, batch_size=settings.batch_size, show_progress=show_progress)
+    vectors, docs, info = merge_chunks(work, done, info)
+    return _Encoded(vectors, docs, info, retriever_ref, reranker_ref, models, work)
+
+
+def _write_first(out: Path, enc: _Encoded, vectors: np.ndarray, docs: list[Document], settings: EngineSettings,
+                 bm25_stats: CorpusStats | None) -> None:
+    """Commit a version of ``out`` holding ``docs`` and their ``vectors`` (the ANN index and BM25 built here)."""
+    backend = BackendConfig(settings.backend, settings.metric)
+    change, params = first_version(vectors, docs, backend)
+    bm25 = BM25Retriever.build(docs, stats=bm25_stats)
+    with writer_lock(out), commit(out) as version:
+        write_index_files(version.tmp / "dense", None, change, enc.info, backend.metric, backend.name, params)
+        _write_engine(version.tmp, bm25, EngineManifest(settings, enc.retriever, enc.reranker, len(docs)))

@@ -24,6 +24,7 @@ from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
 from twostage.indexer.records import Document, RankedList
 from twostage.indexer.topk import check_k, top_k
 from twostage.retriever.analyzer import Analyzer, AnalyzerConfig
+from twostage.retriever.bm25_stats import CorpusStats, weight_arrays
 from twostage.retriever.bm25_store import read_bm25_files, write_bm25_files
 
 logger = logging.getLogger(__name__)
@@ -122,8 +123,11 @@ class BM25Retriever:
 
     @classmethod
     def build(
-        cls, documents: Iterable[Document], config: BM25Config | None = None, *, show_progress: bool = False
+        cls, documents: Iterable[Document], config: BM25Config | None = None, *, show_progress: bool = False,
+        stats: CorpusStats | None = None,
     ) -> BM25Retriever:
+        """Index ``documents``. ``stats``: score with these corpus statistics instead of the documents' own (a shard
+        of a larger corpus, :mod:`twostage.retriever.bm25_stats`; bm25s engine only)."""
         config = config or BM25Config()
         analyzer = Analyzer(config.analyzer)
         ids: list[str] = []
@@ -135,8 +139,14 @@ class BM25Retriever:
             raise DataError("cannot build a BM25 index over an empty corpus")
         if not any(terms):
             raise DataError(f"no document of the {len(ids)} has a single term after analysis; is the corpus text empty?")
-        if config.engine == "bm25s":
-            engine: _Engine = Bm25sEngine.build(terms, config.k1, config.b, show_progress=show_progress)
+        if stats is not None:
+            if config.engine != "bm25s":
+                raise ConfigError("corpus statistics from outside need the bm25s engine")
+            vocab, data, indices, indptr = weight_arrays(terms, stats, config.k1, config.b)
+            engine: _Engine = Bm25sEngine.from_arrays(config, vocab, {"data": data, "indices": indices,
+                                                                      "indptr": indptr}, len(ids))
+        elif config.engine == "bm25s":
+            engine = Bm25sEngine.build(terms, config.k1, config.b, show_progress=show_progress)
         else:
             engine = RankBm25Engine(terms, config.k1, config.b)
         logger.info("BM25 (%s) indexed %d documents", config.engine, len(ids))

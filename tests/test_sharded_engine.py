@@ -1,0 +1,211 @@
+"""The sharded engine answers exactly as one engine: BM25 with global statistics, dense, hybrid, reranked."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from twostage import Document, SearchEngine
+from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
+from twostage.indexer.versions import current_version
+from twostage.reranker.sharded import ShardedEngine, read_sharded_manifest, shard_of
+from twostage.retriever.analyzer import Analyzer, AnalyzerConfig
+from twostage.retriever.bm25 import BM25Retriever
+from twostage.retriever.bm25_stats import CorpusStats
+
+SAMPLE = Path(__file__).parent.parent / "data" / "sample"
+QUERIES = [json.loads(line)["text"] for line in (SAMPLE / "queries.jsonl").read_text().splitlines()]
+STAGES = ("bm25", "dense", "hybrid")
+
+
+def same_ranking(a, b, tol: float = 1e-6) -> None:
+    """The same documents in the same order with the same scores, except among scores within ``tol`` of each
+    other: BM25 is bit for bit, but BLAS rounds a dot product differently in a shard's smaller matrix (1 ulp), so
+    dense scores agree to float32 rounding and documents that close may swap (or be cut at k differently)."""
+    sa, sb = np.asarray(a.scores, dtype=np.float64), np.asarray(b.scores, dtype=np.float64)
+    np.testing.assert_allclose(sa, sb, rtol=0, atol=tol)
+    for i, s in enumerate(sa):
+        near = np.abs(sa - s) <= 2 * tol
+        if near.sum() == 1:
+            assert a.ids[i] == b.ids[i], (i, a.ids[i], b.ids[i])
+        elif not near[-1]:  # a near-tie group cut by k may hold different documents
+            assert set(np.asarray(a.ids)[near]) == set(np.asarray(b.ids)[near])
+
+
+def bm25_exact(a, b) -> None:
+    np.testing.assert_array_equal(np.asarray(a.scores), np.asarray(b.scores))
+    same_ranking(a, b, tol=0.0)
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory, models):
+    retriever, reranker = models
+    root = tmp_path_factory.mktemp("sharded")
+    single = SearchEngine.build(SAMPLE, root / "single", retriever=retriever, reranker=reranker, backend="flat")
+    two = ShardedEngine.build(SAMPLE, root / "two", shards=2, retriever=retriever, reranker=reranker, backend="flat")
+    four = ShardedEngine.build(SAMPLE, root / "four", shards=4, retriever=retriever, reranker=reranker,
+                               backend="flat")
+    yield single, two, four
+    for e in (single, two, four):
+        e.close()
+
+
+def test_global_statistics_weights_equal_bm25s_bit_for_bit():
+    from twostage.indexer.corpus import load_corpus
+
+    docs = list(load_corpus(SAMPLE))
+    analyzer = Analyzer(AnalyzerConfig())
+    stats = CorpusStats.of(analyzer(d.full_text) for d in docs)
+    reference = BM25Retriever.build(docs)
+    own = BM25Retriever.build(docs, stats=stats)  # the corpus's own statistics: bm25s's weights exactly
+    parts = [BM25Retriever.build(p, stats=stats) for p in (docs[:50], docs[50:120], docs[120:])]
+    local = [BM25Retriever.build(p) for p in (docs[:50], docs[50:120], docs[120:])]
+    differs = False
+    for q in QUERIES:
+        want = reference.scores(q)
+        np.testing.assert_array_equal(own.scores(q), want)
+        np.testing.assert_array_equal(np.concatenate([p.scores(q) for p in parts]), want)
+        differs |= not np.array_equal(np.concatenate([p.scores(q) for p in local]), want)
+    assert differs, "shards with their own statistics should score differently (else this test proves nothing)"
+    with pytest.raises(DataError, match="do not cover the term"):
+        BM25Retriever.build([Document("x", "an unseen word")], stats=stats)
+
+
+@pytest.mark.parametrize("which", [1, 2])
+def test_sharded_top10_equals_single_engine(engines, which):
+    single, sharded = engines[0], engines[which]
+    assert len(sharded) == len(single) == 205 and len(sharded.names) == (2, 4)[which - 1]
+    for stage in STAGES:
+        for q in QUERIES:
+            (bm25_exact if stage == "bm25" else same_ranking)(sharded.ranked(q, 10, first_stage=stage, rerank=False),
+                                                              single.ranked(q, 10, first_stage=stage, rerank=False))
+    for q in QUERIES[:20]:  # after reranking (the reranker runs once, on the merged candidates)
+        a, b = sharded.search(q, k=10), single.search(q, k=10)
+        assert [h.id for h in a.hits] == [h.id for h in b.hits]
+        np.testing.assert_allclose([h.score for h in a.hits], [h.score for h in b.hits], rtol=1e-5, atol=1e-6)
+    hit = sharded.search(QUERIES[0], k=3).hits[0]
+    assert hit.text and {"first_stage", "rerank", "bm25", "dense"} <= set(hit.stage_scores)
+
+
+def test_each_shard_is_a_normal_engine_directory(engines):
+    sharded = engines[1]
+    names = read_sharded_manifest(sharded.version_dir)
+    sizes = [len(SearchEngine.load(sharded.root / n)) for n, _ in names]
+    assert sum(sizes) == 205 and all(s > 0 for s in sizes)
+
+
+def test_updates_route_by_hash_and_stay_exact(tmp_path, models):
+    retriever, _ = models
+    single = SearchEngine.build(SAMPLE, tmp_path / "single", retriever=retriever, backend="flat")
+    sharded = ShardedEngine.build(SAMPLE, tmp_path / "sharded", shards=3, retriever=retriever, backend="flat")
+    # distinct lengths: no two new documents tie exactly (tied documents added later may come in another order)
+    new = [Document(f"new-{i}", "fresh bread dough rises with yeast " + "and steam " * i) for i in range(12)]
+    before = [s.version for s in (SearchEngine.load(tmp_path / "sharded" / n) for n, _ in sharded.names)]
+    single, sharded = single.add(new), sharded.add(new)
+    for d in new:  # each new document went to the shard its id hashes to
+        assert sharded.holder([d.id]) == [shard_of(d.id, 3)]
+    after = [v for _, v in sharded.names]
+    assert all(a != b for a, b in zip(after, before)), "every shard gets a version (BM25 statistics changed)"
+    doomed = ["new-3", single.bm25.doc_ids[7]]
+    single, sharded = single.delete(doomed), sharded.delete(doomed)
+    changed = [Document("new-5", "steak resting juices"), Document("brand-new", "mountain boiling eggs")]
+    single, sharded = single.upsert(changed), sharded.upsert(changed)
+    assert len(single) == len(sharded) == 205 + 12 - 2 + 1
+    assert sharded.holder(["new-5"]) == [shard_of("new-5", 3)]
+    for stage in STAGES:
+        for q in [*QUERIES[:15], "bread dough yeast", "steak juices"]:
+            same_ranking(sharded.ranked(q, 10, first_stage=stage, rerank=False),
+                         single.ranked(q, 10, first_stage=stage, rerank=False))
+    with pytest.raises(DataError, match="already in the engine"):
+        sharded.add([Document("new-0", "again")])
+    with pytest.raises(DataError, match="unknown id 'nope'"):
+        sharded.delete(["nope"])
+    assert len(ShardedEngine.load(tmp_path / "sharded")) == len(single)  # the failed changes left nothing
+
+
+def test_a_crash_before_the_sharded_commit_keeps_the_old_version(tmp_path, models, monkeypatch):
+    retriever, _ = models
+    sharded = ShardedEngine.build(SAMPLE, tmp_path / "s", shards=2, retriever=retriever, backend="flat")
+    pinned = list(sharded.names)
+    import twostage.reranker.sharded as mod
+
+    def crash(*a, **k):
+        raise KeyboardInterrupt("killed between the shard commits and the sharded commit")
+
+    monkeypatch.setattr(mod, "_commit", crash)
+    with pytest.raises(KeyboardInterrupt):
+        sharded.add([Document("late", "bread")])
+    monkeypatch.undo()
+    reopened = ShardedEngine.load(tmp_path / "s")
+    assert reopened.names == pinned and len(reopened) == 205 and reopened.holder(["late"]) == [None]
+    shard = reopened.names[shard_of("late", 2)][0]
+    assert current_version(tmp_path / "s" / shard).name != dict(pinned)[shard]  # the shard itself moved on
+    again = reopened.add([Document("late", "bread")])  # the next write starts from the pinned versions
+    assert len(again) == 206 and again.holder(["late"]) == [shard_of("late", 2)]
+
+
+def test_bad_sharded_directories(tmp_path, engines):
+    with pytest.raises(IndexFormatError, match="no such sharded engine"):
+        ShardedEngine.load(tmp_path / "missing")
+    with pytest.raises(ConfigError, match="not empty"):
+        ShardedEngine.build(SAMPLE, engines[1].root, shards=2)
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(engines[1].root, copy)
+    manifest = current_version(copy) / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["shards"][0]["name"] = "../elsewhere"
+    manifest.write_text(json.dumps(data))
+    with pytest.raises(IndexFormatError, match="plain name"):
+        ShardedEngine.load(copy)
+    data["shards"][0]["name"] = "shard-000"
+    data["shards"][0]["version"] = "v999999"
+    manifest.write_text(json.dumps(data))
+    with pytest.raises(IndexFormatError, match="is gone"):
+        ShardedEngine.load(copy)
+
+
+def test_ray_shards_answer_as_local_ones(engines):
+    ray = pytest.importorskip("ray")
+    single, two = engines[0], engines[1]
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        remote = ShardedEngine.load(two.root, ray=True)
+        assert remote.info()["remote"] and len(remote) == 205
+        for stage in STAGES:
+            for q in QUERIES[:10]:
+                same_ranking(remote.ranked(q, 10, first_stage=stage, rerank=False),
+                             single.ranked(q, 10, first_stage=stage, rerank=False))
+        assert [h.id for h in remote.search(QUERIES[1], k=5).hits] == [h.id for h in single.search(QUERIES[1], k=5).hits]
+        remote.close()
+    finally:
+        ray.shutdown()
+
+
+def test_cli_builds_searches_and_updates_a_sharded_engine(tmp_path, models, capsys):
+    from twostage.eval.cli import main
+
+    retriever, _ = models
+    out = tmp_path / "eng"
+    assert main(["-q", "build", "--corpus", str(SAMPLE), "--out", str(out), "--retriever", str(retriever),
+                 "--backend", "flat", "--shards", "3"]) == 0
+    assert "in 3 shards" in capsys.readouterr().out
+    assert main(["search", str(out), "what makes dough puff up", "--k", "3", "--json"]) == 0
+    hits = json.loads(capsys.readouterr().out.splitlines()[0])["hits"]
+    want = ShardedEngine.load(out).search("what makes dough puff up", k=3).hits
+    assert [h["id"] for h in hits] == [h.id for h in want]
+    (tmp_path / "new.jsonl").write_text('{"_id": "n1", "text": "sourdough starter"}\n')
+    assert main(["add", str(out), str(tmp_path / "new.jsonl")]) == 0
+    assert main(["delete", str(out), "n1"]) == 0
+    assert main(["info", str(out)]) == 0
+    info = json.loads(capsys.readouterr().out.split("\n", 2)[-1])
+    assert info["documents"] == 205 and len(info["shards"]) == 3
+    assert main(["compact", str(out)]) == 2
+    assert "not supported" in capsys.readouterr().err
+    assert main(["-q", "build", "--corpus", str(SAMPLE), "--out", str(tmp_path / "bad"), "--shards", "0"]) == 2
+    assert "--shards must be a positive integer" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
