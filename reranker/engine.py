@@ -15,10 +15,9 @@ while others commit; :meth:`SearchEngine.refresh` moves to the newest.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +41,7 @@ from twostage.indexer.records import Document, RankedList
 from twostage.indexer.topk import top_k
 from twostage.indexer.vectors import BackendConfig
 from twostage.indexer.versions import Lease, commit, current_version, open_current, writer_lock
+from twostage.reranker.two_stage import Models as _Models
 from twostage.reranker.two_stage import TwoStageSearch, Where
 from twostage.retriever.bm25 import BM25Retriever
 from twostage.retriever.bm25_stats import CorpusStats
@@ -56,27 +56,6 @@ def model_ref(name: str | Path) -> ModelRef:
 
     path = resolve_model(name)
     return ModelRef(str(name), str(Path(path).resolve()), sha256_of_weights(path))
-
-
-def verified_model_dir(ref: ModelRef, role: str) -> Path:
-    """The directory of a model the engine names, after checking its weights are the ones it was built with."""
-    from twostage.retriever.weights import resolve_model, sha256_of_weights
-
-    path = Path(ref.path) if Path(ref.path).is_dir() else resolve_model(ref.name)
-    digest = sha256_of_weights(path)
-    if digest != ref.sha256:
-        raise ConfigError(f"{role} {ref.name!r} at {path}: its weights' sha256 {digest[:12]}... no longer matches the "
-                          f"engine's {ref.sha256[:12]}...; restore that model, or rebuild the engine with it")
-    return path
-
-
-@dataclass
-class _Models:
-    """Models loaded on first use (info, delete and compact never need them), once even across threads."""
-
-    encoder: Any = None
-    reranker: Any = None
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class SearchEngine(TwoStageSearch):
@@ -136,15 +115,7 @@ class SearchEngine(TwoStageSearch):
         if self._lease is not None:
             self._lease.release()
 
-    # ---- properties ----------------------------------------------------------------------------
-    @property
-    def settings(self) -> EngineSettings:
-        return self.manifest.settings
-
-    @property
-    def version(self) -> str:
-        return self.version_dir.name
-
+    # ---- properties (settings, version, precision, reranker: TwoStageSearch) ----------------------
     def __len__(self) -> int:
         return self.manifest.documents
 
@@ -152,36 +123,12 @@ class SearchEngine(TwoStageSearch):
         return doc_id in self.index
 
     @property
-    def precision(self) -> str:
-        return resolve_precision(self.settings.precision)
-
-    @property
     def encoder(self) -> Any:
-        """The bi-encoder, loaded (and its weights verified) on first use."""
-        if self._models.encoder is None:
-            from twostage.retriever.biencoder import BiEncoder
-
-            with self._models.lock:
-                if self._models.encoder is None:
-                    path = verified_model_dir(self.manifest.retriever, "retriever")
-                    self._models.encoder = BiEncoder.load(path, precision=self.precision)
-        if self.index.encoder is not self._models.encoder:
-            self.index.attach_encoder(self._models.encoder)
-        return self._models.encoder
-
-    @property
-    def reranker(self) -> Any:
-        """The cross-encoder (None when the engine has none), loaded and verified on first use."""
-        if self.manifest.reranker is None:
-            return None
-        if self._models.reranker is None:
-            from twostage.reranker.cross_encoder import CrossEncoder
-
-            with self._models.lock:
-                if self._models.reranker is None:
-                    path = verified_model_dir(self.manifest.reranker, "reranker")
-                    self._models.reranker = CrossEncoder.load(path, precision=self.precision)
-        return self._models.reranker
+        """The bi-encoder, loaded (and its weights verified) on first use, attached to the dense index."""
+        encoder = self._load_encoder()
+        if self.index.encoder is not encoder:
+            self.index.attach_encoder(encoder)
+        return encoder
 
     def use_models(self, *, encoder: Any = None, reranker: Any = None) -> None:
         """Search with these objects in place of the loaded models, e.g. wrappers that batch across requests

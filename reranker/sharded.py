@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from twostage.indexer.corpus import CorpusSource, iter_documents
-from twostage.indexer.engine_dir import EngineSettings, resolve_precision
+from twostage.indexer.engine_dir import EngineSettings
 from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
 from twostage.indexer.index import IndexChange
 from twostage.indexer.manifest import check_file_name, manifest_text, read_manifest_json
@@ -51,7 +51,6 @@ from twostage.reranker.engine import (
     _Models,
     _with,
     _write_first,
-    verified_model_dir,
 )
 from twostage.reranker.two_stage import TwoStageSearch, Where
 from twostage.retriever.analyzer import Analyzer
@@ -191,47 +190,14 @@ class ShardedEngine(TwoStageSearch):
         if self._lease is not None:
             self._lease.release()
 
-    # ---- properties ----------------------------------------------------------------------------
-    @property
-    def settings(self) -> EngineSettings:
-        return self.manifest.settings
-
-    @property
-    def version(self) -> str:
-        return self.version_dir.name
-
+    # ---- properties (settings, version, precision, reranker: TwoStageSearch) ----------------------
     def __len__(self) -> int:
         return self._size
 
     @property
-    def precision(self) -> str:
-        return resolve_precision(self.settings.precision)
-
-    @property
     def encoder(self) -> Any:
         """The bi-encoder (loaded once, here: queries are encoded once for every shard)."""
-        if self._models.encoder is None:
-            from twostage.retriever.biencoder import BiEncoder
-
-            with self._models.lock:
-                if self._models.encoder is None:
-                    path = verified_model_dir(self.manifest.retriever, "retriever")
-                    self._models.encoder = BiEncoder.load(path, precision=self.precision)
-        return self._models.encoder
-
-    @property
-    def reranker(self) -> Any:
-        """The cross-encoder (None without one): it runs once, here, on the merged candidates."""
-        if self.manifest.reranker is None:
-            return None
-        if self._models.reranker is None:
-            from twostage.reranker.cross_encoder import CrossEncoder
-
-            with self._models.lock:
-                if self._models.reranker is None:
-                    path = verified_model_dir(self.manifest.reranker, "reranker")
-                    self._models.reranker = CrossEncoder.load(path, precision=self.precision)
-        return self._models.reranker
+        return self._load_encoder()
 
     def info(self) -> dict[str, Any]:
         sizes = self._call("size")

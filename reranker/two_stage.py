@@ -9,13 +9,16 @@ are filled in from the document store.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from twostage.indexer.engine_dir import EngineSettings
+from twostage.indexer.engine_dir import EngineManifest, EngineSettings, ModelRef, resolve_precision
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.records import Document, Hit, RankedList, SearchResult
 from twostage.indexer.topk import check_k
@@ -27,13 +30,72 @@ Where = Mapping[str, Any] | Callable[[Document], bool] | None
 StageScores = dict[str, dict[str, float]]
 
 
-class TwoStageSearch:
-    """The search methods of an engine. Subclasses provide ``settings``, ``encoder``, ``reranker``,
-    ``documents(ids)`` and ``_candidates``."""
+def verified_model_dir(ref: ModelRef, role: str) -> Path:
+    """The directory of a model the engine names, after checking its weights are the ones it was built with."""
+    from twostage.retriever.weights import resolve_model, sha256_of_weights
 
-    settings: EngineSettings
+    path = Path(ref.path) if Path(ref.path).is_dir() else resolve_model(ref.name)
+    digest = sha256_of_weights(path)
+    if digest != ref.sha256:
+        raise ConfigError(f"{role} {ref.name!r} at {path}: its weights' sha256 {digest[:12]}... no longer matches the "
+                          f"engine's {ref.sha256[:12]}...; restore that model, or rebuild the engine with it")
+    return path
+
+
+@dataclass
+class Models:
+    """Models loaded on first use (info, delete and compact never need them), once even across threads."""
+
+    encoder: Any = None
+    reranker: Any = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class TwoStageSearch:
+    """The search methods of an engine. Subclasses set ``manifest``, ``version_dir`` and ``_models`` and provide
+    ``encoder``, ``documents(ids)`` and ``_candidates``."""
+
+    manifest: EngineManifest
+    version_dir: Path
+    _models: Models
     encoder: Any
-    reranker: Any
+
+    @property
+    def settings(self) -> EngineSettings:
+        return self.manifest.settings
+
+    @property
+    def version(self) -> str:
+        return self.version_dir.name
+
+    @property
+    def precision(self) -> str:
+        return resolve_precision(self.settings.precision)
+
+    def _load_encoder(self) -> Any:
+        """The bi-encoder, loaded (its weights verified against the manifest) on first use."""
+        if self._models.encoder is None:
+            from twostage.retriever.biencoder import BiEncoder
+
+            with self._models.lock:
+                if self._models.encoder is None:
+                    path = verified_model_dir(self.manifest.retriever, "retriever")
+                    self._models.encoder = BiEncoder.load(path, precision=self.precision)
+        return self._models.encoder
+
+    @property
+    def reranker(self) -> Any:
+        """The cross-encoder (None when the engine has none), loaded and verified on first use."""
+        if self.manifest.reranker is None:
+            return None
+        if self._models.reranker is None:
+            from twostage.reranker.cross_encoder import CrossEncoder
+
+            with self._models.lock:
+                if self._models.reranker is None:
+                    path = verified_model_dir(self.manifest.reranker, "reranker")
+                    self._models.reranker = CrossEncoder.load(path, precision=self.precision)
+        return self._models.reranker
 
     def documents(self, ids: Iterable[str]) -> list[Document]:  # pragma: no cover - abstract
         raise NotImplementedError
