@@ -96,6 +96,8 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--dir", type=Path, default=None, help="where the index goes (default: a temporary directory)")
     ap.add_argument("--md", type=Path, default=None, help="append the result as a table row to this markdown file")
+    ap.add_argument("--nprobe", type=int, nargs="*", default=[],
+                    help="IVF modes: also measure these probe counts (printed lines, before the default's row)")
     args = ap.parse_args()
     from twostage.indexer.index import Index
 
@@ -113,16 +115,28 @@ def main() -> None:
         qv /= np.linalg.norm(qv, axis=1, keepdims=True)
         truth = exact_top10(index, qv)
         index.attach_encoder(encoder)
-        index.search(query_texts[0], 10)  # warm-up
-        times, found = [], []
-        for q in query_texts:
-            t = time.perf_counter()
-            found.append(index.search(q, 10).ids)
-            times.append(time.perf_counter() - t)
+
+        def one_at_a_time(**kw: int) -> tuple[list, list[float]]:
+            index.search(query_texts[0], 10, **kw)  # warm-up
+            times, found = [], []
+            for q in query_texts:
+                t = time.perf_counter()
+                found.append(index.search(q, 10, **kw).ids)
+                times.append(time.perf_counter() - t)
+            return found, times
+
+        def recall_of(found: list) -> float:
+            return float(np.mean([len({int(d[1:]) for d in f} & set(e.tolist())) / 10 for f, e in zip(found, truth)]))
+
+        for nprobe in args.nprobe:  # other probe counts of the same IVF index, before the default row
+            f, ts = one_at_a_time(nprobe=nprobe)
+            print(f"scale: {args.docs} docs, mode {args.mode}, nprobe {nprobe}: recall@10 {recall_of(f):.3f}, "
+                  f"p50 {np.percentile(ts, 50) * 1000:.2f} ms, p95 {np.percentile(ts, 95) * 1000:.2f} ms", flush=True)
+        found, times = one_at_a_time()
         t = time.perf_counter()
         index.search_batch(query_texts, 10)
         qps = len(query_texts) / (time.perf_counter() - t)
-        recall = float(np.mean([len({int(d[1:]) for d in f} & set(e.tolist())) / 10 for f, e in zip(found, truth)]))
+        recall = recall_of(found)
         params = dict(Index.load(Path(tmp) / "idx", verify=False).manifest.params)
         index.close()
     p50, p95 = (float(np.percentile(times, p)) * 1000 for p in (50, 95))
