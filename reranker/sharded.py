@@ -81,7 +81,11 @@ class _Shard:
         if not (version_dir / "manifest.json").is_file():
             lease.release()
             raise IndexFormatError(f"{version_dir}: the shard version the sharded engine names is gone")
-        self.engine = SearchEngine._open(Path(root), version_dir, lease, verify)
+        try:
+            self.engine = SearchEngine._open(Path(root), version_dir, lease, verify)
+        except BaseException:
+            lease.release()
+            raise
 
     def candidates(self, queries: list[str], vectors: np.ndarray | None, first_stage: str, n: int,
                    where: Where) -> Lists:
@@ -115,8 +119,7 @@ class ShardedEngine(TwoStageSearch):
         self.root, self.version_dir, self.names = root, version_dir, names
         self._shards, self._ray, self._lease = shards, ray, lease
         self._local = local  # the shards as objects in this process (None when they are Ray actors)
-        first = self._call("size")
-        self._size = sum(first)
+        self._size = sum(self._call("size"))
         head = local[0].engine if local else None
         self.manifest = head.manifest if head else ray.get(shards[0].manifest.remote())
         self._models = _Models()
@@ -162,7 +165,13 @@ class ShardedEngine(TwoStageSearch):
                                   f"{cluster_cpus:g} CPUs: they would wait forever; lower cpus_per_shard")
             actor = ray_mod.remote(num_cpus=per)(_RayShard)
             shards = [actor.remote(str((root / name).resolve()), version, verify) for name, version in names]
-            engine = cls(root, version_dir, names, shards, lease, ray=ray_mod)
+            try:
+                engine = cls(root, version_dir, names, shards, lease, ray=ray_mod)
+            except ray_mod.exceptions.RayError as exc:  # a shard failed to open in its actor: say which and why
+                for s in shards:
+                    ray_mod.kill(s)
+                cause = next((line for line in reversed(str(exc).splitlines()) if "Error" in line), str(exc))
+                raise IndexFormatError(f"{root}: a shard could not be opened by its Ray actor: {cause.strip()}") from None
         engine._check_alike()
         return engine
 

@@ -182,6 +182,14 @@ def test_ray_shards_answer_as_local_ones(engines):
                              single.ranked(q, 10, first_stage=stage, rerank=False))
         assert [h.id for h in remote.search(QUERIES[1], k=5).hits] == [h.id for h in single.search(QUERIES[1], k=5).hits]
         remote.close()
+        import shutil
+
+        broken = two.root.parent / "broken-ray"
+        shutil.copytree(two.root, broken)
+        name, version = two.names[1]
+        (broken / name / version / "bm25" / "manifest.json").write_text("{}")
+        with pytest.raises(IndexFormatError, match="could not be opened by its Ray actor"):
+            ShardedEngine.load(broken, ray=True)
     finally:
         ray.shutdown()
 
