@@ -205,10 +205,11 @@ def check_unique_ids(work: Path, done: list[dict[str, Any]]) -> None:
                 raise DataError(f"duplicate document id {flat[a]!r} in the corpus")
 
 
-def finish_build(work: Path, done: list[dict[str, Any]], out: Path, backend: BackendConfig, info: EncoderInfo,
-                 encoder: Any = None) -> Index:
-    """Commit the chunks as the version's segments (hard links, nothing copied or held in memory: the ANN
-    structure is built from the memory-mapped chunks), atomically."""
+def streamed_change(work: Path, done: list[dict[str, Any]], backend: BackendConfig,
+                    info: EncoderInfo) -> tuple[IndexChange, dict[str, Any], EncoderInfo]:
+    """The first version made of the encoded chunks as its segments (to be hard-linked from ``work``: nothing
+    copied or held in memory; the ANN structure is built from the memory-mapped chunks), its backend parameters
+    and the encoder's identity. Ids are checked unique first."""
     info = _checked_dim(work, done, info)
     check_unique_ids(work, done)
     segments, start = [], 0
@@ -219,11 +220,26 @@ def finish_build(work: Path, done: list[dict[str, Any]], out: Path, backend: Bac
     logger.info("building %s over %d x %d vectors", backend.name, start, info.dim)
     ann = ann_from_vectors(backend, parts)
     params = {**default_params(backend.name, start, info.dim), **backend.params}
-    change = IndexChange(segments, {}, np.array([], dtype=np.int64), ann)
+    return IndexChange(segments, {}, np.array([], dtype=np.int64), ann), params, info
+
+
+def chunk_documents(work: Path, done: list[dict[str, Any]]) -> Iterator[list[Document]]:
+    """The documents of the encoded chunks, one chunk at a time, in corpus order."""
+    import pyarrow.parquet as pq
+
+    for c in done:
+        yield [Document(r["id"], r["text"], r["title"], json.loads(r["metadata"]))
+               for r in pq.read_table(work / "segments" / f"{c['name']}.parquet").to_pylist()]
+
+
+def finish_build(work: Path, done: list[dict[str, Any]], out: Path, backend: BackendConfig, info: EncoderInfo,
+                 encoder: Any = None) -> Index:
+    """Commit the chunks as the version's segments (:func:`streamed_change`), atomically."""
+    change, params, info = streamed_change(work, done, backend, info)
     check_out_dir(out)
     # a rebuild replaces the contents of an existing index directory as a new version
     with writer_lock(out), commit(out) as version:
         write_index_files(version.tmp, work, change, info, backend.metric, backend.name, params)
-    del parts, change, ann
+    del change
     shutil.rmtree(work, ignore_errors=True)
     return Index.load(out, encoder=encoder, verify=False)

@@ -23,7 +23,15 @@ from typing import Any
 
 import numpy as np
 
-from twostage.indexer.build import check_out_dir, encode_chunks, first_version, merge_chunks, start_build
+from twostage.indexer.build import (
+    check_out_dir,
+    chunk_documents,
+    encode_chunks,
+    first_version,
+    merge_chunks,
+    start_build,
+    streamed_change,
+)
 from twostage.indexer.codec import to_json_dict
 from twostage.indexer.corpus import CorpusSource, iter_documents
 from twostage.indexer.engine_dir import (
@@ -198,7 +206,7 @@ class SearchEngine(TwoStageSearch):
         if (out / "CURRENT").is_file() and _format_of(current_version(out, WHAT)) != "twostage.engine":
             raise ConfigError(f"{out}: holds something other than a search engine; choose another --out")
         prepared = _encode_corpus(corpus, out, settings, retriever, reranker, chunk_size, resume, show_progress)
-        _write_first(out, prepared, prepared.vectors, prepared.docs, settings, None)
+        _write_streamed(out, prepared, settings)
         prepared.discard()
         return open_current(out, lambda v, lease: cls._open(out, v, lease, False, prepared.models), WHAT)
 
@@ -308,21 +316,24 @@ def _write_engine(directory: Path, bm25: BM25Retriever | None, manifest: EngineM
 
 @dataclass
 class _Encoded:
-    """A corpus read and encoded for a build: vectors (memory-mapped) and documents in order, the models and their
-    references, and the work directory to remove once the build is committed."""
+    """A corpus read and encoded for a build, in resumable chunks under ``work`` (``done`` lists them): the models
+    and their references, and the work directory to remove once the build is committed."""
 
-    vectors: np.ndarray
-    docs: list[Document]
+    work: Path
+    done: list[dict[str, Any]]
     info: Any
     retriever: ModelRef
     reranker: ModelRef | None
     models: _Models
-    work: Path
+
+    def merged(self) -> tuple[np.ndarray, list[Document]]:
+        """Every vector (one memory-mapped matrix) and every document, in order (the sharded build splits them)."""
+        vectors, docs, self.info = merge_chunks(self.work, self.done, self.info)
+        return vectors, docs
 
     def discard(self) -> None:
         import shutil
 
-        del self.vectors
         shutil.rmtree(self.work, ignore_errors=True)
 
 
@@ -348,13 +359,25 @@ def _encode_corpus(corpus: CorpusSource, out: Path, settings: EngineSettings, re
     work, done = start_build(out, plan, resume)
     encode_chunks(corpus, models.encoder, work, plan, done, metric=settings.metric, dim=info.dim,
                   chunk_size=chunk_size, batch_size=settings.batch_size, show_progress=show_progress)
-    vectors, docs, info = merge_chunks(work, done, info)
-    return _Encoded(vectors, docs, info, retriever_ref, reranker_ref, models, work)
+    return _Encoded(work, done, info, retriever_ref, reranker_ref, models)
+
+
+def _write_streamed(out: Path, enc: _Encoded, settings: EngineSettings) -> None:
+    """Commit the first version of ``out`` from the encoded chunks without holding the corpus: the chunks become
+    the dense part's segments (hard links; the ANN index built from their memory maps) and BM25 reads them a
+    chunk at a time (:meth:`BM25Retriever.build_chunked`)."""
+    backend = BackendConfig(settings.backend, settings.metric)
+    change, params, enc.info = streamed_change(enc.work, enc.done, backend, enc.info)
+    bm25 = BM25Retriever.build_chunked(lambda: chunk_documents(enc.work, enc.done))
+    with writer_lock(out), commit(out) as version:
+        write_index_files(version.tmp / "dense", enc.work, change, enc.info, backend.metric, backend.name, params)
+        _write_engine(version.tmp, bm25, EngineManifest(settings, enc.retriever, enc.reranker, len(bm25)))
 
 
 def _write_first(out: Path, enc: _Encoded, vectors: np.ndarray, docs: list[Document], settings: EngineSettings,
                  bm25_stats: CorpusStats | None) -> None:
-    """Commit a version of ``out`` holding ``docs`` and their ``vectors`` (the ANN index and BM25 built here)."""
+    """Commit a version of ``out`` holding ``docs`` and their ``vectors`` (a shard: the ANN index and BM25, with
+    the whole corpus's statistics, built here)."""
     backend = BackendConfig(settings.backend, settings.metric)
     change, params = first_version(vectors, docs, backend)
     bm25 = BM25Retriever.build(docs, stats=bm25_stats)

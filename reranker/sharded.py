@@ -263,16 +263,18 @@ class ShardedEngine(TwoStageSearch):
             raise ConfigError(f"{root}: exists and is not empty; choose another --out (add documents with add)")
         settings = _with(settings or EngineSettings(), overrides)
         enc = _encode_corpus(corpus, root, settings, retriever, reranker, chunk_size, resume, show_progress)
-        parts = split_contiguous(enc.docs, shards)
+        vectors, docs = enc.merged()
+        parts = split_contiguous(docs, shards)
         stats = _stats(parts)
         names, start = [], 0
         with writer_lock(root):
             for i, part in enumerate(tqdm(parts, desc="write shards", unit="shard", disable=not show_progress)):
                 name = f"shard-{i:03d}"
-                _write_first(root / name, enc, enc.vectors[start:start + len(part)], part, settings, stats)
+                _write_first(root / name, enc, vectors[start:start + len(part)], part, settings, stats)
                 names.append((name, current_version(root / name).name))
                 start += len(part)
-            _commit(root, names, len(enc.docs))
+            _commit(root, names, len(docs))
+        del vectors
         enc.discard()
         return cls.load(root, verify=False)
 

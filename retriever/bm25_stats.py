@@ -61,11 +61,36 @@ def weight_arrays(doc_terms: Sequence[Sequence[str]], stats: CorpusStats, k1: fl
                   b: float) -> tuple[dict[str, int], np.ndarray, np.ndarray, np.ndarray]:
     """Vocabulary (term -> column, plus bm25s's empty term) and the CSC arrays (data, indices, indptr) of the
     documents x terms weight matrix of ``doc_terms``, scored with ``stats`` (which must cover every term)."""
+    return weight_arrays_chunked([doc_terms], stats, k1, b)
+
+
+def weight_arrays_chunked(chunks: Iterable[Sequence[Sequence[str]]], stats: CorpusStats, k1: float,
+                          b: float) -> tuple[dict[str, int], np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`weight_arrays` over documents given a chunk at a time: only one chunk's terms are held at once, plus
+    the weights (a row, a column and a weight per distinct term of a document)."""
     import scipy.sparse as sp
 
     if stats.num_docs <= 0 or stats.total_length <= 0:
         raise DataError("BM25 statistics over no terms: the corpus has no text")
     vocab: dict[str, int] = {}
+    idf: list[float] = []
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    n = 0
+    for doc_terms in chunks:
+        rows, cols, weights = _chunk_weights(doc_terms, stats, k1, b, vocab, idf, n)
+        parts.append((rows, cols, weights))
+        n += len(doc_terms)
+    row = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
+    col = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
+    weights = np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, dtype=np.float32)
+    del parts
+    matrix = sp.csc_matrix((weights, (row, col)), shape=(n, len(vocab)), dtype=np.float32)
+    vocab.setdefault("", len(vocab))  # bm25s's empty term: in the vocabulary, without a column
+    return vocab, matrix.data, matrix.indices, matrix.indptr
+
+
+def _chunk_weights(doc_terms: Sequence[Sequence[str]], stats: CorpusStats, k1: float, b: float,
+                   vocab: dict[str, int], idf: list[float], row0: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rows: list[np.ndarray] = []
     cols: list[np.ndarray] = []
     tfs: list[np.ndarray] = []
@@ -73,20 +98,24 @@ def weight_arrays(doc_terms: Sequence[Sequence[str]], stats: CorpusStats, k1: fl
     for row, terms in enumerate(doc_terms):
         counts = Counter(terms)
         lengths[row] = len(terms)
-        cols.append(np.fromiter((vocab.setdefault(t, len(vocab)) for t in counts), dtype=np.int64, count=len(counts)))
+        for t in counts:
+            if t not in vocab:
+                df = stats.doc_freqs.get(t, 0)
+                if df <= 0:
+                    raise DataError(f"the BM25 statistics do not cover the term {t!r}; compute them over every "
+                                    "document")
+                vocab[t] = len(vocab)
+                idf.append(math.log(1 + (stats.num_docs - df + 0.5) / (df + 0.5)))
+        cols.append(np.fromiter((vocab[t] for t in counts), dtype=np.int64, count=len(counts)))
         tfs.append(np.fromiter(counts.values(), dtype=np.float32, count=len(counts)))
         rows.append(np.full(len(counts), row, dtype=np.int64))
-    missing = [t for t in vocab if stats.doc_freqs.get(t, 0) <= 0]
-    if missing:
-        raise DataError(f"the BM25 statistics do not cover the term {missing[0]!r}; compute them over every document")
-    idf = np.array([math.log(1 + (stats.num_docs - stats.doc_freqs[t] + 0.5) / (stats.doc_freqs[t] + 0.5))
-                    for t in vocab], dtype=np.float32)
-    row = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
-    col = np.concatenate(cols) if cols else np.zeros(0, dtype=np.int64)
-    tf = np.concatenate(tfs).astype(np.float64) if tfs else np.zeros(0)
+    if not rows:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+    row = np.concatenate(rows)
+    col = np.concatenate(cols)
+    tf = np.concatenate(tfs).astype(np.float64)
+    idf32 = np.asarray(idf, dtype=np.float32)
     # bm25s: tf / (k1 * ((1 - b) + b * l_d / l_avg) + tf), l_d a Python int, l_avg a float64, all in float64
     norm = k1 * ((1 - b) + (b * lengths[row].astype(np.float64)) / stats.avgdl)
-    weights = (idf[col].astype(np.float64) * (tf / (norm + tf))).astype(np.float32)
-    matrix = sp.csc_matrix((weights, (row, col)), shape=(len(doc_terms), len(vocab)), dtype=np.float32)
-    vocab.setdefault("", len(vocab))  # bm25s's empty term: in the vocabulary, without a column
-    return vocab, matrix.data, matrix.indices, matrix.indptr
+    weights = (idf32[col].astype(np.float64) * (tf / (norm + tf))).astype(np.float32)
+    return row + row0, col, weights

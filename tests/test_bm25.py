@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -165,3 +166,22 @@ def test_bm25_manifest_lists_sizes_and_old_manifests_still_load(tmp_path):
     weights.write_bytes(weights.read_bytes()[:-4])
     with pytest.raises(IndexFormatError, match="bytes, the manifest says"):
         BM25Retriever.load(tmp_path / "idx2")
+
+
+def test_chunked_build_scores_equal_the_in_memory_build_bit_for_bit():
+    from twostage.indexer.corpus import load_corpus
+    from twostage.retriever.bm25 import BM25Retriever
+
+    sample = Path(__file__).parent.parent / "data" / "sample"
+    docs = list(load_corpus(sample))
+    whole = BM25Retriever.build(docs)
+    passes = []
+
+    def chunks():
+        passes.append(1)
+        return (docs[i:i + 37] for i in range(0, len(docs), 37))
+
+    chunked = BM25Retriever.build_chunked(chunks)
+    assert len(passes) == 2 and list(chunked.doc_ids) == list(whole.doc_ids)
+    for q in ["why do cats purr", "snow and rain", "bread dough yeast", "steak"]:
+        np.testing.assert_array_equal(chunked.scores(q), whole.scores(q))
