@@ -251,12 +251,13 @@ class SearchEngine(TwoStageSearch):
         return self.index.encode_documents(docs, batch_size=self.settings.batch_size)
 
     def _update(self, make: Callable[[SearchEngine], tuple[IndexChange, list[Document] | None]],
-                settings: EngineSettings | None = None, *, bm25_stats: CorpusStats | None = None,
+                settings: EngineSettings | None = None, *, bm25: BM25Retriever | None = None,
                 pinned: bool = False) -> SearchEngine:
         """Lock, re-open the version current now, apply ``make`` to it, write every part, commit, return it.
 
         ``pinned``: start from this object's version, not CURRENT's (a shard, whose committed version is the one
-        its sharded engine names); ``bm25_stats``: the corpus statistics BM25 scores with (a shard's global ones).
+        its sharded engine names); ``bm25``: the BM25 index over the live documents after the change, built by the
+        caller (a shard's, with the whole corpus's statistics); by default it is built here.
         """
         with writer_lock(self.root):
             base = self if pinned else self.refresh()
@@ -269,8 +270,9 @@ class SearchEngine(TwoStageSearch):
                         link_or_copy(f, version.tmp / "bm25" / f.name)
                     bm25, count = None, len(base)
                 else:
-                    live = _live_after(base.index, change, new_docs)
-                    bm25, count = BM25Retriever.build(live, base.bm25.config, stats=bm25_stats), len(live)
+                    if bm25 is None:
+                        bm25 = BM25Retriever.build(_live_after(base.index, change, new_docs), base.bm25.config)
+                    count = len(bm25)
                 _write_engine(version.tmp, bm25, replace(base.manifest, documents=count,
                                                          settings=settings or base.manifest.settings))
             return open_current(self.root, lambda v, lease: SearchEngine._open(self.root, v, lease, False,

@@ -54,6 +54,7 @@ from twostage.reranker.engine import (
 )
 from twostage.reranker.two_stage import TwoStageSearch, Where
 from twostage.retriever.analyzer import Analyzer
+from twostage.retriever.bm25 import BM25Config, BM25Retriever
 from twostage.retriever.bm25_stats import CorpusStats
 
 logger = logging.getLogger(__name__)
@@ -102,6 +103,9 @@ class _Shard:
     def size(self) -> int:
         return len(self.engine)
 
+    def manifest(self) -> Any:
+        return self.engine.manifest
+
     def close(self) -> None:
         self.engine.close()
 
@@ -120,9 +124,15 @@ class ShardedEngine(TwoStageSearch):
         self._shards, self._ray, self._lease = shards, ray, lease
         self._local = local  # the shards as objects in this process (None when they are Ray actors)
         self._size = sum(self._call("size"))
-        head = local[0].engine if local else None
-        self.manifest = head.manifest if head else ray.get(shards[0].manifest.remote())
+        manifests = self._call("manifest")
+        self.manifest = manifests[0]
         self._models = _Models()
+        for (name, _), m in zip(names, manifests):  # searched as one engine: the same models and settings
+            if (m.settings, m.retriever.sha256, m.reranker and m.reranker.sha256) != \
+                    (self.manifest.settings, self.manifest.retriever.sha256,
+                     self.manifest.reranker and self.manifest.reranker.sha256):
+                raise IndexFormatError(f"{root / name}: its settings or models differ from the first shard's; "
+                                       "the shards of one engine must match: rebuild the sharded engine")
 
     # ---- opening -------------------------------------------------------------------------------
     @classmethod
@@ -163,7 +173,7 @@ class ShardedEngine(TwoStageSearch):
             if per * len(names) > cluster_cpus:
                 raise ConfigError(f"{len(names)} shard actors x {per} CPUs need more than the cluster's "
                                   f"{cluster_cpus:g} CPUs: they would wait forever; lower cpus_per_shard")
-            actor = ray_mod.remote(num_cpus=per)(_RayShard)
+            actor = ray_mod.remote(num_cpus=per)(_Shard)
             shards = [actor.remote(str((root / name).resolve()), version, verify) for name, version in names]
             try:
                 engine = cls(root, version_dir, names, shards, lease, ray=ray_mod)
@@ -172,20 +182,7 @@ class ShardedEngine(TwoStageSearch):
                     ray_mod.kill(s)
                 cause = next((line for line in reversed(str(exc).splitlines()) if "Error" in line), str(exc))
                 raise IndexFormatError(f"{root}: a shard could not be opened by its Ray actor: {cause.strip()}") from None
-        engine._check_alike()
         return engine
-
-    def _check_alike(self) -> None:
-        """Every shard must use the same models and settings (they are searched as one engine)."""
-        manifests = [s.engine.manifest for s in self._local] if self._local else \
-            self._ray.get([s.manifest.remote() for s in self._shards])
-        for (name, _), m in zip(self.names, manifests):
-            same = (m.settings, m.retriever.sha256, m.reranker and m.reranker.sha256) == \
-                (self.manifest.settings, self.manifest.retriever.sha256,
-                 self.manifest.reranker and self.manifest.reranker.sha256)
-            if not same:
-                raise IndexFormatError(f"{self.root / name}: its settings or models differ from the first shard's; "
-                                       "the shards of one engine must match: rebuild the sharded engine")
 
     def close(self) -> None:
         """Release every shard's version (and stop the Ray actors)."""
@@ -314,8 +311,9 @@ class ShardedEngine(TwoStageSearch):
                 route = [[d for d, t in zip(docs, target) if t == s] for s in range(n)]
                 gone = [[i for i in delete if where[i] == s] for s in range(n)]
                 shards = [s.engine for s in base._local]
+                models = _Models(encoder=self.encoder)
                 for s in shards:
-                    s._models = self._models_for_shards()
+                    s._models = models
                 # encoded in one pass, as one engine would (a document's vector depends on its batch's padding)
                 encoded = shards[0]._encode(docs, False) if docs else None
                 vectors = [encoded[target == s] if route[s] else None for s in range(n)]
@@ -323,24 +321,15 @@ class ShardedEngine(TwoStageSearch):
                 stats = _stats(lives)
                 names = []
                 for s, engine in enumerate(shards):
-                    new = engine._update(_change(route[s], vectors[s], gone[s], replace_docs),
-                                         bm25_stats=stats, pinned=True)
+                    bm25 = BM25Retriever.build(lives[s], engine.bm25.config, stats=stats)
+                    new = engine._update(_change(route[s], vectors[s], gone[s], replace_docs), bm25=bm25,
+                                         pinned=True)
                     names.append((base.names[s][0], new.version))
                     new.close()
                 _commit(self.root, names, stats.num_docs)
             finally:
                 base.close()
         return ShardedEngine.load(self.root, verify=False)
-
-    def _models_for_shards(self) -> _Models:
-        models = _Models()
-        models.encoder = self.encoder
-        return models
-
-
-class _RayShard(_Shard):
-    def manifest(self) -> Any:
-        return self.engine.manifest
 
 
 def _change(docs: list[Document], vectors: np.ndarray | None, delete: list[str],
@@ -350,7 +339,7 @@ def _change(docs: list[Document], vectors: np.ndarray | None, delete: list[str],
             return base.index.change_delete(delete), []
         if docs:
             return base.index.change_add(docs, vectors, replace=replace_docs), docs
-        return base.index.change_unchanged(), []  # [] (not None): BM25 is rebuilt with the new statistics
+        return base.index.change_unchanged(), []  # [] (not None): BM25 is written anew, with the new statistics
     return make
 
 
@@ -360,8 +349,6 @@ def _live_docs(engine: SearchEngine, docs: list[Document], delete: list[str], re
 
 
 def _stats(parts: Sequence[Sequence[Document]]) -> CorpusStats:
-    from twostage.retriever.bm25 import BM25Config
-
     analyzer = Analyzer(BM25Config().analyzer)
     return CorpusStats.combine(CorpusStats.of(analyzer(d.full_text) for d in part) for part in parts)
 

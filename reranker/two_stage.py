@@ -72,30 +72,29 @@ class TwoStageSearch:
     def precision(self) -> str:
         return resolve_precision(self.settings.precision)
 
+    def _loaded(self, slot: str, ref: ModelRef, role: str, loader: Callable[..., Any]) -> Any:
+        """The model in ``self._models.<slot>``, loaded on first use (once, across threads) from the directory
+        ``ref`` names, after its weights are checked against the manifest's sha256."""
+        if getattr(self._models, slot) is None:
+            with self._models.lock:
+                if getattr(self._models, slot) is None:
+                    setattr(self._models, slot, loader(verified_model_dir(ref, role), precision=self.precision))
+        return getattr(self._models, slot)
+
     def _load_encoder(self) -> Any:
         """The bi-encoder, loaded (its weights verified against the manifest) on first use."""
-        if self._models.encoder is None:
-            from twostage.retriever.biencoder import BiEncoder
+        from twostage.retriever.biencoder import BiEncoder
 
-            with self._models.lock:
-                if self._models.encoder is None:
-                    path = verified_model_dir(self.manifest.retriever, "retriever")
-                    self._models.encoder = BiEncoder.load(path, precision=self.precision)
-        return self._models.encoder
+        return self._loaded("encoder", self.manifest.retriever, "retriever", BiEncoder.load)
 
     @property
     def reranker(self) -> Any:
         """The cross-encoder (None when the engine has none), loaded and verified on first use."""
         if self.manifest.reranker is None:
             return None
-        if self._models.reranker is None:
-            from twostage.reranker.cross_encoder import CrossEncoder
+        from twostage.reranker.cross_encoder import CrossEncoder
 
-            with self._models.lock:
-                if self._models.reranker is None:
-                    path = verified_model_dir(self.manifest.reranker, "reranker")
-                    self._models.reranker = CrossEncoder.load(path, precision=self.precision)
-        return self._models.reranker
+        return self._loaded("reranker", self.manifest.reranker, "reranker", CrossEncoder.load)
 
     def documents(self, ids: Iterable[str]) -> list[Document]:  # pragma: no cover - abstract
         raise NotImplementedError

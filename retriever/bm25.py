@@ -79,6 +79,13 @@ class Bm25sEngine:
         model.nonoccurrence_array = None  # the Lucene variant has no non-occurrence term
         return cls(model)
 
+    @classmethod
+    def from_weights(cls, config: BM25Config, weights: tuple[dict[str, int], np.ndarray, np.ndarray, np.ndarray],
+                     num_docs: int) -> Bm25sEngine:
+        """The engine of weights computed here (:mod:`twostage.retriever.bm25_stats`: vocabulary and CSC arrays)."""
+        vocab, data, indices, indptr = weights
+        return cls.from_arrays(config, vocab, {"data": data, "indices": indices, "indptr": indptr}, num_docs)
+
     def scores(self, terms: list[str]) -> np.ndarray:
         ids = self.model.get_tokens_ids(terms)
         if not ids:
@@ -142,9 +149,8 @@ class BM25Retriever:
         if stats is not None:
             if config.engine != "bm25s":
                 raise ConfigError("corpus statistics from outside need the bm25s engine")
-            vocab, data, indices, indptr = weight_arrays(terms, stats, config.k1, config.b)
-            engine: _Engine = Bm25sEngine.from_arrays(config, vocab, {"data": data, "indices": indices,
-                                                                      "indptr": indptr}, len(ids))
+            engine: _Engine = Bm25sEngine.from_weights(config, weight_arrays(terms, stats, config.k1, config.b),
+                                                       len(ids))
         elif config.engine == "bm25s":
             engine = Bm25sEngine.build(terms, config.k1, config.b, show_progress=show_progress)
         else:
@@ -173,13 +179,19 @@ class BM25Retriever:
             raise DataError("cannot build a BM25 index over an empty corpus")
         if stats.total_length == 0:
             raise DataError(f"no document of the {len(ids)} has a single term after analysis; is the corpus text empty?")
-        vocab, data, indices, indptr = weight_arrays_chunked(
-            ([analyzer(d.full_text) for d in docs] for docs in chunks()), stats, config.k1, config.b)
-        if int(indptr[-1]) != len(data) or len(ids) != stats.num_docs:
-            raise DataError("the corpus changed between the two passes of the BM25 build")
+        second = [0]  # documents seen by the second pass
+
+        def terms() -> Iterable[list[list[str]]]:
+            for docs in chunks():
+                second[0] += len(docs)
+                yield [analyzer(d.full_text) for d in docs]
+
+        weights = weight_arrays_chunked(terms(), stats, config.k1, config.b)
+        if second[0] != len(ids):
+            raise DataError(f"the corpus changed between the two passes of the BM25 build ({len(ids)} documents, "
+                            f"then {second[0]}); build again")
         logger.info("BM25 (chunked) indexed %d documents", len(ids))
-        return cls(config, ids, Bm25sEngine.from_arrays(config, vocab, {"data": data, "indices": indices,
-                                                                       "indptr": indptr}, len(ids)))
+        return cls(config, ids, Bm25sEngine.from_weights(config, weights, len(ids)))
 
     def __len__(self) -> int:
         return len(self.doc_ids)
