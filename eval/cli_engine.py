@@ -238,7 +238,8 @@ def add_commands(sub: Any) -> None:
     b.add_argument("--first-stage", default=d.first_stage, choices=FIRST_STAGES)
     b.add_argument("--k-retrieve", type=int, default=d.k_retrieve, help=f"candidates reranked (default {d.k_retrieve})")
     b.add_argument("--precision", default=d.precision, choices=PRECISIONS,
-                   help="model precision at search time (auto: bf16 where the CPU has it)")
+                   help="model precision at search time (auto: openvino-int8 with the openvino extra, else bf16 "
+                   "where the CPU has it natively, else fp32)")
     b.add_argument("--backend", default=d.backend, help=", ".join(BACKENDS))
     b.add_argument("--batch-size", type=int, default=d.batch_size)
     b.add_argument("--chunk-size", type=int, default=4096, help="documents encoded per resumable chunk")

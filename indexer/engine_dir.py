@@ -26,7 +26,7 @@ FORMAT = "twostage.engine"
 FORMAT_VERSION = 1
 FIRST_STAGES = ("hybrid", "dense", "bm25")
 FUSIONS = ("rrf",)
-PRECISIONS = ("auto", "fp32", "bf16", "int8")
+PRECISIONS = ("auto", "fp32", "bf16", "int8", "openvino-fp32", "openvino-int8")
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class EngineSettings:
     k_retrieve: int = 20  # candidates the reranker reads
     rerank: bool = True  # rerank when the engine has a reranker (False: the first stage's order)
     interpolation: float | str | None = "auto"  # "auto": the reranker's dev-chosen blend; None: reranker alone
-    precision: str = "auto"  # "auto": bf16 where the CPU has native bf16, else fp32
+    precision: str = "auto"  # "auto": openvino-int8 when installed, else bf16 where native, else fp32
     batch_size: int = 32
     backend: str = "hnswlib"
     metric: str = "cosine"
@@ -72,9 +72,15 @@ class EngineSettings:
 
 
 def resolve_precision(precision: str) -> str:
-    """``auto`` -> ``bf16`` where the CPU computes bfloat16 natively (AVX512-BF16 or AMX), else ``fp32``."""
+    """``auto`` -> ``openvino-int8`` where the ``openvino`` extra is installed (int8 calibrated on the corpus:
+    the fastest at fp32's quality, benchmarks/results/inference_speed.md), else ``bf16`` where the CPU computes
+    bfloat16 natively (AVX512-BF16 or AMX), else ``fp32``."""
     if precision != "auto":
         return precision
+    import importlib.util
+
+    if importlib.util.find_spec("openvino") is not None and importlib.util.find_spec("nncf") is not None:
+        return "openvino-int8"
     try:
         flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:

@@ -26,6 +26,14 @@ from twostage.retriever.hf import (
     with_precision,
 )
 from twostage.retriever.model_meta import read_model_meta, write_model_meta
+from twostage.retriever.runtime import (
+    OpenVINORunner,
+    forward_module,
+    is_openvino,
+    openvino_runner,
+    sample_texts,
+    spread,
+)
 from twostage.retriever.weights import ModelNotFoundError, resolve_model
 
 logger = logging.getLogger(__name__)
@@ -49,12 +57,16 @@ class CrossEncoder(torch.nn.Module):
         self.precision = "fp32"
         self.interpolation: float | None = None  # blend with the first stage chosen on dev (reranker.interpolation)
         self.blends: dict[str, float] = {}  # first stage -> its own blend chosen on dev (interpolation.blend_for)
+        self.runtime: OpenVINORunner | None = None  # predict() runs here when the precision is an OpenVINO one
+        self.path: Path | None = None
 
     @classmethod
     def load(cls, name_or_path: str | Path, *, max_length: int | None = None, allow_untrained_head: bool = False,
-             precision: str = "fp32") -> CrossEncoder:
+             precision: str = "fp32", calibration: Sequence[tuple[str, str]] | None = None) -> CrossEncoder:
         """Load a cross-encoder. A base model gets a new one-output head; scoring with it is refused unless
-        ``allow_untrained_head`` (training sets it to trained)."""
+        ``allow_untrained_head`` (training sets it to trained). ``calibration``: (query, document) pairs from the
+        user's corpus that ``openvino-int8`` measures its scales on when it has no export of these weights yet
+        (default: pairs made from the bundled sample)."""
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         path = resolve_model(name_or_path)
@@ -81,9 +93,30 @@ class CrossEncoder(torch.nn.Module):
         ce.allow_untrained_head = allow_untrained_head
         ce.interpolation, ce.blends = _read_blends(path, meta)
         ce.eval()
-        ce.model = with_precision(ce.model, precision)
-        ce.precision = precision
-        return ce
+        ce.path = path
+        return ce.with_precision(precision, calibration=calibration)
+
+    def with_precision(self, precision: str, *, calibration: Sequence[tuple[str, str]] | None = None) -> CrossEncoder:
+        """Run in ``precision`` (:func:`twostage.retriever.hf.with_precision`, :mod:`twostage.retriever.runtime`)."""
+        self.model = with_precision(self.model, precision)
+        self.runtime = self._openvino(precision, calibration) if is_openvino(precision) else None
+        self.precision = precision
+        return self
+
+    def _openvino(self, precision: str, calibration: Sequence[tuple[str, str]] | None) -> OpenVINORunner:
+        if self.path is None:
+            raise ConfigError(f"{precision} needs a model loaded from a directory (CrossEncoder.load)")
+
+        def batches() -> list[dict[str, np.ndarray]]:
+            pairs = spread(list(calibration or [])) or calibration_pairs(sample_texts())
+            return [dict(self.tokenizer([q for q, _ in pairs[i:i + 16]], [d for _, d in pairs[i:i + 16]],
+                                        padding=True, truncation="longest_first", max_length=self.max_length,
+                                        return_tensors="np"))
+                    for i in range(0, len(pairs), 16)]
+
+        example = self.tokenize(["a query"], ["an example document to trace"])
+        return openvino_runner(forward_module(self.forward, list(example), self), example, self.path, precision,
+                               batches)
 
     allow_untrained_head = False
 
@@ -116,9 +149,16 @@ class CrossEncoder(torch.nn.Module):
         docs = check_texts([d for _, d in pairs], "document", allow_empty=True)
         order = np.argsort([-(len(q) + len(d)) for q, d in zip(queries, docs)], kind="stable")
         out = np.empty(len(pairs), dtype=np.float32)
+        slices = [order[start:start + batch_size] for start in range(0, len(pairs), batch_size)]
+        if self.runtime is not None:  # OpenVINO
+            for idx in tqdm(slices, desc="rerank", unit="batch", disable=not show_progress):
+                raw = self.runtime(self.tokenizer([queries[i] for i in idx], [docs[i] for i in idx], padding=True,
+                                                  truncation="longest_first", max_length=self.max_length,
+                                                  return_tensors="np")).reshape(-1)
+                out[idx] = 1.0 / (1.0 + np.exp(-raw)) if activation == "sigmoid" else raw
+            return out
         with torch.inference_mode():
-            for start in tqdm(range(0, len(pairs), batch_size), desc="rerank", unit="batch", disable=not show_progress):
-                idx = order[start:start + batch_size]
+            for idx in tqdm(slices, desc="rerank", unit="batch", disable=not show_progress):
                 logits = self.forward(self.tokenize([queries[i] for i in idx], [docs[i] for i in idx])).float()
                 out[idx] = (torch.sigmoid(logits) if activation == "sigmoid" else logits).cpu().numpy()
         return out
@@ -128,7 +168,7 @@ class CrossEncoder(torch.nn.Module):
 
     def save(self, path: str | Path, training: dict[str, Any] | None = None) -> Path:
         """Write a Hugging Face directory that sentence-transformers' CrossEncoder also reads, atomically."""
-        if self.precision != "fp32":
+        if self.precision not in ("fp32", "openvino-fp32", "openvino-int8"):  # OpenVINO keeps the fp32 torch model
             raise ConfigError(f"save an fp32 model; this one runs in {self.precision}")
         path = Path(path)
         with atomic_directory(path) as tmp:
@@ -141,6 +181,17 @@ class CrossEncoder(torch.nn.Module):
                 settings["interpolation_by_first_stage"] = dict(self.blends)
             write_model_meta(tmp, "cross-encoder", self.name, settings, training)
         return path
+
+
+def calibration_pairs(texts: Sequence[str]) -> list[tuple[str, str]]:
+    """(query, document) pairs made from documents alone, for int8 calibration: each document's first words as the
+    query, paired with the document and with its neighbour (a related and an unrelated pair)."""
+    texts = [t for t in texts if t.strip()]
+    pairs = []
+    for i, text in enumerate(texts):
+        query = " ".join(text.split()[:10])
+        pairs += [(query, text), (query, texts[(i + 1) % len(texts)])]
+    return spread(pairs)
 
 
 def _read_meta(path: Path) -> dict[str, Any]:

@@ -348,11 +348,13 @@ def _encode_corpus(corpus: CorpusSource, out: Path, settings: EngineSettings, re
     precision = resolve_precision(settings.precision)
     retriever_ref = model_ref(retriever)
     reranker_ref = model_ref(reranker) if reranker is not None else None
-    models = _Models(encoder=BiEncoder.load(retriever_ref.path, precision=precision))
+    calibration = _calibration_texts(corpus, precision)
+    models = _Models(encoder=BiEncoder.load(retriever_ref.path, precision=precision, calibration=calibration))
     if reranker_ref is not None:
-        from twostage.reranker.cross_encoder import CrossEncoder
+        from twostage.reranker.cross_encoder import CrossEncoder, calibration_pairs
 
-        models.reranker = CrossEncoder.load(reranker_ref.path, precision=precision)
+        models.reranker = CrossEncoder.load(reranker_ref.path, precision=precision,
+                                            calibration=calibration_pairs(calibration) if calibration else None)
         if not models.reranker.head_trained:
             raise ConfigError(f"reranker {str(reranker)!r}: its classification head was never trained; train one "
                               "with `twostage train-reranker` or build without --reranker")
@@ -362,6 +364,22 @@ def _encode_corpus(corpus: CorpusSource, out: Path, settings: EngineSettings, re
     encode_chunks(corpus, models.encoder, work, plan, done, metric=settings.metric, dim=info.dim,
                   chunk_size=chunk_size, batch_size=settings.batch_size, show_progress=show_progress)
     return _Encoded(work, done, info, retriever_ref, reranker_ref, models)
+
+
+def _calibration_texts(corpus: CorpusSource, precision: str) -> list[str] | None:
+    """For ``openvino-int8``: texts spread over the corpus's first 3,000 documents, which the models' int8 scales are
+    measured on when they have no export yet. None for other precisions, and for a one-shot iterator (it cannot be
+    read twice; the bundled sample stands in)."""
+    import itertools
+    from collections.abc import Sequence
+
+    import pandas as pd
+
+    from twostage.retriever.runtime import spread
+
+    if precision != "openvino-int8" or not isinstance(corpus, (str, Path, pd.DataFrame, Sequence)):
+        return None
+    return spread([d.full_text for d in itertools.islice(iter_documents(corpus), 3000)]) or None
 
 
 def _write_streamed(out: Path, enc: _Encoded, settings: EngineSettings) -> None:

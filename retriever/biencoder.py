@@ -30,6 +30,14 @@ from twostage.retriever.hf import (
 )
 from twostage.retriever.model_meta import read_model_meta, write_model_meta
 from twostage.retriever.pooling import check_pooling, mode_from_st_config, pool, st_pooling_config
+from twostage.retriever.runtime import (
+    OpenVINORunner,
+    forward_module,
+    is_openvino,
+    openvino_runner,
+    sample_texts,
+    spread,
+)
 from twostage.retriever.weights import ModelNotFoundError, resolve_model
 
 logger = logging.getLogger(__name__)
@@ -124,15 +132,17 @@ class BiEncoder(torch.nn.Module):
         self.precision = "fp32"
         self.truncated = 0  # texts cut at max_length by the last encode call
         self.path: Path | None = None  # the directory it was loaded from
+        self.runtime: OpenVINORunner | None = None  # encode() runs here when the precision is an OpenVINO one
 
     # ---- loading -----------------------------------------------------------------------------
     @classmethod
     def load(cls, name_or_path: str | Path, *, precision: str = "fp32", device: str | None = None,
-             **overrides: Any) -> BiEncoder:
+             calibration: Sequence[str] | None = None, **overrides: Any) -> BiEncoder:
         """Load a model directory or name (see :func:`twostage.retriever.weights.resolve_model`).
 
         ``overrides`` replace fields of the saved :class:`BiEncoderConfig` (pooling, normalize, max_length,
-        query_prefix, document_prefix).
+        query_prefix, document_prefix). ``calibration``: texts of the user's corpus that ``openvino-int8`` measures
+        its scales on when it has no export of these weights yet (default: the bundled sample).
         """
         from transformers import AutoModel, AutoTokenizer
 
@@ -158,13 +168,33 @@ class BiEncoder(torch.nn.Module):
         if device:
             encoder.to(device)
         encoder.eval()
-        return encoder.with_precision(precision)
+        return encoder.with_precision(precision, calibration=calibration)
 
-    def with_precision(self, precision: str) -> BiEncoder:
-        """``fp32``; ``bf16`` (weights in bfloat16); ``int8`` (dynamic int8 Linear layers, CPU only, a copy)."""
+    def with_precision(self, precision: str, *, calibration: Sequence[str] | None = None) -> BiEncoder:
+        """``fp32``; ``bf16`` (weights in bfloat16); ``int8`` (dynamic int8 Linear layers, CPU only, a copy);
+        ``openvino-fp32`` / ``openvino-int8`` (the OpenVINO runtime, :mod:`twostage.retriever.runtime`; int8
+        calibrated on ``calibration`` texts, default the bundled sample)."""
         self.model = with_precision(self.model, precision)
+        self.runtime = self._openvino(precision, calibration) if is_openvino(precision) else None
         self.precision = precision
         return self
+
+    def _openvino(self, precision: str, calibration: Sequence[str] | None) -> OpenVINORunner:
+        if self.path is None:
+            raise ConfigError(f"{precision} needs a model loaded from a directory (BiEncoder.load)")
+
+        def batches() -> list[dict[str, np.ndarray]]:
+            docs = spread([t for t in (calibration or sample_texts()) if t.strip()] or sample_texts())
+            # documents as they are indexed, and their first words as query-like short inputs
+            inputs = [(self.config.document_prefix + t) for t in docs]
+            inputs += [self.config.query_prefix + " ".join(t.split()[:12]) for t in docs[::2]]
+            return [dict(self.tokenizer(inputs[i:i + 16], padding=True, truncation=True,
+                                        max_length=self.config.max_length, return_tensors="np"))
+                    for i in range(0, len(inputs), 16)]
+
+        example = self.tokenize(["an example document to trace", "a query"], "document")
+        return openvino_runner(forward_module(self.forward, list(example), self), example, self.path, precision,
+                               batches)
 
     def info(self) -> EncoderInfo:
         """Identity recorded in index manifests: name, dimension, weights hash, pooling, normalisation."""
@@ -237,12 +267,17 @@ class BiEncoder(torch.nn.Module):
             logger.info("%d of %d %s texts are longer than %d tokens and were truncated",
                         self.truncated, len(texts), kind, self.config.max_length)
         order = np.argsort(-lengths, kind="stable")
+        slices = [order[start:start + batch_size] for start in range(0, len(texts), batch_size)]
+        if self.runtime is not None:  # OpenVINO
+            for idx in tqdm(slices, desc=f"encode {kind}s", unit="batch", disable=not show_progress):
+                out[idx] = self.runtime(self.tokenizer([prefix + texts[i] for i in idx], padding=True,
+                                                       truncation=True, max_length=self.config.max_length,
+                                                       return_tensors="np"))
+            return out
         was_training = self.training
         self.eval()
         with torch.inference_mode():
-            for start in tqdm(range(0, len(texts), batch_size), desc=f"encode {kind}s", unit="batch",
-                              disable=not show_progress):
-                idx = order[start:start + batch_size]
+            for idx in tqdm(slices, desc=f"encode {kind}s", unit="batch", disable=not show_progress):
                 emb = self.forward(self.tokenize([texts[i] for i in idx], kind))
                 out[idx] = emb.float().cpu().numpy()
         self.train(was_training)
@@ -257,7 +292,7 @@ class BiEncoder(torch.nn.Module):
     # ---- saving --------------------------------------------------------------------------------
     def save(self, path: str | Path, training: dict[str, Any] | None = None) -> Path:
         """Write the model atomically in the sentence-transformers layout, plus ``twostage.json``."""
-        if self.precision != "fp32":
+        if self.precision not in ("fp32", "openvino-fp32", "openvino-int8"):  # OpenVINO keeps the fp32 torch model
             raise ConfigError(f"save an fp32 model; this one runs in {self.precision} (load it again in fp32)")
         from importlib.metadata import version
 

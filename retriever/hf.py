@@ -13,7 +13,7 @@ from twostage.indexer.errors import ConfigError
 from twostage.retriever.weights import ModelNotFoundError
 
 logger = logging.getLogger(__name__)
-PRECISIONS = ("fp32", "bf16", "int8")
+PRECISIONS = ("fp32", "bf16", "int8", "openvino-fp32", "openvino-int8")
 
 
 def cap_max_length(model: Any, max_length: int) -> int:
@@ -62,8 +62,9 @@ def check_tokenizer(model: Any, tokenizer: Any, where: Any) -> None:
 
 
 def with_precision(model: Any, precision: str) -> Any:
-    """The model for inference in ``fp32``; ``bf16`` (weights cast in place); ``int8`` (dynamic int8 Linear
-    layers, CPU only, a new module)."""
+    """The torch model for inference in ``fp32``; ``bf16`` (weights cast in place); ``int8`` (dynamic int8 Linear
+    layers, CPU only, a new module). The OpenVINO precisions keep the fp32 torch model (the runtime, in
+    :mod:`twostage.retriever.runtime`, is exported from it)."""
     if precision not in PRECISIONS:
         raise ConfigError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
     if precision == "bf16":

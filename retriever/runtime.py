@@ -1,0 +1,249 @@
+"""OpenVINO inference for the bi-encoder and the cross-encoder: fp32, or int8 calibrated on the user's own texts.
+
+A model runs in torch unless its precision names OpenVINO (``openvino-fp32``, ``openvino-int8``). Then its forward
+pass (the bi-encoder's pooled, normalised embedding; the cross-encoder's logit) is converted to an OpenVINO model
+once, int8 weights *and* activations quantised by NNCF (static quantisation: scales measured on calibration texts,
+SmoothQuant, bias correction), and cached next to the model::
+
+    MODEL_DIR/twostage-openvino/<precision>/manifest.json   format twostage.openvino-export: the sha256 of
+                                        the weights it came from, precision, input names, calibration (count,
+                                        sha256), files (sha256, bytes), library versions
+    MODEL_DIR/twostage-openvino/<precision>/model.xml, model.bin
+
+The export is used only while ``manifest.json`` names the sha256 of the model's current weights and every file
+matches its checksum; a stale or damaged export is rebuilt, never used. Where the model directory is read-only the
+cache lives under ``$TWOSTAGE_CACHE/openvino/<weights sha256>`` (sentence-transformers' own ``openvino/`` export
+folder is another one). The saved model directory is untouched: sentence-transformers and transformers load it as
+before.
+
+Why int8 here: this runtime's int8 matrix products use the CPU's VNNI instructions, measured 2.7x torch's fp32
+GEMM on the 2-core development machine (``benchmarks/results/inference_speed.md``), and the quantisation scales come
+from the user's corpus (``calibration``), not from a public data set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import io
+import json
+import logging
+import os
+import threading
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from twostage.indexer.atomic import atomic_directory
+from twostage.indexer.errors import ConfigError, IndexFormatError
+from twostage.indexer.manifest import (
+    check_file_entries,
+    describe_files,
+    manifest_text,
+    read_manifest_json,
+    verify_files,
+)
+from twostage.indexer.versions import writer_lock
+
+logger = logging.getLogger(__name__)
+
+OPENVINO_PRECISIONS = ("openvino-fp32", "openvino-int8")
+FORMAT = "twostage.openvino-export"
+FORMAT_VERSION = 1
+CALIBRATION_SIZE = 300  # texts (or pairs) the int8 scales are measured on
+SAMPLE = Path(__file__).resolve().parent.parent / "data" / "sample"  # the bundled sample (package data)
+
+Calibration = Callable[[], Sequence[Mapping[str, np.ndarray]]]  # batches of tokenised features
+
+
+def openvino_available() -> bool:
+    """True when the ``openvino`` extra (openvino and nncf) is installed."""
+    return importlib.util.find_spec("openvino") is not None and importlib.util.find_spec("nncf") is not None
+
+
+def is_openvino(precision: str) -> bool:
+    return precision in OPENVINO_PRECISIONS
+
+
+def sample_texts(n: int = CALIBRATION_SIZE) -> list[str]:
+    """Documents of the bundled sample collection: the calibration texts when the user gives none."""
+    path = SAMPLE / "corpus.jsonl"
+    texts = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            row = json.loads(line)
+            texts.append(f"{row.get('title', '')} {row.get('text', '')}".strip())
+    return texts[:n]
+
+
+def spread(items: Sequence[Any], n: int = CALIBRATION_SIZE) -> list[Any]:
+    """At most ``n`` items spread evenly over ``items`` (deterministic)."""
+    if len(items) <= n:
+        return list(items)
+    step = len(items) / n
+    return [items[int(i * step)] for i in range(n)]
+
+
+class _Forward(torch.nn.Module):
+    """``fn(features)`` as a module taking the tokenizer's tensors positionally (what the converter traces)."""
+
+    def __init__(self, fn: Callable[[dict[str, torch.Tensor]], torch.Tensor], names: Sequence[str],
+                 owner: torch.nn.Module) -> None:
+        super().__init__()
+        self.fn, self.names, self.owner = fn, tuple(names), owner
+
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+        return self.fn(dict(zip(self.names, tensors)))
+
+
+class OpenVINORunner:
+    """A compiled OpenVINO model: tokenised numpy features in, the first output as float32 out. One stream over
+    every thread (the latency setting: measured no slower for a corpus than parallel streams on 2 cores).
+    Thread-safe (one infer request per thread)."""
+
+    def __init__(self, compiled: Any, names: Sequence[str], where: Path) -> None:
+        self.compiled, self.names, self.where = compiled, tuple(names), where
+        self._local = threading.local()
+
+    def __call__(self, features: Mapping[str, Any]) -> np.ndarray:
+        request = getattr(self._local, "request", None)
+        if request is None:
+            request = self._local.request = self.compiled.create_infer_request()
+        result = request.infer([np.ascontiguousarray(np.asarray(features[n], dtype=np.int64)) for n in self.names])
+        return np.array(result[0], dtype=np.float32)
+
+
+_CORE: Any = None
+_CORE_LOCK = threading.Lock()
+
+
+def _core() -> Any:
+    global _CORE
+    with _CORE_LOCK:
+        if _CORE is None:
+            import openvino
+
+            _CORE = openvino.Core()
+        return _CORE
+
+
+def export_root(model_dir: Path, weights_sha256: str) -> Path:
+    """``MODEL_DIR/twostage-openvino``, or the user cache when the model directory cannot be written."""
+    root = model_dir / "twostage-openvino"
+    if os.access(model_dir, os.W_OK) and (not root.exists() or os.access(root, os.W_OK)):
+        return root
+    from twostage.retriever.weights import cache_dir
+
+    return cache_dir() / "openvino" / weights_sha256
+
+
+def _fresh_export(where: Path, weights_sha256: str, precision: str, names: Sequence[str]) -> dict[str, Any] | None:
+    """The export's manifest when it was made from these weights in this precision and every file checks out;
+    None (with the reason logged) when it must be rebuilt."""
+    if not (where / "manifest.json").is_file():
+        return None
+    try:
+        data = read_manifest_json(where, FORMAT, FORMAT_VERSION, "an OpenVINO export", "any OpenVINO precision")
+        files = check_file_entries(where / "manifest.json", data.get("files"))
+        if set(files) != {"model.xml", "model.bin"}:
+            raise IndexFormatError(f"{where}/manifest.json: files must be model.xml and model.bin")
+        if data.get("source_weights_sha256") != weights_sha256 or data.get("precision") != precision \
+                or list(data.get("inputs", ())) != list(names):
+            logger.warning("%s was exported from other weights or settings; exporting again", where)
+            return None
+        verify_files(where, files)
+    except IndexFormatError as exc:
+        logger.warning("%s is damaged (%s); exporting again", where, exc)
+        return None
+    return data
+
+
+def _features_hash(batches: Sequence[Mapping[str, np.ndarray]]) -> str:
+    h = hashlib.sha256()
+    for batch in batches:
+        for name in sorted(batch):
+            h.update(name.encode())
+            h.update(np.ascontiguousarray(batch[name], dtype=np.int64).tobytes())
+    return h.hexdigest()
+
+
+def _export(module: torch.nn.Module, example: Mapping[str, torch.Tensor], where: Path, weights_sha256: str,
+            precision: str, calibration: Calibration | None) -> None:
+    """Convert (and for int8 quantise) ``module`` into ``where``, atomically."""
+    import openvino
+
+    names = list(example)
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tracer's notes on Python branches it fixes (BERT's shapes do not vary)
+        model = openvino.convert_model(module, example_input=tuple(example[n] for n in names))
+    for port, name in zip(model.inputs, names):
+        port.get_tensor().set_names({name})
+    calibrated: dict[str, Any] = {}
+    if precision == "openvino-int8":
+        import nncf
+
+        batches = list(calibration() if calibration is not None else ())
+        if not batches:
+            raise ConfigError("openvino-int8 needs calibration texts; give some (or use openvino-fp32)")
+        data = nncf.Dataset([tuple(np.asarray(b[n], dtype=np.int64) for n in names) for b in batches])
+        nncf_log = logging.getLogger("nncf")
+        level = nncf_log.level
+        nncf.set_log_level(logging.ERROR)
+        try:  # NNCF draws its own progress bars on the console (rich); the library does not print
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                model = nncf.quantize(model, data, model_type=nncf.ModelType.TRANSFORMER, subset_size=len(batches))
+        finally:
+            nncf_log.setLevel(level)
+        calibrated = {"batches": len(batches), "rows": int(sum(len(b[names[0]]) for b in batches)),
+                      "sha256": _features_hash(batches)}
+    with atomic_directory(where) as tmp:
+        openvino.save_model(model, tmp / "model.xml", compress_to_fp16=False)
+        versions = {"openvino": openvino.get_version()}
+        if calibrated:
+            from importlib.metadata import version
+
+            versions["nncf"] = version("nncf")
+        (tmp / "manifest.json").write_text(manifest_text(
+            FORMAT, FORMAT_VERSION, describe_files(tmp, ["model.xml", "model.bin"]), versions,
+            source_weights_sha256=weights_sha256, precision=precision, inputs=names, calibration=calibrated),
+            encoding="utf-8")
+
+
+def openvino_runner(module: torch.nn.Module, example: Mapping[str, torch.Tensor], model_dir: Path, precision: str,
+                    calibration: Calibration | None = None, threads: int | None = None) -> OpenVINORunner:
+    """The OpenVINO model of ``module`` (traced with ``example``, the tokenizer's tensors), exported (or read from
+    the cache if it was made from the same weights), compiled for this CPU."""
+    if not is_openvino(precision):
+        raise ConfigError(f"not an OpenVINO precision: {precision!r}; use one of {', '.join(OPENVINO_PRECISIONS)}")
+    if not openvino_available():
+        raise ConfigError(f"precision {precision} needs OpenVINO: pip install 'twostage-search[openvino]' "
+                          "(or choose fp32)")
+    from twostage.retriever.weights import sha256_of_weights
+
+    digest = sha256_of_weights(model_dir)
+    root = export_root(model_dir, digest)
+    where = root / precision
+    names = list(example)
+    with writer_lock(root):  # one process exports at a time; the others then read its export
+        if _fresh_export(where, digest, precision, names) is None:
+            logger.info("exporting %s to OpenVINO %s (once per weights)", model_dir, precision)
+            _export(module, example, where, digest, precision, calibration)
+            if _fresh_export(where, digest, precision, names) is None:  # pragma: no cover - a broken writer
+                raise IndexFormatError(f"{where}: the export just written does not verify; remove it and retry")
+        model = _core().read_model(str(where / "model.xml"), str(where / "model.bin"))
+    config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY",
+                              "INFERENCE_NUM_THREADS": int(threads or torch.get_num_threads())}
+    if precision == "openvino-fp32":
+        config["INFERENCE_PRECISION_HINT"] = "f32"  # never bf16 behind the user's back on AMX machines
+    return OpenVINORunner(_core().compile_model(model, "CPU", config), names, where)
+
+
+def forward_module(fn: Callable[[dict[str, torch.Tensor]], torch.Tensor], names: Sequence[str],
+                   owner: torch.nn.Module) -> torch.nn.Module:
+    """A module computing ``fn(features)`` from the tokenizer's tensors given positionally (for the converter)."""
+    return _Forward(fn, names, owner).eval()

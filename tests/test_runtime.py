@@ -1,0 +1,171 @@
+"""The OpenVINO runtime: same numbers as torch, exports cached under the weights' sha256, stale or damaged exports
+rebuilt, never used."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("openvino")
+pytest.importorskip("nncf")
+
+from twostage.indexer.errors import ConfigError
+from twostage.reranker.cross_encoder import CrossEncoder
+from twostage.retriever import runtime
+from twostage.retriever.biencoder import BiEncoder
+from twostage.retriever.weights import sha256_of_weights
+
+TEXTS = ["cats purr when they are content", "rain forms when water vapour condenses into droplets",
+         "dogs pant to cool down", "snowflakes are ice crystals with six arms", "a b c"]
+
+
+@pytest.fixture
+def model_dir(tmp_path, tiny_bert_dir) -> Path:
+    """A private copy of the tiny BERT without the exports other tests left beside it."""
+    return Path(shutil.copytree(tiny_bert_dir, tmp_path / "model", ignore=shutil.ignore_patterns("twostage-openvino")))
+
+
+def _export_dir(model: Path, precision: str) -> Path:
+    return model / "twostage-openvino" / precision
+
+
+def test_openvino_fp32_equals_torch_and_int8_stays_close(model_dir):
+    ref = BiEncoder.load(model_dir).encode(TEXTS)
+    ov = BiEncoder.load(model_dir, precision="openvino-fp32")
+    fp32 = ov.encode(TEXTS)
+    assert np.abs(fp32 - ref).max() < 1e-5
+    # many batches: same vectors, in input order
+    many = ov.encode(TEXTS * 7, batch_size=3)
+    assert np.abs(many - np.tile(ref, (7, 1))).max() < 1e-5
+    int8 = BiEncoder.load(model_dir, precision="openvino-int8", calibration=TEXTS * 4).encode(TEXTS)
+    assert int8.shape == ref.shape and int8.dtype == np.float32
+    assert (int8 * ref).sum(axis=1).min() > 0.95  # cosine to fp32, per text
+    assert not np.allclose(int8, ref, atol=1e-6)  # it really ran in int8
+    manifest = json.loads((_export_dir(model_dir, "openvino-int8") / "manifest.json").read_text())
+    assert manifest["source_weights_sha256"] == sha256_of_weights(model_dir)
+    assert manifest["calibration"]["rows"] >= len(TEXTS) * 4  # documents and their query-like prefixes
+
+
+def test_cross_encoder_scores_match_torch(model_dir):
+    ce = CrossEncoder.load(model_dir, allow_untrained_head=True)
+    ce.head_trained = True
+    saved = ce.save(model_dir.parent / "ce")
+    pairs = [("why do cats purr", t) for t in TEXTS]
+    ref = CrossEncoder.load(saved).predict(pairs)
+    ov = CrossEncoder.load(saved, precision="openvino-fp32")
+    assert np.abs(ov.predict(pairs) - ref).max() < 1e-5
+    assert np.abs(ov.predict(pairs * 6, batch_size=4) - np.tile(ref, 6)).max() < 1e-5  # many batches, in order
+    int8 = CrossEncoder.load(saved, precision="openvino-int8").predict(pairs)  # calibrated on the bundled sample
+    assert np.abs(int8 - ref).max() < 0.05
+    raw = CrossEncoder.load(saved, precision="openvino-fp32").predict(pairs, activation=None)
+    assert np.allclose(1 / (1 + np.exp(-raw)), ref, atol=1e-5)
+
+
+def test_the_export_is_reused_and_rebuilt_when_the_weights_change(model_dir, monkeypatch):
+    BiEncoder.load(model_dir, precision="openvino-fp32")
+    calls = []
+    real = runtime._export
+    monkeypatch.setattr(runtime, "_export", lambda *a, **k: (calls.append(1), real(*a, **k)))
+    BiEncoder.load(model_dir, precision="openvino-fp32")
+    assert calls == []  # read from the cache
+    # new weights in the same directory: the old export is stale and must not be used
+    import torch
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(model_dir)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    model.save_pretrained(model_dir, safe_serialization=True)
+    fresh = BiEncoder.load(model_dir, precision="openvino-fp32").encode(TEXTS)
+    assert calls == [1]
+    assert np.abs(fresh - BiEncoder.load(model_dir).encode(TEXTS)).max() < 1e-5
+    manifest = json.loads((_export_dir(model_dir, "openvino-fp32") / "manifest.json").read_text())
+    assert manifest["source_weights_sha256"] == sha256_of_weights(model_dir)
+
+
+@pytest.mark.parametrize("damage", ["flip a byte of model.bin", "manifest names a file outside", "manifest not JSON"])
+def test_a_damaged_export_is_rebuilt_not_used(model_dir, damage, caplog):
+    ref = BiEncoder.load(model_dir).encode(TEXTS)
+    BiEncoder.load(model_dir, precision="openvino-fp32")
+    where = _export_dir(model_dir, "openvino-fp32")
+    if damage.startswith("flip"):
+        data = bytearray((where / "model.bin").read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (where / "model.bin").write_bytes(bytes(data))
+    elif damage.startswith("manifest names"):
+        manifest = json.loads((where / "manifest.json").read_text())
+        manifest["files"]["../../escape.bin"] = manifest["files"].pop("model.bin")
+        (where / "manifest.json").write_text(json.dumps(manifest))
+    else:
+        (where / "manifest.json").write_text("{ not json")
+    with caplog.at_level(logging.WARNING, logger="twostage.retriever.runtime"):
+        out = BiEncoder.load(model_dir, precision="openvino-fp32").encode(TEXTS)
+    assert "exporting again" in caplog.text
+    assert np.abs(out - ref).max() < 1e-5
+    manifest = json.loads((where / "manifest.json").read_text())
+    assert set(manifest["files"]) == {"model.xml", "model.bin"}
+
+
+def test_a_read_only_model_directory_exports_to_the_user_cache(model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("TWOSTAGE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(runtime.os, "access", lambda path, mode: Path(path) != model_dir)
+    BiEncoder.load(model_dir, precision="openvino-fp32").encode(TEXTS)
+    assert not (model_dir / "twostage-openvino").exists()
+    digest = sha256_of_weights(model_dir)
+    assert (tmp_path / "cache" / "openvino" / digest / "openvino-fp32" / "manifest.json").is_file()
+
+
+def test_saved_directories_still_load_in_sentence_transformers(model_dir, tmp_path):
+    st = pytest.importorskip("sentence_transformers")
+    saved = BiEncoder.load(model_dir).save(tmp_path / "bi")
+    ours = BiEncoder.load(saved, precision="openvino-fp32").encode(TEXTS)
+    theirs = st.SentenceTransformer(str(saved), device="cpu").encode(TEXTS)
+    assert np.abs(ours - theirs).max() < 1e-5
+
+
+def test_missing_openvino_is_one_clear_error(model_dir, monkeypatch):
+    monkeypatch.setattr(runtime, "openvino_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"pip install 'twostage-search\[openvino\]'"):
+        BiEncoder.load(model_dir, precision="openvino-int8")
+
+
+def test_auto_precision_picks_openvino_int8_when_installed(monkeypatch):
+    import importlib.util
+
+    from twostage.indexer.engine_dir import resolve_precision
+
+    assert resolve_precision("auto") == "openvino-int8"
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "openvino" else real(name, *a))
+    assert resolve_precision("auto") in ("fp32", "bf16")
+    assert resolve_precision("fp32") == "fp32"
+
+
+def test_an_engine_build_calibrates_int8_on_its_own_corpus(model_dir, tmp_path):
+    from twostage import SearchEngine
+    from twostage.indexer.records import Document
+
+    ce = CrossEncoder.load(model_dir, allow_untrained_head=True)
+    ce.head_trained = True
+    reranker = ce.save(tmp_path / "ce")
+    docs = [Document(f"d{i}", f"document number {i} about cats rain and snow {i % 3}") for i in range(40)]
+    engine = SearchEngine.build(docs, tmp_path / "engine", retriever=model_dir, reranker=reranker,
+                                precision="openvino-int8", backend="flat")
+    assert engine.precision == "openvino-int8"
+    hits = engine.search("cats and rain", k=5).hits
+    assert len(hits) == 5
+    bi = json.loads((_export_dir(model_dir, "openvino-int8") / "manifest.json").read_text())["calibration"]
+    pairs = json.loads((_export_dir(reranker, "openvino-int8") / "manifest.json").read_text())["calibration"]
+    assert bi["rows"] == 40 + 20  # the 40 documents and the first words of every second one (the sample: 450)
+    assert pairs["rows"] == 80  # each document with its own first words and with its neighbour's
+    # a reopened engine reads the same exports (no second quantisation)
+    before = (_export_dir(model_dir, "openvino-int8") / "manifest.json").stat().st_mtime_ns
+    again = SearchEngine.load(tmp_path / "engine")
+    assert [h.id for h in again.search("cats and rain", k=5).hits] == [h.id for h in hits]
+    assert (_export_dir(model_dir, "openvino-int8") / "manifest.json").stat().st_mtime_ns == before
