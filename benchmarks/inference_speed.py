@@ -97,12 +97,11 @@ def _peer_models(spec: dict) -> dict:
 
 
 def _our_models(spec: dict) -> dict:
-    from twostage.reranker.cross_encoder import CrossEncoder
+    from twostage.reranker.cross_encoder import CrossEncoder, calibration_pairs
     from twostage.retriever.biencoder import BiEncoder
 
     texts = spec["calibration"]
-    pairs = [(" ".join(t.split()[:10]), t) for t in texts]
-    pairs += [(q, texts[(i + 1) % len(texts)]) for i, (q, _) in enumerate(list(pairs))]
+    pairs = calibration_pairs(texts)
     out = {}
     for mode in spec["ours"]:
         e = BiEncoder.load(spec["retriever"], precision=mode, calibration=texts)

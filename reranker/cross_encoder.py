@@ -28,7 +28,6 @@ from twostage.retriever.hf import (
 from twostage.retriever.model_meta import read_model_meta, write_model_meta
 from twostage.retriever.runtime import (
     OpenVINORunner,
-    forward_module,
     is_openvino,
     openvino_runner,
     sample_texts,
@@ -104,9 +103,6 @@ class CrossEncoder(torch.nn.Module):
         return self
 
     def _openvino(self, precision: str, calibration: Sequence[tuple[str, str]] | None) -> OpenVINORunner:
-        if self.path is None:
-            raise ConfigError(f"{precision} needs a model loaded from a directory (CrossEncoder.load)")
-
         def batches() -> list[dict[str, np.ndarray]]:
             pairs = spread(list(calibration or [])) or calibration_pairs(sample_texts())
             return [dict(self.tokenizer([q for q, _ in pairs[i:i + 16]], [d for _, d in pairs[i:i + 16]],
@@ -115,8 +111,7 @@ class CrossEncoder(torch.nn.Module):
                     for i in range(0, len(pairs), 16)]
 
         example = self.tokenize(["a query"], ["an example document to trace"])
-        return openvino_runner(forward_module(self.forward, list(example), self), example, self.path, precision,
-                               batches)
+        return openvino_runner(self, example, self.path, precision, batches)
 
     allow_untrained_head = False
 
@@ -168,7 +163,7 @@ class CrossEncoder(torch.nn.Module):
 
     def save(self, path: str | Path, training: dict[str, Any] | None = None) -> Path:
         """Write a Hugging Face directory that sentence-transformers' CrossEncoder also reads, atomically."""
-        if self.precision not in ("fp32", "openvino-fp32", "openvino-int8"):  # OpenVINO keeps the fp32 torch model
+        if self.precision != "fp32" and not is_openvino(self.precision):  # OpenVINO keeps the fp32 torch model
             raise ConfigError(f"save an fp32 model; this one runs in {self.precision}")
         path = Path(path)
         with atomic_directory(path) as tmp:

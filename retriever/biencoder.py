@@ -32,7 +32,6 @@ from twostage.retriever.model_meta import read_model_meta, write_model_meta
 from twostage.retriever.pooling import check_pooling, mode_from_st_config, pool, st_pooling_config
 from twostage.retriever.runtime import (
     OpenVINORunner,
-    forward_module,
     is_openvino,
     openvino_runner,
     sample_texts,
@@ -180,9 +179,6 @@ class BiEncoder(torch.nn.Module):
         return self
 
     def _openvino(self, precision: str, calibration: Sequence[str] | None) -> OpenVINORunner:
-        if self.path is None:
-            raise ConfigError(f"{precision} needs a model loaded from a directory (BiEncoder.load)")
-
         def batches() -> list[dict[str, np.ndarray]]:
             docs = spread([t for t in (calibration or sample_texts()) if t.strip()] or sample_texts())
             # documents as they are indexed, and their first words as query-like short inputs
@@ -193,8 +189,7 @@ class BiEncoder(torch.nn.Module):
                     for i in range(0, len(inputs), 16)]
 
         example = self.tokenize(["an example document to trace", "a query"], "document")
-        return openvino_runner(forward_module(self.forward, list(example), self), example, self.path, precision,
-                               batches)
+        return openvino_runner(self, example, self.path, precision, batches)
 
     def info(self) -> EncoderInfo:
         """Identity recorded in index manifests: name, dimension, weights hash, pooling, normalisation."""
@@ -292,7 +287,7 @@ class BiEncoder(torch.nn.Module):
     # ---- saving --------------------------------------------------------------------------------
     def save(self, path: str | Path, training: dict[str, Any] | None = None) -> Path:
         """Write the model atomically in the sentence-transformers layout, plus ``twostage.json``."""
-        if self.precision not in ("fp32", "openvino-fp32", "openvino-int8"):  # OpenVINO keeps the fp32 torch model
+        if self.precision != "fp32" and not is_openvino(self.precision):  # OpenVINO keeps the fp32 torch model
             raise ConfigError(f"save an fp32 model; this one runs in {self.precision} (load it again in fp32)")
         from importlib.metadata import version
 

@@ -90,15 +90,14 @@ def spread(items: Sequence[Any], n: int = CALIBRATION_SIZE) -> list[Any]:
 
 
 class _Forward(torch.nn.Module):
-    """``fn(features)`` as a module taking the tokenizer's tensors positionally (what the converter traces)."""
+    """``model(features)`` as a module taking the tokenizer's tensors positionally (what the converter traces)."""
 
-    def __init__(self, fn: Callable[[dict[str, torch.Tensor]], torch.Tensor], names: Sequence[str],
-                 owner: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, names: Sequence[str]) -> None:
         super().__init__()
-        self.fn, self.names, self.owner = fn, tuple(names), owner
+        self.model, self.names = model, tuple(names)
 
     def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
-        return self.fn(dict(zip(self.names, tensors)))
+        return self.model(dict(zip(self.names, tensors)))
 
 
 class OpenVINORunner:
@@ -214,10 +213,14 @@ def _export(module: torch.nn.Module, example: Mapping[str, torch.Tensor], where:
             encoding="utf-8")
 
 
-def openvino_runner(module: torch.nn.Module, example: Mapping[str, torch.Tensor], model_dir: Path, precision: str,
-                    calibration: Calibration | None = None, threads: int | None = None) -> OpenVINORunner:
-    """The OpenVINO model of ``module`` (traced with ``example``, the tokenizer's tensors), exported (or read from
-    the cache if it was made from the same weights), compiled for this CPU."""
+def openvino_runner(model: torch.nn.Module, example: Mapping[str, torch.Tensor], model_dir: Path | None,
+                    precision: str, calibration: Calibration | None = None,
+                    threads: int | None = None) -> OpenVINORunner:
+    """The OpenVINO model of ``model`` (a module whose forward takes the tokenizer's features as a dict; traced with
+    ``example``), exported (or read from the cache if it was made from the same weights in ``model_dir``), compiled
+    for this CPU."""
+    if model_dir is None:
+        raise ConfigError(f"{precision} needs a model loaded from a directory (BiEncoder.load / CrossEncoder.load)")
     if not is_openvino(precision):
         raise ConfigError(f"not an OpenVINO precision: {precision!r}; use one of {', '.join(OPENVINO_PRECISIONS)}")
     if not openvino_available():
@@ -232,18 +235,13 @@ def openvino_runner(module: torch.nn.Module, example: Mapping[str, torch.Tensor]
     with writer_lock(root):  # one process exports at a time; the others then read its export
         if _fresh_export(where, digest, precision, names) is None:
             logger.info("exporting %s to OpenVINO %s (once per weights)", model_dir, precision)
-            _export(module, example, where, digest, precision, calibration)
+            _export(_Forward(model, names).eval(), example, where, digest, precision, calibration)
             if _fresh_export(where, digest, precision, names) is None:  # pragma: no cover - a broken writer
                 raise IndexFormatError(f"{where}: the export just written does not verify; remove it and retry")
-        model = _core().read_model(str(where / "model.xml"), str(where / "model.bin"))
+        ir = _core().read_model(str(where / "model.xml"), str(where / "model.bin"))
     config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY",
                               "INFERENCE_NUM_THREADS": int(threads or torch.get_num_threads())}
     if precision == "openvino-fp32":
         config["INFERENCE_PRECISION_HINT"] = "f32"  # never bf16 behind the user's back on AMX machines
-    return OpenVINORunner(_core().compile_model(model, "CPU", config), names, where)
+    return OpenVINORunner(_core().compile_model(ir, "CPU", config), names, where)
 
-
-def forward_module(fn: Callable[[dict[str, torch.Tensor]], torch.Tensor], names: Sequence[str],
-                   owner: torch.nn.Module) -> torch.nn.Module:
-    """A module computing ``fn(features)`` from the tokenizer's tensors given positionally (for the converter)."""
-    return _Forward(fn, names, owner).eval()
