@@ -152,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_engine.add_commands(sub)
     cli_index.add_commands(sub)
     cli_train.add_commands(sub)
+    cli_train.add_adapt_command(sub)
 
     demo = sub.add_parser("demo", help="run the demo on the bundled sample collection")
     demo.add_argument("--data", type=Path, default=SAMPLE, help=argparse.SUPPRESS)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from twostage.indexer.engine_dir import FIRST_STAGES, PRECISIONS, EngineSettings
+from twostage.indexer.engine_dir import FIRST_STAGES, FUSIONS, PRECISIONS, EngineSettings
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.vectors import BACKENDS
 
@@ -55,14 +55,29 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
     defaults = EngineSettings()
     return EngineSettings(first_stage=args.first_stage, k_retrieve=args.k_retrieve, precision=args.precision,
                           backend=args.backend, batch_size=args.batch_size, depth=defaults.depth,
-                          interpolation=defaults.interpolation)
+                          interpolation=defaults.interpolation,
+                          fusion=args.fusion if args.fusion is not None else defaults.fusion,
+                          dense_weight=args.dense_weight if args.dense_weight is not None else defaults.dense_weight)
 
 
 def _build(args: argparse.Namespace) -> int:
     from twostage.reranker.engine import SearchEngine
     from twostage.reranker.sharded import ShardedEngine
 
-    common = {"retriever": args.retriever, "reranker": args.reranker, "settings": _settings(args),
+    settings = _settings(args)
+    retriever, reranker = args.retriever, args.reranker
+    if args.adapt is not None:
+        if args.reranker:
+            raise ConfigError("--adapt trains the reranker: give --adapt or --reranker, not both")
+        from dataclasses import replace
+
+        from twostage.eval.adapt import adapt
+
+        adapted = adapt(corpus_of(args), args.adapt, base=args.retriever, show_progress=not args.quiet)
+        retriever, reranker = adapted.retriever, adapted.reranker
+        if args.fusion is None and args.dense_weight is None:  # flags given on the command line win
+            settings = replace(settings, fusion=adapted.settings.fusion, dense_weight=adapted.settings.dense_weight)
+    common = {"retriever": retriever, "reranker": reranker, "settings": settings,
               "chunk_size": args.chunk_size, "show_progress": not args.quiet}
     if args.shards is not None and args.shards < 1:
         raise ConfigError(f"--shards must be a positive integer, got {args.shards}")
@@ -235,8 +250,16 @@ def add_commands(sub: Any) -> None:
     b.add_argument("--out", required=True, type=Path, help="the engine directory")
     b.add_argument("--retriever", default="all-MiniLM-L6-v2", help="bi-encoder name or directory")
     b.add_argument("--reranker", default=None, help="cross-encoder directory (trained by twostage train-reranker)")
+    b.add_argument("--adapt", type=Path, default=None, metavar="MODELS_DIR",
+                   help="first adapt --retriever and a reranker to this corpus without labels (as twostage adapt "
+                   "--out MODELS_DIR; resumed if interrupted), then build with them")
     b.add_argument("--first-stage", default=d.first_stage, choices=FIRST_STAGES)
     b.add_argument("--k-retrieve", type=int, default=d.k_retrieve, help=f"candidates reranked (default {d.k_retrieve})")
+    b.add_argument("--fusion", default=None, choices=FUSIONS,
+                   help=f"how hybrid fuses BM25 and dense: reciprocal rank or a blend of normalised scores (default "
+                   f"{d.fusion}; --adapt chooses it on its dev pseudo-queries)")
+    b.add_argument("--dense-weight", type=float, default=None,
+                   help=f"dense's weight in the blend, BM25's is 1 minus it (default {d.dense_weight})")
     b.add_argument("--precision", default=d.precision, choices=PRECISIONS,
                    help="model precision at search time (auto: openvino-int8 with the openvino extra, else bf16 "
                    "where the CPU has it natively, else fp32)")

@@ -178,3 +178,41 @@ def add_commands(sub: Any) -> None:
     rr.add_argument("--no-resume", action="store_true", help="ignore a checkpoint in OUT.train/last")
     add_flags(rr, RERANKER)
     rr.set_defaults(func=_train_reranker)
+
+
+def _adapt(args: argparse.Namespace) -> int:
+    from dataclasses import replace as _replace
+
+    from twostage.eval.adapt import AdaptRecipe, adapt
+    from twostage.eval.cli_engine import corpus_of
+
+    recipe = AdaptRecipe()
+    if args.max_documents is not None:
+        recipe = _replace(recipe, max_documents=args.max_documents)
+    if args.seed is not None:
+        recipe = _replace(recipe, queries=_replace(recipe.queries, seed=args.seed))
+    if args.no_reranker:
+        recipe = _replace(recipe, reranker=None)
+    result = adapt(corpus_of(args), args.out, base=args.base, recipe=recipe, show_progress=not args.quiet)
+    took = sum(result.seconds.values())
+    print(f"adapted in {took / 60:.1f} min: retriever {result.retriever}"
+          + (f", reranker {result.reranker}" if result.reranker else "")
+          + f"; search settings in {Path(args.out) / 'adapt.json'}")
+    return 0
+
+
+def add_adapt_command(sub: Any) -> None:
+    from twostage.eval.cli_engine import add_field_flags
+
+    ad = sub.add_parser("adapt", help="train the bi-encoder and the reranker on a corpus alone (no labels): "
+                        "pseudo-queries made from the documents")
+    ad.add_argument("--corpus", required=True, type=Path, help="BEIR directory, .jsonl, .parquet, .csv or .tsv")
+    ad.add_argument("--out", required=True, type=Path, help="models directory: OUT/retriever, OUT/reranker")
+    ad.add_argument("--base", default="all-MiniLM-L6-v2", help="base model name or directory "
+                    "(default: all-MiniLM-L6-v2)")
+    ad.add_argument("--max-documents", type=int, default=None,
+                    help="pseudo-queries come from at most this many documents (default: the recipe's)")
+    ad.add_argument("--seed", type=int, default=None, help="seed of every random choice")
+    ad.add_argument("--no-reranker", action="store_true", help="adapt the bi-encoder only")
+    add_field_flags(ad)
+    ad.set_defaults(func=_adapt)

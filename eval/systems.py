@@ -79,7 +79,7 @@ def _with_settings(engine: Any, settings: EngineSettings) -> Any:
     """The engine searching with the harness's depth, blend and precision (its files are not changed)."""
     from dataclasses import replace
 
-    keep = ("first_stage", "fusion", "k_rrf", "depth", "backend", "metric")
+    keep = ("first_stage", "fusion", "k_rrf", "dense_weight", "depth", "backend", "metric")
     merged = replace(settings, **{f: getattr(engine.settings, f) for f in keep})
     engine.manifest = replace(engine.manifest, settings=merged)
     return engine

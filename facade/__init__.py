@@ -28,6 +28,7 @@ __all__ = [
     "SearchEngine", "EngineSettings", "ShardedEngine", "open_engine",
     # training and evaluation
     "RetrieverRecipe", "train_retriever", "RerankerConfig", "train_reranker_on", "run_bench", "evaluate",
+    "adapt", "AdaptRecipe", "fuse",
 ]
 
 _WHERE = {
@@ -47,9 +48,11 @@ _WHERE = {
     "RetrieverRecipe": "retriever.recipe", "train_retriever": "retriever.recipe",
     "RerankerConfig": "reranker.training", "train_reranker_on": "reranker.training",
     "run_bench": "eval.harness", "evaluate": "eval.metrics",
+    "adapt": "eval.adapt", "AdaptRecipe": "eval.adapt", "fuse": "retriever.hybrid",
 }
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
+    from twostage.eval.adapt import AdaptRecipe, adapt
     from twostage.eval.harness import run_bench
     from twostage.eval.metrics import evaluate
     from twostage.indexer.beir import BeirDataset
@@ -77,7 +80,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from twostage.retriever.biencoder import BiEncoder
     from twostage.retriever.bm25 import BM25Config, BM25Retriever
     from twostage.retriever.dense import DenseRetriever
-    from twostage.retriever.hybrid import HybridRetriever, rrf
+    from twostage.retriever.hybrid import HybridRetriever, fuse, rrf
     from twostage.retriever.recipe import RetrieverRecipe, train_retriever
 
 

@@ -25,7 +25,7 @@ from twostage.indexer.manifest import check_file_entries, describe_files, manife
 FORMAT = "twostage.engine"
 FORMAT_VERSION = 1
 FIRST_STAGES = ("hybrid", "dense", "bm25")
-FUSIONS = ("rrf",)
+FUSIONS = ("rrf", "blend")
 PRECISIONS = ("auto", "fp32", "bf16", "int8", "openvino-fp32", "openvino-int8")
 
 
@@ -39,8 +39,9 @@ class EngineSettings:
     """
 
     first_stage: str = "hybrid"
-    fusion: str = "rrf"
+    fusion: str = "rrf"  # "rrf" (reciprocal rank) or "blend" (min-max normalised scores, dense_weight for dense)
     k_rrf: float = 60.0
+    dense_weight: float = 0.5  # blend only: dense's weight, BM25's is 1 - dense_weight
     depth: int = 100  # candidates each first stage gives the fusion
     k_retrieve: int = 20  # candidates the reranker reads
     rerank: bool = True  # rerank when the engine has a reranker (False: the first stage's order)
@@ -59,6 +60,9 @@ class EngineSettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if (isinstance(self.dense_weight, bool) or not isinstance(self.dense_weight, (int, float))
+                or not 0 <= self.dense_weight <= 1):
+            raise ConfigError(f"dense_weight must be a number in [0, 1], got {self.dense_weight!r}")
         if not isinstance(self.k_rrf, (int, float)) or self.k_rrf < 0:
             raise ConfigError(f"k_rrf must be a number >= 0, got {self.k_rrf!r}")
         if self.interpolation not in ("auto", None) and not (

@@ -95,7 +95,7 @@ def group_loss(scores: torch.Tensor, kind: str) -> torch.Tensor:
     return LOSSES[kind](scores)
 
 
-def _mine(queries: Sequence[Query], qrels: Qrels, corpus: Corpus, scorers: Mapping[str, Scorer],
+def mix_negatives(queries: Sequence[Query], qrels: Qrels, corpus: Corpus, scorers: Mapping[str, Scorer],
           config: RerankerConfig, count: int) -> dict[str, list[str]]:
     """query id -> ``count`` negatives, taken in turn from each scorer's mined candidates, no repeats."""
     per_source = []
@@ -139,7 +139,7 @@ def groups_from_split(ds: BeirDataset, split: str, config: RerankerConfig, queri
     sp = ds.split(split)
     corpus = ds.corpus
     queries = list(queries if queries is not None else sp.queries)
-    negs = _mine(queries, sp.qrels, corpus, _scorers(corpus, config, scorers), config, config.negatives)
+    negs = mix_negatives(queries, sp.qrels, corpus, _scorers(corpus, config, scorers), config, config.negatives)
     groups = [PairExample(q.text, corpus.get(d).full_text, tuple(corpus.get(n).full_text for n in negs[q.id]))
               for q in queries for d in sorted(sp.qrels.relevant(q.id)) if d in corpus]
     if not groups:
@@ -158,7 +158,7 @@ def title_groups(corpus: Corpus, n: int, config: RerankerConfig, bm25: BM25Retri
     queries = [Query(f"title:{d.id}", d.title) for d in picked]
     qrels = Qrels(Judgment(q.id, d.id, 1) for q, d in zip(queries, picked))
     scorer = (bm25 or BM25Retriever.build(corpus)).scores
-    negs = _mine(queries, qrels, corpus, {"bm25": scorer}, config, config.title_negatives)
+    negs = mix_negatives(queries, qrels, corpus, {"bm25": scorer}, config, config.title_negatives)
     return [PairExample(d.title, d.text, tuple(corpus.get(x).text or corpus.get(x).full_text for x in negs[q.id]))
             for q, d in zip(queries, picked)]
 

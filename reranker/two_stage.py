@@ -24,7 +24,7 @@ from twostage.indexer.records import Document, Hit, RankedList, SearchResult
 from twostage.indexer.topk import check_k
 from twostage.reranker.interpolation import blend_for
 from twostage.reranker.pipeline import rerank_lists
-from twostage.retriever.hybrid import rrf
+from twostage.retriever.hybrid import dense_weights, fuse
 
 Where = Mapping[str, Any] | Callable[[Document], bool] | None
 StageScores = dict[str, dict[str, float]]
@@ -172,7 +172,9 @@ class TwoStageSearch:
         lists = self._candidates(queries, vectors, first_stage, n, where, timings)
         t = time.perf_counter()
         if first_stage == "hybrid":
-            firsts = [rrf([b, d], s.k_rrf).truncate(n_first) for b, d in zip(lists["bm25"], lists["dense"])]
+            weights = dense_weights(s.dense_weight)
+            firsts = [fuse([b, d], s.fusion, k_rrf=s.k_rrf, weights=weights).truncate(n_first)
+                      for b, d in zip(lists["bm25"], lists["dense"])]
         else:
             firsts = lists[first_stage]
         timings["fuse_s"] = time.perf_counter() - t

@@ -255,3 +255,30 @@ def test_training_flags_are_generated_from_the_recipe_table():
     got = settings_from_flags(args, RETRIEVER)
     assert got.retriever.nli == ("a.jsonl", "b.jsonl") and got.retriever.max_length == 64
     assert "(default: 3)" in parser._subparsers._group_actions[0].choices["train-retriever"].format_help()
+
+
+def test_build_adapt_trains_on_the_corpus_then_builds(tmp_path, sample_dir, tiny_bert_dir, capsys):
+    models, engine_dir = tmp_path / "models", tmp_path / "engine"
+    rc = main(["-q", "build", "--corpus", str(sample_dir), "--out", str(engine_dir), "--retriever", str(tiny_bert_dir),
+               "--adapt", str(models), "--precision", "fp32"])
+    assert rc == 0, capsys.readouterr().err
+    record = json.loads((models / "adapt.json").read_text())
+    manifest = json.loads(next(engine_dir.glob("v*/manifest.json")).read_text())
+    assert manifest["retriever"]["path"] == str((models / "retriever").resolve())
+    assert manifest["reranker"]["path"] == str((models / "reranker").resolve())
+    assert manifest["settings"]["fusion"] == record["settings"]["fusion"]
+    assert manifest["settings"]["dense_weight"] == record["settings"]["dense_weight"]
+    assert main(["-q", "search", str(engine_dir), "cats purr", "--json"]) == 0
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["adapt", "--corpus", "{tmp}/nothing.jsonl", "--out", "{tmp}/m"], "nothing.jsonl"),
+    (["build", "--corpus", "{sample}", "--out", "{tmp}/e", "--adapt", "{tmp}/m", "--reranker", "x"],
+     "give --adapt or --reranker, not both"),
+])
+def test_adapt_errors(tmp_path, sample_dir, capsys, argv, message):
+    argv = [a.format(tmp=tmp_path, sample=sample_dir) for a in argv]
+    assert main(["-q", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not (tmp_path / "m").exists() and not (tmp_path / "e").exists()

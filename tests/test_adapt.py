@@ -1,0 +1,175 @@
+"""Label-free adaptation: pseudo-queries, score-blend fusion (checked against ranx), ``adapt`` end to end."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from twostage.indexer.errors import ConfigError, DataError
+from twostage.indexer.records import Document, RankedList
+from twostage.retriever.hybrid import blend, fuse
+from twostage.retriever.pseudo_queries import PseudoQueryConfig, as_queries_and_qrels, make_pseudo_queries, words
+
+DOCS = [
+    Document("a", "Vitamin D deficiency weakens bone mineral density in older adults. Supplements restored "
+                  "density within two years of daily intake. Calcium alone had no measurable effect.",
+             "Vitamin D and bone density in the elderly"),
+    Document("b", "Aspirin lowers the risk of stroke after surgery. The trial enrolled nine hundred patients "
+                  "across four hospitals.", "Aspirin after cardiac surgery"),
+    Document("c", "graphene conducts heat better than copper . thin sheets were measured at room temperature .",
+             "heat conduction in graphene sheets"),
+    Document("d", "Short"),
+]
+
+
+def test_pseudo_queries_cut_their_words_out_of_the_positive():
+    pq = make_pseudo_queries(DOCS, PseudoQueryConfig(per_document=3))
+    by_kind = {(p.doc_id, p.kind): p for p in pq}
+    assert {"title", "sentence", "keywords"} <= {k for _, k in by_kind}
+    title = by_kind[("a", "title")]
+    assert title.text == DOCS[0].title and DOCS[0].title not in title.positive
+    sentence = by_kind[("a", "sentence")]
+    assert sentence.text in DOCS[0].text and sentence.text not in sentence.positive
+    assert sentence.positive.startswith(DOCS[0].title)  # the title stays with the rest of the text
+    keywords = by_kind[("a", "keywords")]
+    assert 3 <= len(words(keywords.text)) <= 6 and keywords.positive == DOCS[0].full_text
+    assert all(w.lower() in DOCS[0].full_text.lower() for w in words(keywords.text))
+    # lowercase text whose sentences end with " ." (Cranfield) still splits into sentences
+    assert ("c", "sentence") in by_kind
+    # "Short" has no title and a single word: it gives nothing
+    assert not any(p.doc_id == "d" for p in pq)
+    assert len({p.id for p in pq}) == len(pq)
+
+
+def test_pseudo_queries_are_seeded_and_one_per_document_by_default():
+    one = make_pseudo_queries(DOCS, PseudoQueryConfig(seed=1))
+    assert [p.doc_id for p in one] == ["a", "b", "c"]
+    assert one == make_pseudo_queries(DOCS, PseudoQueryConfig(seed=1))
+    kinds = {tuple(p.kind for p in make_pseudo_queries(DOCS, PseudoQueryConfig(seed=s))) for s in range(8)}
+    assert len(kinds) > 1  # the seed picks the kinds
+    queries, qrels = as_queries_and_qrels(one)
+    assert [qrels.relevant(q.id) for q in queries] == [frozenset({p.doc_id}) for p in one]
+
+
+def test_pseudo_query_errors():
+    with pytest.raises(ConfigError, match="kinds must be some of"):
+        PseudoQueryConfig(kinds=("questions",))
+    with pytest.raises(DataError, match="no document gave a pseudo-query"):
+        make_pseudo_queries([Document("x", "one")])
+    with pytest.raises(DataError, match="empty corpus"):
+        make_pseudo_queries([])
+
+
+def _random_lists(rng: np.random.Generator, n_docs: int = 40) -> list[RankedList]:
+    lists = []
+    for scale in (12.0, 0.8):  # a BM25-like and a cosine-like score range
+        ids = rng.choice(n_docs, size=int(rng.integers(1, 25)), replace=False)
+        scores = np.sort(rng.random(len(ids)) * scale)[::-1].astype(np.float32)
+        lists.append(RankedList(np.array([f"d{i}" for i in ids], dtype=object), scores))
+    return lists
+
+
+def test_blend_equals_ranx_wsum_of_min_max_norm():
+    from ranx import Run
+    from ranx import fuse as ranx_fuse
+
+    rng = np.random.default_rng(0)
+    queries = {f"q{i}": _random_lists(rng) for i in range(30)}
+    for w in (0.0, 0.3, 0.5, 0.8):
+        runs = [Run({q: {str(d): float(s) for d, s in zip(ls[j].ids, ls[j].scores)} for q, ls in queries.items()})
+                for j in range(2)]
+        ref = ranx_fuse(runs, norm="min-max", method="wsum", params={"weights": [1 - w, w]}).to_dict()
+        for q, ls in queries.items():
+            ours = blend(ls, [1 - w, w])
+            expected = ref[q]
+            assert set(map(str, ours.ids)) == set(expected)
+            for d, s in zip(ours.ids, ours.scores):
+                assert s == pytest.approx(expected[str(d)], abs=1e-6)
+            assert np.all(np.diff(ours.scores) <= 0)
+
+
+def test_blend_weights_move_the_ranking():
+    bm25 = RankedList(np.array(["x", "y"], dtype=object), np.array([10.0, 2.0], dtype=np.float32))
+    dense = RankedList(np.array(["y", "x"], dtype=object), np.array([0.9, 0.5], dtype=np.float32))
+    assert list(fuse([bm25, dense], "blend", weights=[0.8, 0.2]).ids) == ["x", "y"]
+    assert list(fuse([bm25, dense], "blend", weights=[0.2, 0.8]).ids) == ["y", "x"]
+    # a one-document list normalises to 0, as does each list's lowest score; ties keep the first appearance
+    one = RankedList(np.array(["z"], dtype=object), np.array([3.0], dtype=np.float32))
+    fused = fuse([one, dense], "blend", weights=[0.5, 0.5])
+    assert list(fused.ids) == ["y", "z", "x"] and list(fused.scores) == [0.5, 0.0, 0.0]
+    with pytest.raises(ConfigError, match="one weight per list"):
+        blend([bm25, dense], [1.0])
+    with pytest.raises(ConfigError, match="fusion must be rrf or blend"):
+        fuse([bm25, dense], "max")
+
+
+def test_adapt_trains_both_models_from_the_corpus_alone(tmp_path, tiny_bert_dir, sample_dir):
+    from twostage.eval.adapt import AdaptRecipe, adapt
+    from twostage.reranker.cross_encoder import CrossEncoder
+    from twostage.reranker.training import RerankerConfig
+    from twostage.retriever.biencoder import BiEncoder
+    from twostage.retriever.mining import MiningConfig
+    from twostage.retriever.trainer import TrainConfig
+
+    recipe = AdaptRecipe(max_documents=80, dev_queries=16, retriever=TrainConfig(epochs=1, batch_size=8, bf16=False),
+                         reranker=RerankerConfig(epochs=1, groups_per_batch=4, negatives=2, bf16=False, title_groups=0,
+                                                 mining=MiningConfig(num_negatives=2, depth=20, skip_top=0)),
+                         reranker_groups=24)
+    result = adapt(sample_dir / "corpus.jsonl", tmp_path / "models", base=str(tiny_bert_dir), recipe=recipe)
+    enc, ce = BiEncoder.load(result.retriever), CrossEncoder.load(result.reranker)
+    base = BiEncoder.load(tiny_bert_dir)
+    assert enc.config.max_length == base.config.max_length  # trained at 128 tokens, saved with the base's limit
+    moved = [not torch.equal(a, b) for a, b in zip(enc.model.state_dict().values(), base.model.state_dict().values())]
+    assert any(moved)
+    assert ce.head_trained and ce.interpolation is not None  # the blend was chosen on the dev pseudo-queries
+    record = json.loads((tmp_path / "models" / "adapt.json").read_text())
+    assert record["pseudo_queries"] + record["dev_queries"] <= 80 and record["dev_queries"] == 16
+    assert {"retriever_base", "retriever"} <= set(record["dev"])
+    assert record["settings"]["fusion"] in ("rrf", "blend")
+    # a second run finds both models trained: it resumes from the finished checkpoints and trains no step
+    again = adapt(sample_dir / "corpus.jsonl", tmp_path / "models", base=str(tiny_bert_dir), recipe=recipe)
+    assert again.seconds["train_retriever_s"] < result.seconds["train_retriever_s"]
+
+
+def test_engine_blend_fusion_and_its_tuning(tmp_path, models, sample_dir, monkeypatch):
+    from twostage import SearchEngine
+    from twostage.indexer.beir import BeirDataset
+    from twostage.indexer.engine_dir import EngineSettings
+    from twostage.eval.tune import tune_engine, tune_fusion
+
+    retriever, _ = models
+    engine = SearchEngine.build(sample_dir, tmp_path / "e", retriever=retriever,
+                                settings=EngineSettings(precision="fp32", backend="flat"))
+    queries = ["why do cats purr", "snow and rain", "music for the piano"]
+    blended = engine.configure(fusion="blend", dense_weight=0.3)
+    for q in queries:
+        b, d = (engine.search(q, k=100, first_stage=fs, rerank=False) for fs in ("bm25", "dense"))
+        lists = [RankedList(np.array(r.ids, dtype=object), np.array([h.score for h in r.hits], dtype=np.float32))
+                 for r in (b, d)]
+        assert blended.search(q, k=10, rerank=False).ids == list(blend(lists, [0.7, 0.3]).ids[:10])
+        assert engine.search(q, k=10, rerank=False).ids == list(fuse(lists, "rrf").ids[:10])
+    with pytest.raises(ConfigError, match="dense_weight must be a number in \\[0, 1\\]"):
+        EngineSettings(dense_weight=1.5)
+
+    ds = BeirDataset(sample_dir)
+    sp = ds.split("train")
+    qs = list(sp.queries)
+    texts = [q.text for q in qs]
+    bm25 = engine.as_retriever(first_stage="bm25", rerank=False).search_batch(texts, 100)
+    dense = engine.as_retriever(first_stage="dense", rerank=False).search_batch(texts, 100)
+    choice = tune_fusion(qs, sp.qrels, bm25, dense)
+    assert [(f, w) for f, w, _ in choice.scores][:2] == [("rrf", 0.5), ("blend", 0.1)] and len(choice.scores) == 10
+    best = max(v for _, _, v in choice.scores)
+    assert dict(((f, w), v) for f, w, v in choice.scores)[(choice.fusion, choice.dense_weight)] == best
+    # tune_engine applies it (enough dev queries) or leaves the fusion alone (too few)
+    import twostage.eval.tune as tune_module
+
+    monkeypatch.setattr(tune_module, "MIN_FUSION_QUERIES", 20)  # the sample has 42 train queries
+    tuned, result = tune_engine(engine, qs, sp.qrels, apply=False)
+    assert result.fusion is not None and result.settings.fusion == choice.fusion
+    assert engine.settings.fusion == "rrf"  # apply=False wrote nothing
+    _, few = tune_engine(engine, qs[:5], sp.qrels, apply=False)
+    assert few.fusion is None and few.settings.fusion == "rrf"
