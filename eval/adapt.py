@@ -3,10 +3,11 @@
 1. Pseudo-queries are made from the documents (:mod:`twostage.retriever.pseudo_queries`: titles, rare-word
    sentences with the sentence cut out of the positive, keyword queries); a seeded part is held out as dev.
 2. The bi-encoder trains on them with in-batch negatives plus hard negatives mined from BM25 (the false-negative
-   guard drops candidates that score nearly as high as the source document); the epoch is chosen on the dev
-   pseudo-queries.
+   guard drops candidates that score nearly as high as the source document); with more than one epoch the epoch is
+   chosen on the dev pseudo-queries.
 3. The reranker (from the same base) trains listwise on groups of (pseudo-query, source document, negatives mined
-   from BM25 and the adapted bi-encoder); its blend with each first stage is chosen on the dev pseudo-queries.
+   from BM25 and the adapted bi-encoder); its epoch and its blend with the engine's hybrid first stage (fused as
+   the recipe says) are chosen on the dev pseudo-queries.
 
 Output: ``OUT/retriever`` and ``OUT/reranker`` (model directories: ``SearchEngine.build(retriever=, reranker=)``,
 every ``--retriever-model`` / ``--reranker-model`` takes them) and ``OUT/adapt.json`` (the recipe, the counts, the
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +30,12 @@ from twostage.indexer.codec import to_json_dict
 from twostage.indexer.corpus import Corpus, CorpusSource, load_corpus
 from twostage.indexer.engine_dir import EngineSettings
 from twostage.indexer.errors import ConfigError
-from twostage.indexer.records import RankedList
-from twostage.reranker.training import RerankerConfig, mix_negatives, train_reranker
+from twostage.reranker.training import RerankerConfig, choose_blend, dev_scorer, mix_negatives, train_reranker
 from twostage.retriever.bm25 import BM25Retriever
 from twostage.retriever.examples import PairExample
 from twostage.retriever.hybrid import dense_weights
 from twostage.retriever.mining import MiningConfig, mine_hard_negatives
-from twostage.retriever.pseudo_queries import PseudoQuery, PseudoQueryConfig, as_queries_and_qrels, make_pseudo_queries
+from twostage.retriever.pseudo_queries import PseudoQueryConfig, as_queries_and_qrels, make_pseudo_queries
 from twostage.retriever.trainer import TrainConfig, train
 from twostage.retriever.training_data import TrainingSet, hold_out
 
@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class AdaptRecipe:
-    """How ``twostage adapt`` trains; the defaults are the measured recipe (benchmarks/results/adapt.md)."""
+    """How ``twostage adapt`` trains; the defaults are the measured recipe (benchmarks/results/adapt-*/summary.md)."""
 
     queries: PseudoQueryConfig = field(default_factory=PseudoQueryConfig)
     max_documents: int = 2500  # pseudo-queries come from at most this many documents (a seeded sample)
@@ -84,18 +84,10 @@ def _sample_docs(corpus: Corpus, n: int, seed: int) -> list[Any]:
     return [corpus[int(i)] for i in sorted(pick)]
 
 
-def _dev_metric(dev: list[PseudoQuery], search: Any) -> float:
-    """nDCG@10 of the dev pseudo-queries, each with its source document as the one relevant document."""
-    from twostage.eval.metrics import mean_ndcg10
-
-    qrels = as_queries_and_qrels(dev)[1]
-    runs: dict[str, RankedList] = dict(zip([p.id for p in dev], search([p.text for p in dev])))
-    return float(mean_ndcg10(qrels, runs))
-
-
 def adapt(corpus: CorpusSource | Corpus, out: str | Path, *, base: str = "all-MiniLM-L6-v2",
           recipe: AdaptRecipe = AdaptRecipe(), show_progress: bool = False) -> AdaptResult:
     """Train ``OUT/retriever`` and ``OUT/reranker`` on ``corpus`` alone (see the module's docstring)."""
+    from twostage.eval.metrics import mean_ndcg10
     from twostage.reranker.cross_encoder import CrossEncoder
     from twostage.retriever.biencoder import BiEncoder
     from twostage.retriever.dense import DenseRetriever
@@ -137,9 +129,12 @@ def adapt(corpus: CorpusSource | Corpus, out: str | Path, *, base: str = "all-Mi
         pool_ids.add(p.doc_id)
     pool = [corpus.get(d) for d in sorted(pool_ids)]
 
+    dev_queries, dev_qrels = as_queries_and_qrels(dev_q)
+
     def dev(m: BiEncoder) -> float:
-        retriever = DenseRetriever.build(pool, m)
-        return _dev_metric(dev_q, lambda texts: retriever.search_batch(texts, 10))
+        """nDCG@10 of the dev pseudo-queries over their pool, each with its source document as the one relevant."""
+        lists = DenseRetriever.build(pool, m).search_batch([q.text for q in dev_queries], 10)
+        return mean_ndcg10(dev_qrels, dict(zip([q.id for q in dev_queries], lists)))
 
     if dev_q:
         dev_scores["retriever_base"] = dev(base_model)
@@ -158,14 +153,12 @@ def adapt(corpus: CorpusSource | Corpus, out: str | Path, *, base: str = "all-Mi
     seconds["train_retriever_s"] = result.seconds
     seconds["retriever_dev_s"] = time.perf_counter() - t - fit_wall
 
-    t = time.perf_counter()
     settings = replace(EngineSettings(), fusion=recipe.fusion, dense_weight=recipe.dense_weight)
-    dense = DenseRetriever.build(corpus, trained, show_progress=show_progress)
-    seconds["encode_corpus_s"] = time.perf_counter() - t
-    dev_queries, dev_qrels = as_queries_and_qrels(dev_q)
-
     reranker_dir = None
-    if recipe.reranker is not None:
+    if recipe.reranker is not None:  # the corpus is encoded for the reranker's dense negatives and its dev
+        t = time.perf_counter()
+        dense = DenseRetriever.build(corpus, trained, show_progress=show_progress)
+        seconds["encode_corpus_s"] = time.perf_counter() - t
         t = time.perf_counter()
         config = recipe.reranker
         picked = [train_q[int(i)] for i in sorted(np.random.default_rng(seed).permutation(len(train_q))
@@ -178,18 +171,8 @@ def adapt(corpus: CorpusSource | Corpus, out: str | Path, *, base: str = "all-Mi
         first_stages = {"hybrid": HybridRetriever([bm25, dense], depth=settings.depth, k_rrf=settings.k_rrf,
                                                   fusion=settings.fusion, weights=dense_weights(settings.dense_weight))}
         texts_of = {d.id: d.full_text for d in corpus}
-        dev_fn = None
-        if dev_q:
-            from twostage.eval.metrics import mean_ndcg10
-            from twostage.reranker.pipeline import Pipeline
-
-            depth = settings.k_retrieve
-
-            def dev_fn(m: CrossEncoder) -> float:
-                return float(np.mean([mean_ndcg10(dev_qrels, {
-                    q.id: Pipeline(fs, reranker=m, texts=texts_of, k_retrieve=depth, k=min(10, depth),
-                                   interpolation=None).ranked(q.text, depth) for q in dev_queries})
-                    for fs in first_stages.values()]))
+        dev_fn = dev_scorer(first_stages, dev_queries, dev_qrels, texts_of, settings.k_retrieve,
+                            mean_ndcg10) if dev_q else None
         seed_everything(config.seed)
         model_ce = CrossEncoder.load(base, allow_untrained_head=True)
         reranker_dir = out / "reranker"
@@ -200,14 +183,9 @@ def adapt(corpus: CorpusSource | Corpus, out: str | Path, *, base: str = "all-Mi
         if res.best_dev is not None:
             dev_scores["reranker"] = res.best_dev
         if dev_fn is not None:
-            from twostage.reranker.interpolation import select_interpolation
-
-            ce = CrossEncoder.load(reranker_dir)
-            choice = select_interpolation(ce, first_stages, dev_queries, dev_qrels, texts_of,
-                                          settings.k_retrieve, mean_ndcg10)
-            ce.interpolation, ce.blends = choice.alpha, choice.alphas()
-            ce.save(reranker_dir, training={**res.training, "interpolation": asdict(choice)})
-            dev_scores["reranker_blend"] = float(choice.alpha)
+            chosen = choose_blend(res, first_stages, dev_queries, dev_qrels, texts_of, settings.k_retrieve,
+                                  mean_ndcg10)
+            dev_scores["reranker_blend"] = float(chosen.training["interpolation"]["alpha"])
         seconds["train_reranker_s"] = res.seconds
         seconds["reranker_mining_and_blend_s"] = time.perf_counter() - t - fit_wall
     write_json(out / "adapt.json", {"base": base, "documents": len(corpus), "pseudo_queries": len(train_q),

@@ -181,18 +181,16 @@ def add_commands(sub: Any) -> None:
 
 
 def _adapt(args: argparse.Namespace) -> int:
-    from dataclasses import replace as _replace
-
     from twostage.eval.adapt import AdaptRecipe, adapt
     from twostage.eval.cli_engine import corpus_of
 
     recipe = AdaptRecipe()
     if args.max_documents is not None:
-        recipe = _replace(recipe, max_documents=args.max_documents)
+        recipe = replace(recipe, max_documents=args.max_documents)
     if args.seed is not None:
-        recipe = _replace(recipe, queries=_replace(recipe.queries, seed=args.seed))
+        recipe = replace(recipe, queries=replace(recipe.queries, seed=args.seed))
     if args.no_reranker:
-        recipe = _replace(recipe, reranker=None)
+        recipe = replace(recipe, reranker=None)
     result = adapt(corpus_of(args), args.out, base=args.base, recipe=recipe, show_progress=not args.quiet)
     took = sum(result.seconds.values())
     print(f"adapted in {took / 60:.1f} min: retriever {result.retriever}"

@@ -221,9 +221,6 @@ def train_reranker_on(data: str | Path | BeirDataset, split: str, base: str, out
     depth), then the score interpolation with each first stage (saved with the model, used by the engine and
     :class:`Pipeline`).
     """
-    from twostage.reranker.interpolation import select_interpolation
-    from twostage.reranker.pipeline import Pipeline
-
     ds = data if isinstance(data, BeirDataset) else BeirDataset(data)
     sp = ds.split(split)
     corpus = ds.corpus
@@ -250,11 +247,7 @@ def train_reranker_on(data: str | Path | BeirDataset, split: str, base: str, out
     texts = {d.id: d.full_text for d in corpus}
     qrels = sp.qrels.subset(q.id for q in dev_queries)
     if dev_queries and dev_metric is not None:
-        def dev(model: CrossEncoder) -> float:
-            return float(np.mean([dev_metric(qrels, {q.id: Pipeline(fs, reranker=model, texts=texts,
-                                                                    k_retrieve=dev_depth, k=min(10, dev_depth),
-                                                                    interpolation=None).ranked(q.text, dev_depth)
-                                                     for q in dev_queries}) for fs in first_stages.values()]))
+        dev = dev_scorer(first_stages, dev_queries, qrels, texts, dev_depth, dev_metric)
 
     seed_everything(config.seed)  # the new head's weights are the seed's
     model = CrossEncoder.load(base, allow_untrained_head=True)
@@ -263,9 +256,34 @@ def train_reranker_on(data: str | Path | BeirDataset, split: str, base: str, out
     result = train_reranker(model, groups, config, out, dev=dev, resume=resume, show_progress=show_progress,
                             info=info)
     if dev is not None:
-        trained = CrossEncoder.load(out)
-        choice = select_interpolation(trained, first_stages, dev_queries, qrels, texts, dev_depth, dev_metric)
-        trained.interpolation, trained.blends = choice.alpha, choice.alphas()
-        result = replace(result, training={**result.training, "interpolation": asdict(choice)})
-        trained.save(out, training=result.training)
+        result = choose_blend(result, first_stages, dev_queries, qrels, texts, dev_depth, dev_metric)
+    return result
+
+
+def dev_scorer(first_stages: Mapping[str, Any], queries: Sequence[Query], qrels: Qrels, texts: Mapping[str, str],
+               depth: int, metric: Callable[[Any, dict[str, Any]], float]) -> Callable[[CrossEncoder], float]:
+    """The dev score a training run picks its epoch by: ``metric`` of the reranker alone over each first stage's top
+    ``depth`` for ``queries``, averaged over the first stages."""
+    from twostage.reranker.pipeline import Pipeline
+
+    def dev(model: CrossEncoder) -> float:
+        return float(np.mean([metric(qrels, {q.id: Pipeline(fs, reranker=model, texts=texts, k_retrieve=depth,
+                                                            k=min(10, depth), interpolation=None).ranked(q.text, depth)
+                                            for q in queries}) for fs in first_stages.values()]))
+
+    return dev
+
+
+def choose_blend(result: FitResult, first_stages: Mapping[str, Any], queries: Sequence[Query], qrels: Qrels,
+                 texts: Mapping[str, str], depth: int, metric: Callable[[Any, dict[str, Any]], float]) -> FitResult:
+    """Choose the trained reranker's blend with each first stage on dev ``queries``
+    (:func:`~twostage.reranker.interpolation.select_interpolation`) and save it with the model in
+    ``result.model_dir``; the returned result's training record holds the choice."""
+    from twostage.reranker.interpolation import select_interpolation
+
+    trained = CrossEncoder.load(result.model_dir)
+    choice = select_interpolation(trained, first_stages, queries, qrels, texts, depth, metric)
+    trained.interpolation, trained.blends = choice.alpha, choice.alphas()
+    result = replace(result, training={**result.training, "interpolation": asdict(choice)})
+    trained.save(result.model_dir, training=result.training)
     return result

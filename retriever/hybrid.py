@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from twostage.indexer.engine_dir import FUSIONS
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.protocols import Retriever
 from twostage.indexer.records import RankedList
@@ -63,7 +64,7 @@ def fuse(lists: Sequence[RankedList], fusion: str = "rrf", *, k_rrf: float = 60.
         return rrf(lists, k_rrf)
     if fusion == "blend":
         return blend(lists, weights if weights is not None else [1.0 / len(lists)] * len(lists))
-    raise ConfigError(f"fusion must be rrf or blend, got {fusion!r}")
+    raise ConfigError(f"fusion must be {' or '.join(FUSIONS)}, got {fusion!r}")
 
 
 def dense_weights(dense_weight: float) -> tuple[float, float]:
@@ -82,7 +83,8 @@ class HybridRetriever:
             raise ConfigError("a hybrid retriever fuses at least two retrievers")
         if weights is not None and len(weights) != len(retrievers):
             raise ConfigError(f"one weight per retriever: {len(retrievers)} retrievers, {len(weights)} weights")
-        fuse([], fusion, weights=[])  # checks the name
+        if fusion not in FUSIONS:
+            raise ConfigError(f"fusion must be {' or '.join(FUSIONS)}, got {fusion!r}")
         self.retrievers, self.depth, self.k_rrf = list(retrievers), check_k(depth), k_rrf
         self.fusion, self.weights = fusion, None if weights is None else tuple(float(w) for w in weights)
 
