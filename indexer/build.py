@@ -5,8 +5,8 @@ documents (``.parquet``) are written to ``.INDEX_DIR.build/`` as soon as they ar
 bounded and a killed build resumes from the chunks already encoded. The chunks then become the version's
 segments (hard-linked, never loaded whole), the ANN structure is built from their memory maps, and the version
 is committed atomically: beyond the ANN structure and one chunk, nothing held in memory grows with the corpus
-(the vectors are read through memory maps). (The search engine still merges its chunks: BM25 indexes every text
-at once.)
+(the vectors are read through memory maps). The search engine builds its BM25 from the same chunks, one at a time,
+and a sharded engine gives each shard its rows of them (:func:`slice_chunks`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from typing import Any
 import numpy as np
 
 from twostage.indexer.corpus import CorpusSource, iter_documents
+from twostage.indexer.docstore import write_table
 from twostage.indexer.errors import ConfigError, DataError
-from twostage.indexer.index import Index, IndexChange, write_index_files, write_segment
+from twostage.indexer.index import Index, IndexChange, link_or_copy, write_index_files, write_segment
 from twostage.indexer.manifest import EncoderInfo, Segment
 from twostage.indexer.records import Document
 from twostage.indexer.vectors import BackendConfig, ann_from_vectors, default_params, prepare
@@ -144,37 +145,32 @@ def build_index(corpus: CorpusSource, encoder: Any, out: str | Path, *, backend:
     return finish_build(work, done, out, backend, info, encoder)
 
 
-def merge_chunks(work: Path, done: list[dict[str, Any]], info: EncoderInfo) -> tuple[np.ndarray, list[Document], EncoderInfo]:
-    """The chunks as one memory-mapped (n, dim) matrix, the documents in order, and the encoder's identity."""
+def slice_chunks(work: Path, done: list[dict[str, Any]], start: int, stop: int,
+                 dest: Path) -> list[dict[str, Any]]:
+    """Rows ``start:stop`` of the encoded chunks in ``work``, written as the chunks of ``dest`` (a shard's own build
+    directory): whole chunks hard-linked, the chunks cut by a bound copied in part (only their rows read). Returns
+    ``dest``'s chunk list; nothing holds the corpus."""
     import pyarrow.parquet as pq
 
-    info = _checked_dim(work, done, info)
-    total = sum(int(c["rows"]) for c in done)
-    seen: set[str] = set()
-    vectors = np.lib.format.open_memmap(work / "merged.npy", mode="w+", dtype=np.float32, shape=(total, info.dim))
+    (dest / "segments").mkdir(parents=True, exist_ok=True)
+    out: list[dict[str, Any]] = []
     row = 0
-    docs_all: list[Document] = []
     for c in done:
-        v = np.load(work / "segments" / f"{c['name']}.npy", allow_pickle=False)
-        vectors[row:row + len(v)] = v
-        row += len(v)
-        for r in pq.read_table(work / "segments" / f"{c['name']}.parquet").to_pylist():
-            if r["id"] in seen:
-                raise DataError(f"duplicate document id {r['id']!r} in the corpus")
-            seen.add(r["id"])
-            docs_all.append(Document(r["id"], r["text"], r["title"], json.loads(r["metadata"])))
-    vectors.flush()
-    return vectors, docs_all, info
-
-
-def first_version(vectors: np.ndarray, docs: list[Document], backend: BackendConfig) -> tuple[IndexChange, dict[str, Any]]:
-    """The change that makes a fresh index of ``vectors`` and ``docs`` (ANN built), and its backend parameters."""
-    total, dim = vectors.shape
-    logger.info("building %s over %d x %d vectors", backend.name, total, dim)
-    ann = ann_from_vectors(backend, vectors)
-    params = {**default_params(backend.name, total, dim), **backend.params}
-    change = IndexChange([Segment("000000", 0, total)], {"000000": (vectors, docs)}, np.array([], dtype=np.int64), ann)
-    return change, params
+        name, rows = c["name"], int(c["rows"])
+        a, b = max(start, row), min(stop, row + rows)
+        if a < b:
+            src, dst = work / "segments" / name, dest / "segments" / name
+            if (a, b) == (row, row + rows):
+                for ext in (".npy", ".parquet"):
+                    link_or_copy(src.with_suffix(ext), dst.with_suffix(ext))
+            else:
+                vectors = np.load(src.with_suffix(".npy"), mmap_mode="r", allow_pickle=False)[a - row:b - row]
+                np.save(dst.with_suffix(".npy"), np.ascontiguousarray(vectors), allow_pickle=False)
+                table = pq.read_table(src.with_suffix(".parquet")).slice(a - row, b - a)
+                write_table(dst.with_suffix(".parquet"), table)
+            out.append({"name": name, "rows": b - a})
+        row += rows
+    return out
 
 
 def _checked_dim(work: Path, done: list[dict[str, Any]], info: EncoderInfo) -> EncoderInfo:

@@ -27,7 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from twostage.indexer.docstore import DocStore, read_ids, write_documents
 from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
+from twostage.indexer.ids import IdMap
 from twostage.indexer.manifest import (
     EncoderInfo,
     Manifest,
@@ -54,6 +56,7 @@ from twostage.indexer.versions import current_version as _current_version
 
 logger = logging.getLogger(__name__)
 EXACT_BELOW = 20_000  # filtered searches over at most this many allowed rows are exact
+COMPACT_ROWS = 65_536  # rows per segment written by a compaction (one such segment is in memory at a time)
 
 
 def current_version(root: Path) -> Path:
@@ -62,14 +65,9 @@ def current_version(root: Path) -> Path:
 
 
 def write_segment(dir: Path, name: str, vectors: np.ndarray, docs: Sequence[Document]) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     (dir / "segments").mkdir(parents=True, exist_ok=True)
     np.save(dir / "segments" / f"{name}.npy", np.ascontiguousarray(vectors, dtype=np.float32), allow_pickle=False)
-    table = pa.table({"id": [d.id for d in docs], "title": [d.title for d in docs], "text": [d.text for d in docs],
-                      "metadata": [json.dumps(dict(d.metadata), sort_keys=True, default=str) for d in docs]})
-    pq.write_table(table, dir / "segments" / f"{name}.parquet")
+    write_documents(dir / "segments" / f"{name}.parquet", docs)
 
 
 class Index:
@@ -77,8 +75,6 @@ class Index:
 
     def __init__(self, root: Path, version_dir: Path, manifest: Manifest, encoder: Any = None,
                  lease: Lease | None = None) -> None:
-        import pyarrow.parquet as pq
-
         self.root, self.version_dir, self.manifest = root, version_dir, manifest
         self._lease = lease  # keeps this version on disk while the object lives (indexer.versions)
         self._lock = threading.Lock()
@@ -95,29 +91,26 @@ class Index:
             vectors.append(v)
         self._vectors = vectors
         self._starts = np.cumsum([0, *(len(v) for v in vectors)])[:-1]
-        ids: list[str] = []
+        import pyarrow as pa
+
+        columns = []
         for seg in manifest.segments:
             path = version_dir / "segments" / f"{seg.name}.parquet"
-            try:
-                col = pq.read_table(path, columns=["id"]).column("id").to_pylist()
-            except Exception as exc:  # noqa: BLE001 - pyarrow raises several types on a broken file
-                raise IndexFormatError(f"{path}: not a readable parquet file ({str(exc)[:200]}); restore or rebuild") from None
+            col = read_ids(path)
             if len(col) != seg.rows:
                 raise IndexFormatError(f"{path}: {len(col)} documents, the manifest says {seg.rows}")
-            ids.extend(col)
-        self.doc_ids = np.asarray(ids, dtype=object)
-        self._row = {d: i for i, d in enumerate(ids)}
+            columns.extend(col.chunks)
+        self.doc_ids = IdMap(pa.chunked_array(columns, pa.string()) if columns else pa.chunked_array([], pa.string()))
+        ids = self.doc_ids
         self.deleted = np.zeros(len(ids), dtype=bool)
         if manifest.deleted:
             rows = np.load(version_dir / "deleted.npy", allow_pickle=False)
             if len(rows) != manifest.deleted or (len(rows) and (rows.min() < 0 or rows.max() >= len(ids))):
                 raise IndexFormatError(f"{version_dir / 'deleted.npy'}: does not match the manifest; restore or rebuild")
             self.deleted[rows] = True
-        self._live_row = {d: i for i, d in enumerate(ids) if not self.deleted[i]}
         self._ann = self._open_ann()
-        self._docs: Any = None
+        self.store = DocStore(version_dir / "segments", manifest.segments)
         self._metadata: list[dict[str, Any]] | None = None
-        self._stacked: np.ndarray | None = None
         self.encoder = None
         if encoder is not None:
             self.attach_encoder(encoder)
@@ -184,19 +177,11 @@ class Index:
 
     def __contains__(self, doc_id: object) -> bool:
         """Whether ``doc_id`` is a live (not deleted) document of this version."""
-        return doc_id in self._live_row
+        return isinstance(doc_id, str) and self.doc_ids.live_rows([doc_id], self.deleted)[0] is not None
 
     @property
     def dim(self) -> int:
         return self.manifest.encoder.dim
-
-    def vectors(self) -> np.ndarray:
-        """Every row's vector: the memory map itself with one segment, else the segments stacked once."""
-        if len(self._vectors) == 1:
-            return self._vectors[0]
-        if self._stacked is None:
-            self._stacked = np.vstack(self._vectors)
-        return self._stacked
 
     def rows(self, rows: np.ndarray) -> np.ndarray:
         """The vectors of these rows, read from the memory-mapped segments (nothing else is loaded)."""
@@ -208,33 +193,21 @@ class Index:
         return out
 
     def documents(self, ids: Iterable[str]) -> list[Document]:
-        """The stored documents with these ids (live ones only; an unknown id is a KeyError naming it)."""
-        import pyarrow.parquet as pq
-
-        if self._docs is None:
-            frames = [pq.read_table(self.version_dir / "segments" / f"{s.name}.parquet").to_pandas()
-                      for s in self.manifest.segments]
-            import pandas as pd
-
-            self._docs = pd.concat(frames, ignore_index=True)
-        out = []
-        for doc_id in ids:
-            row = self._live_row.get(doc_id)
-            if row is None:
-                raise KeyError(f"document id {doc_id!r} is not in the index")
-            r = self._docs.iloc[row]
-            out.append(Document(r["id"], r["text"], r["title"], json.loads(r["metadata"])))
-        return out
+        """The stored documents with these ids (live ones only; an unknown id is a KeyError naming it). Only the
+        row groups that hold them are read (:class:`~twostage.indexer.docstore.DocStore`)."""
+        ids = list(ids)
+        rows = self.doc_ids.live_rows(ids, self.deleted)
+        missing = next((i for i, r in zip(ids, rows) if r is None), None)
+        if missing is not None:
+            raise KeyError(f"document id {missing!r} is not in the index")
+        return self.store.documents_at(rows)
 
     def _metadata_mask(self, where: Mapping[str, Any] | Callable[[Document], bool]) -> np.ndarray:
-        if self._metadata is None:
-            self.documents([])  # loads the store
-            self._metadata = [json.loads(m) for m in self._docs["metadata"]]
-        metas = self._metadata
-        if callable(where):
-            docs = [Document(i, t, ti, m) for i, t, ti, m in zip(self._docs["id"], self._docs["text"], self._docs["title"], metas)]
-            return np.array([bool(where(d)) for d in docs])
-        return np.array([all(m.get(k) == v for k, v in where.items()) for m in metas])
+        if callable(where):  # every live document streamed through the function, a row group at a time
+            return self.store.mask(where, np.flatnonzero(~self.deleted))
+        if self._metadata is None:  # the metadata column alone, parsed once
+            self._metadata = [json.loads(m) for m in self.store.column("metadata")]
+        return np.array([all(m.get(k) == v for k, v in where.items()) for m in self._metadata], dtype=bool)
 
     def search(self, query: str | np.ndarray, k: int = 10, *,
                where: Mapping[str, Any] | Callable[[Document], bool] | None = None,
@@ -337,10 +310,11 @@ class Index:
     def change_add(self, docs: Sequence[Document], vectors: np.ndarray, *, replace: bool = False) -> IndexChange:
         """The change that appends ``docs`` (new ids only, unless ``replace`` tombstones the old rows first)."""
         deleted = self.deleted.copy()
+        live = self.doc_ids.live_rows([d.id for d in docs], self.deleted)
         if replace:
-            deleted[[self._live_row[d.id] for d in docs if d.id in self._live_row]] = True
+            deleted[[r for r in live if r is not None]] = True
         else:
-            dup = next((d.id for d in docs if d.id in self._live_row), None)
+            dup = next((d.id for d, r in zip(docs, live) if r is not None), None)
             if dup is not None:
                 raise DataError(f"document id {dup!r} is already in the index; use upsert to replace it")
         if len(vectors) != len(docs):
@@ -355,11 +329,12 @@ class Index:
 
     def change_delete(self, ids: Sequence[str]) -> IndexChange:
         """The change that tombstones ``ids`` (an unknown or already deleted id is an error naming it)."""
-        missing = [i for i in ids if i not in self._live_row]
+        live = self.doc_ids.live_rows(list(ids), self.deleted)
+        missing = [i for i, r in zip(ids, live) if r is None]
         if missing:
             raise DataError(f"cannot delete {len(missing)} unknown id(s): {', '.join(map(repr, missing[:5]))}")
         deleted = self.deleted.copy()
-        deleted[[self._live_row[i] for i in ids]] = True
+        deleted[live] = True
         if not (~deleted).any():
             raise DataError("deleting every document would leave an empty index; build a new one instead")
         return IndexChange(list(self.manifest.segments), {}, np.flatnonzero(deleted), self._ann_for_commit())
@@ -369,13 +344,21 @@ class Index:
         return IndexChange(list(self.manifest.segments), {}, np.flatnonzero(self.deleted), self._ann_for_commit())
 
     def change_compact(self) -> IndexChange:
-        """The change that rewrites the index without tombstoned rows, in one segment, with a new ANN structure."""
+        """The change that rewrites the index without tombstoned rows, with a new ANN structure: the live rows are
+        copied in segments of at most :data:`COMPACT_ROWS` rows, one segment in memory at a time, and the ANN
+        structure is built from the written segments' memory maps."""
         live = np.flatnonzero(~self.deleted)
-        vectors = self.rows(live)
-        docs = self.documents(self.doc_ids[live])
-        ann = ann_from_vectors(BackendConfig(self.manifest.backend, self.manifest.metric, self.manifest.params), vectors)
-        name = f"{0:06d}-{uuid.uuid4().hex[:6]}"
-        return IndexChange([Segment(name, 0, len(live))], {name: (vectors, docs)}, np.array([], dtype=np.int64), ann)
+        tag = uuid.uuid4().hex[:6]
+        segments, new = [], {}
+        for i, start in enumerate(range(0, len(live), COMPACT_ROWS)):
+            rows = live[start:start + COMPACT_ROWS]
+            name = f"{i:06d}-{tag}"
+            segments.append(Segment(name, start, len(rows)))
+            new[name] = lambda rows=rows: (self.rows(rows), [d for _, part in self.store.document_chunks(rows)
+                                                             for d in part])
+        m = self.manifest
+        ann = None if m.backend == "flat" else AnnFromSegments(BackendConfig(m.backend, m.metric, m.params))
+        return IndexChange(segments, new, np.array([], dtype=np.int64), ann)
 
     def write(self, directory: Path, change: IndexChange) -> None:
         """Write this index with ``change`` applied into ``directory`` (unchanged files hard-linked)."""
@@ -434,14 +417,25 @@ class Index:
         return None if self._ann is None else _Unchanged(self.version_dir, self.manifest.backend)
 
 
+SegmentData = tuple[np.ndarray, Sequence[Document]]
+
+
 @dataclass
 class IndexChange:
-    """What the next version of an index holds: its segments (new ones with their data), tombstones, ANN."""
+    """What the next version of an index holds: its segments (new ones with their data, or a function that makes
+    it when the segment is written, so that only one is in memory at a time), tombstones, ANN."""
 
     segments: list[Segment]
-    new_segments: Mapping[str, tuple[np.ndarray, Sequence[Document]]]
+    new_segments: Mapping[str, SegmentData | Callable[[], SegmentData]]
     deleted: np.ndarray
-    ann: Any  # an object with save(path), or None for the flat backend
+    ann: Any  # an object with save(path), an AnnFromSegments, or None for the flat backend
+
+
+@dataclass(frozen=True)
+class AnnFromSegments:
+    """An ANN structure to build, once the version's segments are written, from their memory-mapped vectors."""
+
+    config: BackendConfig
 
 
 class _Unchanged:
@@ -468,18 +462,24 @@ def write_index_files(directory: Path, previous: Path | None, change: IndexChang
     (directory / "segments").mkdir(parents=True, exist_ok=True)
     for seg in change.segments:
         if seg.name in change.new_segments:
-            vectors, docs = change.new_segments[seg.name]
+            data = change.new_segments[seg.name]
+            vectors, docs = data() if callable(data) else data
             write_segment(directory, seg.name, vectors, docs)
+            del vectors, docs, data
         else:
             if previous is None:
                 raise ConfigError(f"segment {seg.name} is neither new nor in a previous version")
             for ext in (".npy", ".parquet"):
                 link_or_copy(previous / "segments" / f"{seg.name}{ext}", directory / "segments" / f"{seg.name}{ext}")
     files = [f"segments/{s.name}{ext}" for s in change.segments for ext in (".npy", ".parquet")]
-    if change.ann is not None:
+    ann = change.ann
+    if isinstance(ann, AnnFromSegments):
+        ann = ann_from_vectors(ann.config, [np.load(directory / "segments" / f"{s.name}.npy", mmap_mode="r",
+                                                    allow_pickle=False) for s in change.segments])
+    if ann is not None:
         ann_name = ann_file(backend)
-        change.ann.save(directory / ann_name)
-        verify_saved(change.ann, directory / ann_name, encoder.dim, sum(s.rows for s in change.segments))
+        ann.save(directory / ann_name)
+        verify_saved(ann, directory / ann_name, encoder.dim, sum(s.rows for s in change.segments))
         files.append(ann_name)
     if len(change.deleted):
         np.save(directory / "deleted.npy", np.asarray(change.deleted, dtype=np.int64), allow_pickle=False)

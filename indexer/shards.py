@@ -12,6 +12,7 @@ Shards are searched in this process (``ShardedIndex.open(..., ray=False)``) or b
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from collections.abc import Sequence
@@ -47,14 +48,19 @@ def merge_topk(results: Sequence[RankedList], k: int) -> RankedList:
     return RankedList(ids[order], scores[order])
 
 
-def split_contiguous(documents: Sequence[Document], shards: int) -> list[list[Document]]:
-    """``shards`` contiguous slices of nearly equal size, in corpus order."""
+def contiguous_bounds(n: int, shards: int) -> list[tuple[int, int]]:
+    """The (start, stop) rows of ``shards`` contiguous slices of ``n`` rows, of nearly equal size, in order."""
     if shards <= 0:
         raise ConfigError(f"the number of shards must be positive, got {shards}")
-    if shards > len(documents):
-        raise ConfigError(f"{shards} shards for {len(documents)} documents: use at most one shard per document")
-    bounds = np.linspace(0, len(documents), shards + 1).round().astype(int)
-    return [list(documents[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+    if shards > n:
+        raise ConfigError(f"{shards} shards for {n} documents: use at most one shard per document")
+    bounds = np.linspace(0, n, shards + 1).round().astype(int)
+    return [(int(a), int(b)) for a, b in itertools.pairwise(bounds)]
+
+
+def split_contiguous(documents: Sequence[Document], shards: int) -> list[list[Document]]:
+    """``shards`` contiguous slices of nearly equal size, in corpus order."""
+    return [list(documents[a:b]) for a, b in contiguous_bounds(len(documents), shards)]
 
 
 def build_shards(corpus: CorpusSource, encoder: Any, out: str | Path, shards: int, *, backend: Any = "flat",

@@ -10,13 +10,18 @@ BM25 index over the same live documents, and names the two models by path and we
 (add, upsert, delete, compact) writes the next version beside the current one under the writer lock and switches
 to it atomically: a crash leaves all three parts old or all three new. An open engine keeps reading its version
 while others commit; :meth:`SearchEngine.refresh` moves to the newest.
+
+Memory: nothing an engine does holds the corpus's texts. The build encodes and indexes a chunk at a time; a search
+reads only the parquet row groups of the documents it returns or reranks (:mod:`twostage.indexer.docstore`); an
+update rebuilds BM25 over the live documents streamed from the store a row group at a time (two passes), and a
+compaction copies the live rows one bounded segment at a time.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -27,8 +32,6 @@ from twostage.indexer.build import (
     check_out_dir,
     chunk_documents,
     encode_chunks,
-    first_version,
-    merge_chunks,
     start_build,
     streamed_change,
 )
@@ -56,6 +59,7 @@ from twostage.retriever.bm25_stats import CorpusStats
 
 logger = logging.getLogger(__name__)
 WHAT = "a search engine directory (build one with `twostage build`)"
+_SLICE = 1 << 20  # ids compared at a time when an engine opens
 
 
 def model_ref(name: str | Path) -> ModelRef:
@@ -76,7 +80,9 @@ class SearchEngine(TwoStageSearch):
         self._lease = lease
         self._models = models or _Models()
         live_rows = np.flatnonzero(~index.deleted)
-        if len(bm25.doc_ids) != len(live_rows) or not np.array_equal(bm25.doc_ids, index.doc_ids[live_rows]):
+        if len(bm25.doc_ids) != len(live_rows) or not all(  # compared a slice at a time: no second copy of every id
+                np.array_equal(bm25.doc_ids[s:s + _SLICE], index.doc_ids[live_rows[s:s + _SLICE]])
+                for s in range(0, len(live_rows), _SLICE)):
             raise IndexFormatError(f"{version_dir}: the BM25 index and the dense index hold different documents; "
                                    "restore or rebuild the engine")
         if manifest.documents != len(live_rows):
@@ -271,7 +277,8 @@ class SearchEngine(TwoStageSearch):
                     bm25, count = None, len(base)
                 else:
                     if bm25 is None:
-                        bm25 = BM25Retriever.build(_live_after(base.index, change, new_docs), base.bm25.config)
+                        bm25 = BM25Retriever.build_chunked(live_chunks(base.index, change, new_docs),
+                                                           base.bm25.config)
                     count = len(bm25)
                 _write_engine(version.tmp, bm25, replace(base.manifest, documents=count,
                                                          settings=settings or base.manifest.settings))
@@ -297,12 +304,22 @@ def _format_of(version_dir: Path) -> str | None:
     return data.get("format") if isinstance(data, dict) else None
 
 
-def _live_after(index: Index, change: IndexChange, new_docs: list[Document]) -> list[Document]:
-    """The live documents of the version ``change`` makes, in row order (what BM25 is built over)."""
+def live_chunks(index: Index, change: IndexChange, new_docs: list[Document]) -> Callable[[], Iterator[list[Document]]]:
+    """The live documents of the version ``change`` makes, in row order, as a source of chunks that can be read
+    more than once (BM25's two passes): the kept rows a parquet row group at a time, then ``new_docs``. Nothing
+    holds every document."""
+    gone = np.asarray(change.deleted, dtype=np.int64)
     deleted = np.zeros(index.manifest.rows, dtype=bool)
-    deleted[np.asarray(change.deleted, dtype=np.int64)[np.asarray(change.deleted) < len(deleted)]] = True
-    kept = index.doc_ids[np.flatnonzero(~deleted)]
-    return [*index.documents(kept), *new_docs]
+    deleted[gone[gone < len(deleted)]] = True
+    kept = np.flatnonzero(~deleted)
+
+    def chunks() -> Iterator[list[Document]]:
+        for _, docs in index.store.document_chunks(kept):
+            yield docs
+        if new_docs:
+            yield list(new_docs)
+
+    return chunks
 
 
 def _write_engine(directory: Path, bm25: BM25Retriever | None, manifest: EngineManifest) -> None:
@@ -327,11 +344,6 @@ class _Encoded:
     retriever: ModelRef
     reranker: ModelRef | None
     models: _Models
-
-    def merged(self) -> tuple[np.ndarray, list[Document]]:
-        """Every vector (one memory-mapped matrix) and every document, in order (the sharded build splits them)."""
-        vectors, docs, self.info = merge_chunks(self.work, self.done, self.info)
-        return vectors, docs
 
     def discard(self) -> None:
         import shutil
@@ -382,25 +394,14 @@ def _calibration_texts(corpus: CorpusSource, precision: str) -> list[str] | None
     return spread([d.full_text for d in itertools.islice(iter_documents(corpus), 3000)]) or None
 
 
-def _write_streamed(out: Path, enc: _Encoded, settings: EngineSettings) -> None:
+def _write_streamed(out: Path, enc: _Encoded, settings: EngineSettings, stats: CorpusStats | None = None) -> None:
     """Commit the first version of ``out`` from the encoded chunks without holding the corpus: the chunks become
     the dense part's segments (hard links; the ANN index built from their memory maps) and BM25 reads them a
-    chunk at a time (:meth:`BM25Retriever.build_chunked`)."""
+    chunk at a time (:meth:`BM25Retriever.build_chunked`), with ``stats`` when given (a shard: the whole corpus's
+    statistics)."""
     backend = BackendConfig(settings.backend, settings.metric)
     change, params, enc.info = streamed_change(enc.work, enc.done, backend, enc.info)
-    bm25 = BM25Retriever.build_chunked(lambda: chunk_documents(enc.work, enc.done))
+    bm25 = BM25Retriever.build_chunked(lambda: chunk_documents(enc.work, enc.done), stats=stats)
     with writer_lock(out), commit(out) as version:
         write_index_files(version.tmp / "dense", enc.work, change, enc.info, backend.metric, backend.name, params)
         _write_engine(version.tmp, bm25, EngineManifest(settings, enc.retriever, enc.reranker, len(bm25)))
-
-
-def _write_first(out: Path, enc: _Encoded, vectors: np.ndarray, docs: list[Document], settings: EngineSettings,
-                 bm25_stats: CorpusStats | None) -> None:
-    """Commit a version of ``out`` holding ``docs`` and their ``vectors`` (a shard: the ANN index and BM25, with
-    the whole corpus's statistics, built here)."""
-    backend = BackendConfig(settings.backend, settings.metric)
-    change, params = first_version(vectors, docs, backend)
-    bm25 = BM25Retriever.build(docs, stats=bm25_stats)
-    with writer_lock(out), commit(out) as version:
-        write_index_files(version.tmp / "dense", None, change, enc.info, backend.metric, backend.name, params)
-        _write_engine(version.tmp, bm25, EngineManifest(settings, enc.retriever, enc.reranker, len(docs)))

@@ -30,19 +30,21 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from twostage.indexer.build import check_unique_ids, chunk_documents, slice_chunks
 from twostage.indexer.corpus import CorpusSource, iter_documents
 from twostage.indexer.engine_dir import EngineSettings
 from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
 from twostage.indexer.index import IndexChange
 from twostage.indexer.manifest import check_file_name, manifest_text, read_manifest_json
 from twostage.indexer.records import Document, RankedList
-from twostage.indexer.shards import merge_topk, split_contiguous
+from twostage.indexer.shards import contiguous_bounds, merge_topk
 from twostage.indexer.versions import VERSION, Lease, commit, current_version, open_current, writer_lock
 from twostage.reranker.engine import (
     SearchEngine,
@@ -50,7 +52,7 @@ from twostage.reranker.engine import (
     _format_of,
     _Models,
     _with,
-    _write_first,
+    _write_streamed,
 )
 from twostage.reranker.two_stage import TwoStageSearch, Where
 from twostage.retriever.analyzer import Analyzer
@@ -260,18 +262,20 @@ class ShardedEngine(TwoStageSearch):
             raise ConfigError(f"{root}: exists and is not empty; choose another --out (add documents with add)")
         settings = _with(settings or EngineSettings(), overrides)
         enc = _encode_corpus(corpus, root, settings, retriever, reranker, chunk_size, resume, show_progress)
-        vectors, docs = enc.merged()
-        parts = split_contiguous(docs, shards)
-        stats = _stats(parts)
-        names, start = [], 0
+        total = sum(int(c["rows"]) for c in enc.done)
+        bounds = contiguous_bounds(total, shards)
+        check_unique_ids(enc.work, enc.done)  # across shards (each shard's build checks its own rows)
+        stats = _stats([lambda: chunk_documents(enc.work, enc.done)])
+        names = []
         with writer_lock(root):
-            for i, part in enumerate(tqdm(parts, desc="write shards", unit="shard", disable=not show_progress)):
+            for i, (start, stop) in enumerate(tqdm(bounds, desc="write shards", unit="shard",
+                                                   disable=not show_progress)):
                 name = f"shard-{i:03d}"
-                _write_first(root / name, enc, vectors[start:start + len(part)], part, settings, stats)
+                part = enc.work / name  # the shard's rows of the encoded chunks: links, and the cut chunks
+                _write_streamed(root / name, replace(enc, work=part, done=slice_chunks(enc.work, enc.done, start,
+                                                                                        stop, part)), settings, stats)
                 names.append((name, current_version(root / name).name))
-                start += len(part)
-            _commit(root, names, len(docs))
-        del vectors
+            _commit(root, names, total)
         enc.discard()
         return cls.load(root, verify=False)
 
@@ -321,7 +325,7 @@ class ShardedEngine(TwoStageSearch):
                 stats = _stats(lives)
                 names = []
                 for s, engine in enumerate(shards):
-                    bm25 = BM25Retriever.build(lives[s], engine.bm25.config, stats=stats)
+                    bm25 = BM25Retriever.build_chunked(lives[s], engine.bm25.config, stats=stats)
                     new = engine._update(_change(route[s], vectors[s], gone[s], replace_docs), bm25=bm25,
                                          pinned=True)
                     names.append((base.names[s][0], new.version))
@@ -343,14 +347,29 @@ def _change(docs: list[Document], vectors: np.ndarray | None, delete: list[str],
     return make
 
 
-def _live_docs(engine: SearchEngine, docs: list[Document], delete: list[str], replace_docs: bool) -> list[Document]:
+def _live_docs(engine: SearchEngine, docs: list[Document], delete: list[str],
+               replace_docs: bool) -> Callable[[], Iterator[list[Document]]]:
+    """A shard's live documents after the change, as a source of chunks that can be read more than once: its
+    kept documents a row group at a time (:meth:`DocStore.document_chunks`), then the new ones."""
     drop = set(delete) | ({d.id for d in docs} if replace_docs else set())
-    return [d for d in engine.documents(engine.bm25.doc_ids) if d.id not in drop] + docs
+    live = np.flatnonzero(~engine.index.deleted)
+
+    def chunks() -> Iterator[list[Document]]:
+        for _, part in engine.index.store.document_chunks(live):
+            kept = [d for d in part if d.id not in drop]
+            if kept:
+                yield kept
+        if docs:
+            yield list(docs)
+
+    return chunks
 
 
-def _stats(parts: Sequence[Sequence[Document]]) -> CorpusStats:
+def _stats(sources: Sequence[Callable[[], Iterable[Sequence[Document]]]]) -> CorpusStats:
+    """The statistics of every shard's live documents together, a chunk at a time."""
     analyzer = Analyzer(BM25Config().analyzer)
-    return CorpusStats.combine(CorpusStats.of(analyzer(d.full_text) for d in part) for part in parts)
+    return CorpusStats.combine(CorpusStats.of(analyzer(d.full_text) for d in part)
+                               for source in sources for part in source())
 
 
 def _commit(root: Path, names: list[tuple[str, str]], documents: int) -> None:

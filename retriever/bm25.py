@@ -159,37 +159,42 @@ class BM25Retriever:
         return cls(config, ids, engine)
 
     @classmethod
-    def build_chunked(cls, chunks: Callable[[], Iterable[Sequence[Document]]],
-                      config: BM25Config | None = None) -> BM25Retriever:
-        """Index a corpus given a chunk of documents at a time, in two passes (``chunks()`` is called twice): the
-        corpus statistics, then the weights chunk by chunk, so no more than one chunk's texts are held at once.
-        Scores equal :meth:`build`'s bit for bit (bm25s's weights; :mod:`twostage.retriever.bm25_stats`)."""
+    def build_chunked(cls, chunks: Callable[[], Iterable[Sequence[Document]]], config: BM25Config | None = None, *,
+                      stats: CorpusStats | None = None) -> BM25Retriever:
+        """Index a corpus given a chunk of documents at a time, so no more than one chunk's texts are held at once:
+        two passes (``chunks()`` is called twice), the corpus statistics then the weights chunk by chunk; one pass
+        when ``stats`` (e.g. a sharded corpus's global statistics) are given. Scores equal :meth:`build`'s bit for
+        bit (bm25s's weights; :mod:`twostage.retriever.bm25_stats`)."""
         config = config or BM25Config()
         if config.engine != "bm25s":
             raise ConfigError("a chunked BM25 build needs the bm25s engine")
         analyzer = Analyzer(config.analyzer)
+        first: list[str] | None = None
+        if stats is None:
+            first, parts = [], []
+            for docs in chunks():
+                first.extend(d.id for d in docs)
+                parts.append(CorpusStats.of(analyzer(d.full_text) for d in docs))
+            stats = CorpusStats.combine(parts)
+            del parts
+            if not first:
+                raise DataError("cannot build a BM25 index over an empty corpus")
+            if stats.total_length == 0:
+                raise DataError(f"no document of the {len(first)} has a single term after analysis; is the corpus "
+                                "text empty?")
         ids: list[str] = []
-        parts = []
-        for docs in chunks():
-            ids.extend(d.id for d in docs)
-            parts.append(CorpusStats.of(analyzer(d.full_text) for d in docs))
-        stats = CorpusStats.combine(parts)
-        del parts
-        if not ids:
-            raise DataError("cannot build a BM25 index over an empty corpus")
-        if stats.total_length == 0:
-            raise DataError(f"no document of the {len(ids)} has a single term after analysis; is the corpus text empty?")
-        second = [0]  # documents seen by the second pass
 
         def terms() -> Iterable[list[list[str]]]:
             for docs in chunks():
-                second[0] += len(docs)
+                ids.extend(d.id for d in docs)
                 yield [analyzer(d.full_text) for d in docs]
 
         weights = weight_arrays_chunked(terms(), stats, config.k1, config.b)
-        if second[0] != len(ids):
-            raise DataError(f"the corpus changed between the two passes of the BM25 build ({len(ids)} documents, "
-                            f"then {second[0]}); build again")
+        if first is not None and ids != first:
+            raise DataError(f"the corpus changed between the two passes of the BM25 build ({len(first)} documents, "
+                            f"then {len(ids)}); build again")
+        if not ids:
+            raise DataError("cannot build a BM25 index over an empty corpus")
         logger.info("BM25 (chunked) indexed %d documents", len(ids))
         return cls(config, ids, Bm25sEngine.from_weights(config, weights, len(ids)))
 

@@ -67,9 +67,8 @@ def weight_arrays(doc_terms: Sequence[Sequence[str]], stats: CorpusStats, k1: fl
 def weight_arrays_chunked(chunks: Iterable[Sequence[Sequence[str]]], stats: CorpusStats, k1: float,
                           b: float) -> tuple[dict[str, int], np.ndarray, np.ndarray, np.ndarray]:
     """:func:`weight_arrays` over documents given a chunk at a time: only one chunk's terms are held at once, plus
-    the weights (a row, a column and a weight per distinct term of a document)."""
-    import scipy.sparse as sp
-
+    the weights (12 bytes a posting: row, column, weight) until they are placed in the CSC arrays (8 bytes a
+    posting), chunk by chunk, each column's rows ascending as scipy orders them."""
     if stats.num_docs <= 0 or stats.total_length <= 0:
         raise DataError("BM25 statistics over no terms: the corpus has no text")
     vocab: dict[str, int] = {}
@@ -78,15 +77,30 @@ def weight_arrays_chunked(chunks: Iterable[Sequence[Sequence[str]]], stats: Corp
     n = 0
     for doc_terms in chunks:
         rows, cols, weights = _chunk_weights(doc_terms, stats, k1, b, vocab, idf, n)
-        parts.append((rows, cols, weights))
+        order = np.argsort(cols, kind="stable")  # by column, rows ascending within each
+        parts.append((rows[order].astype(np.int32), cols[order].astype(np.int32), weights[order]))
         n += len(doc_terms)
-    row = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
-    col = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
-    weights = np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, dtype=np.float32)
-    del parts
-    matrix = sp.csc_matrix((weights, (row, col)), shape=(n, len(vocab)), dtype=np.float32)
+    counts = np.zeros(len(vocab), dtype=np.int64)
+    for _, cols, _ in parts:
+        counts += np.bincount(cols, minlength=len(vocab))
+    indptr = np.zeros(len(vocab) + 1, dtype=np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    index_dtype = np.int32 if max(int(indptr[-1]), n) < 2**31 else np.int64  # scipy's choice
+    indices = np.empty(int(indptr[-1]), dtype=index_dtype)
+    data = np.empty(int(indptr[-1]), dtype=np.float32)
+    next_free = indptr[:-1].copy()  # where each column's next row goes
+    parts.reverse()
+    while parts:  # in row order, each chunk's postings appended to their columns, then the chunk freed
+        rows, cols, weights = parts.pop()
+        if not len(cols):
+            continue
+        starts = np.flatnonzero(np.concatenate(([True], cols[1:] != cols[:-1])))
+        sizes = np.diff(np.append(starts, len(cols)))
+        at = next_free[cols] + (np.arange(len(cols)) - np.repeat(starts, sizes))
+        indices[at], data[at] = rows, weights
+        next_free[cols[starts]] += sizes
     vocab.setdefault("", len(vocab))  # bm25s's empty term: in the vocabulary, without a column
-    return vocab, matrix.data, matrix.indices, matrix.indptr
+    return vocab, data, indices, indptr.astype(index_dtype)
 
 
 def _chunk_weights(doc_terms: Sequence[Sequence[str]], stats: CorpusStats, k1: float, b: float,

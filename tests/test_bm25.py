@@ -9,6 +9,7 @@ from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
 from twostage.indexer.records import Document
 from twostage.retriever.analyzer import Analyzer, AnalyzerConfig
 from twostage.retriever.bm25 import BM25Config, BM25Retriever
+from twostage.retriever.bm25_stats import CorpusStats
 
 
 @pytest.fixture(scope="module")
@@ -185,3 +186,33 @@ def test_chunked_build_scores_equal_the_in_memory_build_bit_for_bit():
     assert len(passes) == 2 and list(chunked.doc_ids) == list(whole.doc_ids)
     for q in ["why do cats purr", "snow and rain", "bread dough yeast", "steak"]:
         np.testing.assert_array_equal(chunked.scores(q), whole.scores(q))
+    # with the statistics given (a shard's global ones), one pass
+    one = BM25Retriever.build_chunked(chunks, stats=CorpusStats.of(Analyzer(AnalyzerConfig())(d.full_text)
+                                                                       for d in docs))
+    assert len(passes) == 3 and np.array_equal(one.scores("snow and rain"), whole.scores("snow and rain"))
+
+
+def test_chunked_weights_are_scipys_csc_arrays():
+    """The CSC arrays placed chunk by chunk equal scipy's csc_matrix of the same postings, dtypes included."""
+    import random
+
+    import scipy.sparse as sp
+
+    from twostage.retriever.bm25_stats import _chunk_weights, weight_arrays_chunked
+
+    rng = random.Random(0)
+    docs = [[f"w{rng.randint(0, 300)}" for _ in range(rng.randint(0, 30))] for _ in range(2000)]
+    stats = CorpusStats.of(docs)
+    chunks = [docs[i:i + 137] for i in range(0, len(docs), 137)] + [[]]
+    vocab, data, indices, indptr = weight_arrays_chunked(chunks, stats, 1.2, 0.6)
+    seen: dict[str, int] = {}
+    idf: list[float] = []
+    parts, n = [], 0
+    for c in chunks:
+        parts.append(_chunk_weights(c, stats, 1.2, 0.6, seen, idf, n))
+        n += len(c)
+    rows, cols, weights = (np.concatenate([p[i] for p in parts]) for i in range(3))
+    want = sp.csc_matrix((weights, (rows, cols)), shape=(n, len(seen)), dtype=np.float32)
+    for got, ref in ((data, want.data), (indices, want.indices), (indptr, want.indptr)):
+        assert got.dtype == ref.dtype and np.array_equal(got, ref)
+    assert vocab == {**seen, "": len(seen)}

@@ -354,3 +354,34 @@ def test_filtered_exact_search_reads_rows_across_segments(built):
     np.testing.assert_array_equal(built.rows(rows), np.vstack([np.asarray(v) for v in built._vectors])[rows])
     got = built.search("rain snow", 5, where={"topic": "weather"})
     assert len(got) == 5 and all(d.metadata["topic"] == "weather" for d in built.documents(got.ids))
+
+
+def test_compaction_copies_the_live_rows_one_segment_at_a_time(tmp_path, monkeypatch):
+    from twostage.indexer import index as index_module
+
+    docs, vecs, encoder = random_corpus(n=300)
+    index = build_index(docs, encoder, tmp_path / "idx", backend="faiss-hnsw-sq8", chunk_size=64)
+    gone = [f"d{i}" for i in range(0, 300, 7)]
+    index = index.delete(gone).upsert([Document("d1", "text 1"), Document("extra", "text 2")])
+    live = index.doc_ids[~index.deleted]
+    want_vectors, want_docs = index.rows(np.flatnonzero(~index.deleted)), index.documents(live)
+    monkeypatch.setattr(index_module, "COMPACT_ROWS", 40)
+    made: list[int] = []
+    original = index_module.write_segment
+
+    def watched(directory, name, vectors, docs_):
+        made.append(len(docs_))
+        return original(directory, name, vectors, docs_)
+
+    monkeypatch.setattr(index_module, "write_segment", watched)
+    compacted = index.compact()
+    assert max(made) == 40 and sum(made) == len(live) == 300 - len(gone) + 1
+    m = compacted.manifest
+    assert m.deleted == 0 and [s.rows for s in m.segments] == made and [s.start for s in m.segments] == \
+        list(range(0, len(live), 40))
+    assert list(compacted.doc_ids) == list(live) and compacted.documents(live) == want_docs
+    np.testing.assert_array_equal(compacted.rows(np.arange(len(live))), want_vectors)
+    exact = Index.load(tmp_path / "idx", encoder=encoder)
+    queries = vecs[[3, 50, 120]]
+    for got, ref in zip(exact.search_batch(queries, 10), index.search_batch(queries, 10)):
+        assert list(got.ids) == list(ref.ids)
