@@ -1,8 +1,8 @@
 """Row numbers and document ids of an index version, without a Python object per document.
 
 The ids are one Arrow string array (their UTF-8 bytes and an 8-byte offset per row); finding an id's rows goes
-through the ids' 64-bit hashes, sorted, with their row numbers beside them (16 bytes a row). At ten million
-documents that is about 0.3 GB where an object array and two dicts of Python strings took about 2.5 GB.
+through the ids' 64-bit hashes, sorted, with their row numbers beside them (16 bytes a row). Measured at ten
+million documents in ``benchmarks/results/scale.md``, against an object array and two dicts of Python strings.
 Indexing with row numbers, a boolean mask or a slice gives a NumPy object array of ``str``, as before.
 """
 
@@ -36,6 +36,10 @@ class IdMap:
         else:
             ids = ids.cast(pa.large_string())
         self._ids = ids
+        # the array's own buffers, for reading one id without boxing a pyarrow scalar
+        self._offsets = np.frombuffer(ids.buffers()[1], dtype=np.int64)[ids.offset:ids.offset + len(ids) + 1] \
+            if len(ids) else np.zeros(1, dtype=np.int64)
+        self._data = memoryview(ids.buffers()[2]) if len(ids) and ids.buffers()[2] is not None else memoryview(b"")
         hashes = np.empty(len(ids), dtype=np.uint64)
         for start in range(0, len(ids), HASH_SLICE):
             hashes[start:start + HASH_SLICE] = hash_ids(ids.slice(start, HASH_SLICE).to_numpy(zero_copy_only=False))
@@ -57,7 +61,7 @@ class IdMap:
         import pyarrow as pa
 
         if isinstance(rows, (int, np.integer)):
-            return self._ids[int(rows)].as_py()
+            return self._id_at(int(rows) + len(self) if rows < 0 else int(rows))
         if isinstance(rows, slice):
             start, stop, step = rows.indices(len(self))
             rows = np.arange(start, stop, step)
@@ -68,26 +72,35 @@ class IdMap:
             rows = np.flatnonzero(rows)
         if not len(rows):
             return np.array([], dtype=object)
+        if len(rows) <= 64:  # a search's hits: read from the buffers, no Arrow call
+            out = np.empty(len(rows), dtype=object)
+            out[:] = [self._id_at(r) for r in rows.tolist()]
+            return out
         return self._ids.take(pa.array(rows.astype(np.int64, copy=False))).to_numpy(zero_copy_only=False)
+
+    def _id_at(self, row: int) -> str:
+        if not -len(self) <= row < len(self):
+            raise IndexError(f"row {row} is outside the {len(self)} ids")
+        row %= len(self)
+        return bytes(self._data[self._offsets[row]:self._offsets[row + 1]]).decode("utf-8")
 
     def __iter__(self) -> Iterator[str]:
         for start in range(0, len(self), HASH_SLICE):
             yield from self._ids.slice(start, HASH_SLICE).to_pylist()
 
-    def rows_of(self, doc_id: str, hashed: np.uint64 | None = None) -> np.ndarray:
+    def rows_of(self, doc_id: str, hashed: np.uint64 | None = None) -> list[int]:
         """Every row holding ``doc_id``, ascending (``hashed``: its hash, when already computed)."""
         h = hash_ids([doc_id])[0] if hashed is None else hashed
-        lo, hi = np.searchsorted(self._sorted, h, side="left"), np.searchsorted(self._sorted, h, side="right")
-        if lo == hi:
-            return np.array([], dtype=np.int64)
-        rows = np.sort(self._order[lo:hi])
-        return rows[[self._ids[int(r)].as_py() == doc_id for r in rows]]
+        at = int(np.searchsorted(self._sorted, h, side="left"))
+        rows = []
+        while at < len(self._sorted) and self._sorted[at] == h:  # one row, unless an id was upserted (or collided)
+            row = int(self._order[at])
+            if self._id_at(row) == doc_id:
+                rows.append(row)
+            at += 1
+        return sorted(rows)
 
     def live_rows(self, ids: Sequence[str], deleted: np.ndarray) -> list[int | None]:
         """The live row of each id (None: no live row), with the ids hashed in one call."""
-        out: list[int | None] = []
-        for doc_id, h in zip(ids, hash_ids(list(ids)) if len(ids) else []):
-            rows = self.rows_of(doc_id, h)
-            rows = rows[~deleted[rows]]
-            out.append(int(rows[0]) if len(rows) else None)
-        return out
+        hashes = hash_ids(list(ids)) if len(ids) else []
+        return [next((r for r in self.rows_of(doc_id, h) if not deleted[r]), None) for doc_id, h in zip(ids, hashes)]
