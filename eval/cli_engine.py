@@ -186,13 +186,9 @@ def _delete(args: argparse.Namespace) -> int:
 
 
 def _compact(args: argparse.Namespace) -> int:
-    from twostage.reranker.sharded import ShardedEngine, open_engine
+    from twostage.reranker.sharded import open_engine
 
-    engine = open_engine(args.engine, verify=False)
-    if isinstance(engine, ShardedEngine):
-        raise ConfigError(f"{args.engine}: compacting a sharded engine is not supported yet; its deleted rows stay "
-                          "tombstoned (searches skip them)")
-    new = engine.compact()
+    new = open_engine(args.engine, verify=False).compact()
     print(f"compacted: {len(new)} documents, version {new.version}")
     return 0
 

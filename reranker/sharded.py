@@ -18,7 +18,8 @@ big graph, so the dense lists agree only as far as the ANN recall goes.
 existing id stays in its shard), then write a new version of *every* shard (the global statistics changed, so
 every shard's BM25 is rebuilt with them), and commit by writing the top-level version that names them: a crash
 before that leaves the sharded engine at its previous versions (the shards' own ``CURRENT`` may then be ahead;
-the next sharded write starts again from the pinned versions). Only write to the shards through this class.
+the next sharded write starts again from the pinned versions). ``compact`` rewrites each shard's dense part
+without its deleted rows and commits the same way. Only write to the shards through this class.
 Documents added later that tie *exactly* with others (equal BM25 or dense scores) may come in another order than
 in one engine, which orders ties by arrival; a hybrid list built from such a tie can then differ too.
 
@@ -294,6 +295,22 @@ class ShardedEngine(TwoStageSearch):
         if not ids:
             raise ConfigError("no ids to delete")
         return self._update([], ids, replace_docs=False)
+
+    def compact(self) -> ShardedEngine:
+        """Rewrite every shard's dense part without its deleted rows (each shard's BM25 already holds only live
+        documents), then commit the sharded manifest naming the compacted versions."""
+        with writer_lock(self.root):
+            base = open_current(self.root, lambda v, lease: ShardedEngine._open(self.root, v, lease, False), WHAT)
+            try:
+                names = []
+                for (name, _), shard in zip(base.names, base._local):
+                    new = shard.engine._update(lambda b: (b.index.change_compact(), None), pinned=True)
+                    names.append((name, new.version))
+                    new.close()
+                _commit(self.root, names, len(base))
+            finally:
+                base.close()
+        return ShardedEngine.load(self.root, verify=False)
 
     def _update(self, docs: list[Document], delete: list[str], *, replace_docs: bool) -> ShardedEngine:
         """Under the sharded writer lock: re-open the committed version, route the change, write every shard's next
