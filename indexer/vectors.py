@@ -319,6 +319,7 @@ def verify_saved(ann: Any, path: Path, dim: int, count: int) -> None:
         raise OSError(28, "the ANN file was not written completely (is the disk full?)", str(path)) from None
 
 
+_CHECK_ROWS = 65_536  # rows of an hnswlib file's level 0 checked at a time
 _HNSW_HEADER = struct.Struct("<QQQQQQiIQQQdQ")  # hnswlib's saveIndex: offsets, counts, sizes, levels, M, mult, ef
 
 
@@ -354,17 +355,19 @@ def check_hnswlib_file(path: Path, dim: int, count: int) -> None:
         raise bad(f"{size} bytes, too short")
     if count:
         level0 = np.memmap(path, dtype=np.uint8, mode="r", offset=_HNSW_HEADER.size, shape=(count, per_element))
-        links = np.ascontiguousarray(level0[:, :links0]).view(np.uint32)
-        n_links = links[:, 0] & 0xFFFF
-        if n_links.max() > max_m0:
-            raise bad("a neighbour list is longer than maxM0")
-        used = np.arange(max_m0)[None, :] < n_links[:, None]
-        if (links[:, 1:][used] >= count).any():
-            raise bad("a neighbour id is out of range")
-        labels = np.ascontiguousarray(level0[:, label_offset:label_offset + 8]).view(np.int64)
-        if labels.min() < 0 or labels.max() >= count:
-            raise bad("a label is not a row number")
-        del level0
+        for start in range(0, count, _CHECK_ROWS):  # in slices: the check's copies stay bounded
+            rows = level0[start:start + _CHECK_ROWS]
+            links = np.ascontiguousarray(rows[:, :links0]).view(np.uint32)
+            n_links = links[:, 0] & 0xFFFF
+            if n_links.max() > max_m0:
+                raise bad("a neighbour list is longer than maxM0")
+            used = np.arange(max_m0)[None, :] < n_links[:, None]
+            if (links[:, 1:][used] >= count).any():
+                raise bad("a neighbour id is out of range")
+            labels = np.ascontiguousarray(rows[:, label_offset:label_offset + 8]).view(np.int64)
+            if labels.min() < 0 or labels.max() >= count:
+                raise bad("a label is not a row number")
+        del level0, rows
     if (size - body) % 4:
         raise bad("the upper levels are truncated")
     tail = np.memmap(path, dtype=np.uint32, mode="r", offset=body, shape=((size - body) // 4,)) \

@@ -285,7 +285,7 @@ def test_resume_reuses_only_chunks_whose_documents_are_the_same(tmp_path):
     assert index.search("cat dog", 1).ids[0] == "d1"
 
 
-def test_crafted_hnswlib_file_with_a_matching_checksum_is_a_clear_error(built, tmp_path, capsys):
+def test_crafted_hnswlib_file_with_a_matching_checksum_is_a_clear_error(built, tmp_path, capsys, monkeypatch):
     """hnswlib trusts its file; the index checks it first, so a crafted graph is an error, never a crash."""
     import random
     import shutil
@@ -305,16 +305,23 @@ def test_crafted_hnswlib_file_with_a_matching_checksum_is_a_clear_error(built, t
         (v / "manifest.json").write_text(json.dumps(manifest))
 
     header = 96
+    per_element = int.from_bytes(original[24:32], "little")
     neighbour = bytearray(original)
     neighbour[header + 4: header + 8] = (10**9).to_bytes(4, "little")  # first neighbour of row 0 -> far away
+    late = bytearray(original)  # the same in row 150, which a sliced check reaches in a later slice
+    late[header + 150 * per_element + 4: header + 150 * per_element + 8] = (10**9).to_bytes(4, "little")
     count = bytearray(original)
     count[16:24] = (10**6).to_bytes(8, "little")  # cur_element_count
-    for data in (bytes(neighbour), bytes(count), original[:500], original + b"\0" * 8):
-        plant(data)
-        with pytest.raises(IndexFormatError, match="not a valid hnswlib index"):
-            Index.load(tmp_path / "evil")
-        assert main(["index", "info", "--fast", str(tmp_path / "evil")]) == 2
-        assert "not a valid hnswlib index" in capsys.readouterr().err
+    from twostage.indexer import vectors
+
+    for rows_per_check in (vectors._CHECK_ROWS, 7):
+        monkeypatch.setattr(vectors, "_CHECK_ROWS", rows_per_check)
+        for data in (bytes(neighbour), bytes(late), bytes(count), original[:500], original + b"\0" * 8):
+            plant(data)
+            with pytest.raises(IndexFormatError, match="not a valid hnswlib index"):
+                Index.load(tmp_path / "evil")
+            assert main(["index", "info", "--fast", str(tmp_path / "evil")]) == 2
+            assert "not a valid hnswlib index" in capsys.readouterr().err
     rng = random.Random(0)
     for _ in range(200):  # random damage: a clear error or a working index, never a crash
         data = bytearray(original)
