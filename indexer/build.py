@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from twostage.indexer.corpus import CorpusSource, iter_documents
-from twostage.indexer.docstore import write_table
+from twostage.indexer.docstore import COLUMNS, row_document, write_table
 from twostage.indexer.errors import ConfigError, DataError
 from twostage.indexer.index import Index, IndexChange, link_or_copy, write_index_files, write_segment
 from twostage.indexer.manifest import EncoderInfo, Segment
@@ -224,8 +224,9 @@ def chunk_documents(work: Path, done: list[dict[str, Any]]) -> Iterator[list[Doc
     import pyarrow.parquet as pq
 
     for c in done:
-        yield [Document(r["id"], r["text"], r["title"], json.loads(r["metadata"]))
-               for r in pq.read_table(work / "segments" / f"{c['name']}.parquet").to_pylist()]
+        table = pq.read_table(work / "segments" / f"{c['name']}.parquet")
+        columns = {name: table.column(name).to_pylist() for name in COLUMNS}
+        yield [row_document(columns, r) for r in range(table.num_rows)]
 
 
 def finish_build(work: Path, done: list[dict[str, Any]], out: Path, backend: BackendConfig, info: EncoderInfo,

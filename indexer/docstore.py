@@ -53,6 +53,12 @@ def read_ids(path: Path) -> Any:
         raise IndexFormatError(f"{path}: not a readable parquet file ({str(exc)[:200]}); restore or rebuild") from None
 
 
+def row_document(columns: dict[str, list[Any]], row: int) -> Document:
+    """The Document in row ``row`` of a segment's columns (as stored: metadata in JSON)."""
+    return Document(columns["id"][row], columns["text"][row], columns["title"][row],
+                    json.loads(columns["metadata"][row]))
+
+
 class DocStore:
     """Random and sequential access to the documents of one version's segments, by row number."""
 
@@ -140,7 +146,7 @@ class DocStore:
                 cols = self._cached_group(int(s), int(g))
                 for i in at[group == g]:
                     r = int(local[i] - starts[g])
-                    out[i] = Document(cols["id"][r], cols["text"][r], cols["title"][r], json.loads(cols["metadata"][r]))
+                    out[i] = row_document(cols, r)
         return out  # type: ignore[return-value]
 
     def chunks(self, rows: np.ndarray, columns: Sequence[str] = COLUMNS) -> Iterator[tuple[np.ndarray, dict[str, list]]]:
@@ -166,8 +172,7 @@ class DocStore:
     def document_chunks(self, rows: np.ndarray) -> Iterator[tuple[np.ndarray, list[Document]]]:
         """:meth:`chunks` as (row numbers, Documents)."""
         for at, cols in self.chunks(rows):
-            yield at, [Document(i, t, ti, json.loads(m))
-                       for i, t, ti, m in zip(cols["id"], cols["text"], cols["title"], cols["metadata"])]
+            yield at, [row_document(cols, r) for r in range(len(at))]
 
     def column(self, name: str) -> list[Any]:
         """One column over every row (e.g. the metadata, for filters), read without the others."""

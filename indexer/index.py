@@ -101,11 +101,10 @@ class Index:
                 raise IndexFormatError(f"{path}: {len(col)} documents, the manifest says {seg.rows}")
             columns.extend(col.chunks)
         self.doc_ids = IdMap(pa.chunked_array(columns, pa.string()) if columns else pa.chunked_array([], pa.string()))
-        ids = self.doc_ids
-        self.deleted = np.zeros(len(ids), dtype=bool)
+        self.deleted = np.zeros(len(self.doc_ids), dtype=bool)
         if manifest.deleted:
             rows = np.load(version_dir / "deleted.npy", allow_pickle=False)
-            if len(rows) != manifest.deleted or (len(rows) and (rows.min() < 0 or rows.max() >= len(ids))):
+            if len(rows) != manifest.deleted or (len(rows) and (rows.min() < 0 or rows.max() >= len(self.doc_ids))):
                 raise IndexFormatError(f"{version_dir / 'deleted.npy'}: does not match the manifest; restore or rebuild")
             self.deleted[rows] = True
         self._ann = self._open_ann()
