@@ -1,7 +1,8 @@
-"""Row numbers and document ids of an index version, without a Python object per document.
+"""Row numbers and document ids of an index version (or of a BM25 index), without a Python object per document.
 
 The ids are one Arrow string array (their UTF-8 bytes and an 8-byte offset per row); finding an id's rows goes
-through the ids' 64-bit hashes, sorted, with their row numbers beside them (16 bytes a row). Measured at ten
+through the ids' 64-bit hashes, sorted, with their row numbers beside them (16 bytes a row, built on the first
+lookup). Measured at ten
 million documents in ``benchmarks/results/scale.md``, against an object array and two dicts of Python strings.
 Indexing with row numbers, a boolean mask or a slice gives a NumPy object array of ``str``, as before.
 """
@@ -40,17 +41,33 @@ class IdMap:
         self._offsets = np.frombuffer(ids.buffers()[1], dtype=np.int64)[ids.offset:ids.offset + len(ids) + 1] \
             if len(ids) else np.zeros(1, dtype=np.int64)
         self._data = memoryview(ids.buffers()[2]) if len(ids) and ids.buffers()[2] is not None else memoryview(b"")
-        hashes = np.empty(len(ids), dtype=np.uint64)
-        for start in range(0, len(ids), HASH_SLICE):
-            hashes[start:start + HASH_SLICE] = hash_ids(ids.slice(start, HASH_SLICE).to_numpy(zero_copy_only=False))
-        self._order = np.argsort(hashes, kind="stable")
-        self._sorted = hashes[self._order]
+        self._hashed: tuple[np.ndarray, np.ndarray] | None = None  # (rows by hash, sorted hashes): on first lookup
 
     @classmethod
     def of(cls, ids: Sequence[str]) -> IdMap:
         import pyarrow as pa
 
         return cls(pa.array(list(ids), pa.large_string()))
+
+    def kept_then(self, keep: np.ndarray, new_ids: Sequence[str]) -> IdMap:
+        """The ids of the rows ``keep`` marks, in order, then ``new_ids``: an update's, without a Python string
+        per kept id."""
+        import pyarrow as pa
+
+        return IdMap(pa.concat_arrays([self._ids.filter(pa.array(np.asarray(keep, dtype=bool))),
+                                       pa.array(list(new_ids), pa.large_string())]))
+
+    def _lookup(self) -> tuple[np.ndarray, np.ndarray]:
+        """The rows ordered by their ids' hashes and the sorted hashes (16 bytes a row), built on the first lookup
+        by id: a map that only names rows (BM25's) never pays for them. Threads racing here build equal arrays."""
+        if self._hashed is None:
+            hashes = np.empty(len(self._ids), dtype=np.uint64)
+            for start in range(0, len(self._ids), HASH_SLICE):
+                hashes[start:start + HASH_SLICE] = hash_ids(self._ids.slice(start, HASH_SLICE)
+                                                            .to_numpy(zero_copy_only=False))
+            order = np.argsort(hashes, kind="stable")
+            self._hashed = (order, hashes[order])
+        return self._hashed
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -91,10 +108,11 @@ class IdMap:
     def rows_of(self, doc_id: str, hashed: np.uint64 | None = None) -> list[int]:
         """Every row holding ``doc_id``, ascending (``hashed``: its hash, when already computed)."""
         h = hash_ids([doc_id])[0] if hashed is None else hashed
-        at = int(np.searchsorted(self._sorted, h, side="left"))
+        order, hashes = self._lookup()
+        at = int(np.searchsorted(hashes, h, side="left"))
         rows = []
-        while at < len(self._sorted) and self._sorted[at] == h:  # one row, unless an id was upserted (or collided)
-            row = int(self._order[at])
+        while at < len(hashes) and hashes[at] == h:  # one row, unless an id was upserted (or collided)
+            row = int(order[at])
             if self._id_at(row) == doc_id:
                 rows.append(row)
             at += 1

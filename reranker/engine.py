@@ -13,8 +13,9 @@ while others commit; :meth:`SearchEngine.refresh` moves to the newest.
 
 Memory: nothing an engine does holds the corpus's texts. The build encodes and indexes a chunk at a time; a search
 reads only the parquet row groups of the documents it returns or reranks (:mod:`twostage.indexer.docstore`); an
-update rebuilds BM25 over the live documents streamed from the store a row group at a time (two passes), and a
-compaction copies the live rows one bounded segment at a time.
+update copies BM25's stored postings of the documents it keeps and analyses only the new ones (a BM25 saved without
+postings is rebuilt from the documents streamed a row group at a time), and a compaction copies the live rows one
+bounded segment at a time.
 """
 
 from __future__ import annotations
@@ -276,7 +277,9 @@ class SearchEngine(TwoStageSearch):
                         link_or_copy(f, version.tmp / "bm25" / f.name)
                     bm25, count = None, len(base)
                 else:
-                    if bm25 is None:
+                    if bm25 is None and base.bm25.postings is not None:  # only the new documents are analysed
+                        bm25 = base.bm25.updated(kept_bm25_rows(base, change), new_docs)
+                    elif bm25 is None:  # an index saved without postings: rebuilt from the stored documents
                         bm25 = BM25Retriever.build_chunked(live_chunks(base.index, change, new_docs),
                                                            base.bm25.config)
                     count = len(bm25)
@@ -304,14 +307,23 @@ def _format_of(version_dir: Path) -> str | None:
     return data.get("format") if isinstance(data, dict) else None
 
 
-def live_chunks(index: Index, change: IndexChange, new_docs: list[Document]) -> Callable[[], Iterator[list[Document]]]:
-    """The live documents of the version ``change`` makes, in row order, as a source of chunks that can be read
-    more than once (BM25's two passes): the kept rows a parquet row group at a time, then ``new_docs``. Nothing
-    holds every document."""
+def kept_bm25_rows(engine: SearchEngine, change: IndexChange) -> np.ndarray:
+    """Which of ``engine``'s BM25 rows (its live documents) are still live after ``change``."""
+    return ~_deleted_after(engine.index, change)[engine._bm25_rows]
+
+
+def _deleted_after(index: Index, change: IndexChange) -> np.ndarray:
+    """A mask over ``index``'s rows: deleted in the version ``change`` makes."""
     gone = np.asarray(change.deleted, dtype=np.int64)
     deleted = np.zeros(index.manifest.rows, dtype=bool)
     deleted[gone[gone < len(deleted)]] = True
-    kept = np.flatnonzero(~deleted)
+    return deleted
+
+
+def live_chunks(index: Index, change: IndexChange, new_docs: list[Document]) -> Callable[[], Iterator[list[Document]]]:
+    """The live documents of the version ``change`` makes, in row order, as a source of chunks: the kept rows a
+    parquet row group at a time, then ``new_docs``. Nothing holds every document."""
+    kept = np.flatnonzero(~_deleted_after(index, change))
 
     def chunks() -> Iterator[list[Document]]:
         for _, docs in index.store.document_chunks(kept):

@@ -338,11 +338,10 @@ class ShardedEngine(TwoStageSearch):
                 # encoded in one pass, as one engine would (a document's vector depends on its batch's padding)
                 encoded = shards[0]._encode(docs, False) if docs else None
                 vectors = [encoded[target == s] if route[s] else None for s in range(n)]
-                lives = [_live_docs(shards[s], route[s], gone[s], replace_docs) for s in range(n)]
-                stats = _stats(lives)
+                bm25_of, stats = _bm25_updates(shards, route, gone, replace_docs)
                 names = []
                 for s, engine in enumerate(shards):
-                    bm25 = BM25Retriever.build_chunked(lives[s], engine.bm25.config, stats=stats)
+                    bm25 = bm25_of(s)
                     new = engine._update(_change(route[s], vectors[s], gone[s], replace_docs), bm25=bm25,
                                          pinned=True)
                     names.append((base.names[s][0], new.version))
@@ -362,6 +361,23 @@ def _change(docs: list[Document], vectors: np.ndarray | None, delete: list[str],
             return base.index.change_add(docs, vectors, replace=replace_docs), docs
         return base.index.change_unchanged(), []  # [] (not None): BM25 is written anew, with the new statistics
     return make
+
+
+def _bm25_updates(shards: list[SearchEngine], route: list[list[Document]], gone: list[list[str]],
+                  replace_docs: bool) -> tuple[Callable[[int], BM25Retriever], CorpusStats]:
+    """The global statistics after the change, and a function giving shard ``s``'s new BM25 scored with them: from
+    the stored postings (only the new documents analysed) or, where a shard's BM25 keeps none (saved by an older
+    version), from every live document streamed from the stores."""
+    if all(e.bm25.postings is not None for e in shards):
+        keeps = []
+        for s, e in enumerate(shards):
+            drop = set(gone[s]) | ({d.id for d in route[s]} if replace_docs else set())
+            keeps.append(np.fromiter((i not in drop for i in e.bm25.doc_ids), dtype=bool, count=len(e.bm25)))
+        stats = CorpusStats.combine(e.bm25.stats_after(keeps[s], route[s]) for s, e in enumerate(shards))
+        return lambda s: shards[s].bm25.updated(keeps[s], route[s], stats=stats), stats
+    lives = [_live_docs(shards[s], route[s], gone[s], replace_docs) for s in range(len(shards))]
+    stats = _stats(lives)
+    return lambda s: BM25Retriever.build_chunked(lives[s], shards[s].bm25.config, stats=stats), stats
 
 
 def _live_docs(engine: SearchEngine, docs: list[Document], delete: list[str],

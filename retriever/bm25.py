@@ -1,5 +1,9 @@
 """BM25: the lexical first stage. bm25s by default (sparse, precomputed); rank-bm25 as the reference.
 
+The default engine's weights are computed here from the corpus's postings (:mod:`twostage.retriever.bm25_stats`,
+bit for bit bm25s's own weights, tested) and scored by bm25s. bm25s cannot index with statistics given from outside
+(a shard) nor keep the term counts an update needs, and computing them here indexes in one pass over the corpus.
+
 Both engines score with the Lucene BM25 formula and the same :class:`~twostage.retriever.analyzer.Analyzer`, so
 they rank a corpus the same way; the scores differ by the constant factor ``k1 + 1`` that Lucene drops.
 
@@ -21,10 +25,11 @@ import numpy as np
 from twostage.indexer.atomic import atomic_directory
 from twostage.indexer.codec import from_json_dict, to_json_dict
 from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
+from twostage.indexer.ids import IdMap
 from twostage.indexer.records import Document, RankedList
 from twostage.indexer.topk import check_k, top_k
 from twostage.retriever.analyzer import Analyzer, AnalyzerConfig
-from twostage.retriever.bm25_stats import CorpusStats, weight_arrays, weight_arrays_chunked
+from twostage.retriever.bm25_stats import CorpusStats, Postings
 from twostage.retriever.bm25_store import read_bm25_files, write_bm25_files
 
 logger = logging.getLogger(__name__)
@@ -59,17 +64,9 @@ class Bm25sEngine:
         self.model = model
 
     @classmethod
-    def build(cls, doc_terms: list[list[str]], k1: float, b: float, show_progress: bool = False) -> Bm25sEngine:
-        import bm25s
-
-        model = bm25s.BM25(k1=k1, b=b, method="lucene")
-        model.index(doc_terms, show_progress=show_progress)
-        return cls(model)
-
-    @classmethod
     def from_arrays(cls, config: BM25Config, vocab: dict[str, int], arrays: dict[str, np.ndarray],
                     num_docs: int) -> Bm25sEngine:
-        """The engine of a saved index (:func:`twostage.retriever.bm25_store.read_bm25_files`)."""
+        """bm25s scoring over CSC weight arrays (data, indices, indptr) computed here (:class:`Postings`)."""
         import bm25s
 
         model = bm25s.BM25(k1=config.k1, b=config.b, method="lucene")
@@ -78,13 +75,6 @@ class Bm25sEngine:
         model.unique_token_ids_set = set(vocab.values())
         model.nonoccurrence_array = None  # the Lucene variant has no non-occurrence term
         return cls(model)
-
-    @classmethod
-    def from_weights(cls, config: BM25Config, weights: tuple[dict[str, int], np.ndarray, np.ndarray, np.ndarray],
-                     num_docs: int) -> Bm25sEngine:
-        """The engine of weights computed here (:mod:`twostage.retriever.bm25_stats`: vocabulary and CSC arrays)."""
-        vocab, data, indices, indptr = weights
-        return cls.from_arrays(config, vocab, {"data": data, "indices": indices, "indptr": indptr}, num_docs)
 
     def scores(self, terms: list[str]) -> np.ndarray:
         ids = self.model.get_tokens_ids(terms)
@@ -122,11 +112,15 @@ class BM25Retriever:
     Documents that share no term with the query are not returned, so fewer than ``k`` may come back.
     """
 
-    def __init__(self, config: BM25Config, doc_ids: Sequence[str], engine: _Engine) -> None:
+    def __init__(self, config: BM25Config, doc_ids: Sequence[str] | IdMap, engine: _Engine,
+                 postings: Postings | None = None, where: str = "the BM25 index") -> None:
         self.config = config
-        self.doc_ids = np.asarray(doc_ids, dtype=object)
+        # row -> id, one Arrow array (indexing gives NumPy object arrays): no Python string held per document
+        self.doc_ids = doc_ids if isinstance(doc_ids, IdMap) else IdMap.of(doc_ids)
         self.analyzer = Analyzer(config.analyzer)
         self._engine = engine
+        self.postings = postings  # the term counts the weights came from (bm25s engine; None in older saved indexes)
+        self._where = where
 
     @classmethod
     def build(
@@ -135,53 +129,32 @@ class BM25Retriever:
     ) -> BM25Retriever:
         """Index ``documents``. ``stats``: score with these corpus statistics instead of the documents' own (a shard
         of a larger corpus, :mod:`twostage.retriever.bm25_stats`; bm25s engine only)."""
+        from tqdm.auto import tqdm
+
         config = config or BM25Config()
+        if stats is not None and config.engine != "bm25s":
+            raise ConfigError("corpus statistics from outside need the bm25s engine")
         analyzer = Analyzer(config.analyzer)
         ids: list[str] = []
         terms: list[list[str]] = []
-        for doc in documents:
+        for doc in tqdm(documents, desc="bm25", unit="doc", disable=not show_progress):
             ids.append(doc.id)
             terms.append(analyzer(doc.full_text))
-        if not ids:
-            raise DataError("cannot build a BM25 index over an empty corpus")
-        if not any(terms):
-            raise DataError(f"no document of the {len(ids)} has a single term after analysis; is the corpus text empty?")
-        if stats is not None:
-            if config.engine != "bm25s":
-                raise ConfigError("corpus statistics from outside need the bm25s engine")
-            engine: _Engine = Bm25sEngine.from_weights(config, weight_arrays(terms, stats, config.k1, config.b),
-                                                       len(ids))
-        elif config.engine == "bm25s":
-            engine = Bm25sEngine.build(terms, config.k1, config.b, show_progress=show_progress)
-        else:
-            engine = RankBm25Engine(terms, config.k1, config.b)
-        logger.info("BM25 (%s) indexed %d documents", config.engine, len(ids))
-        return cls(config, ids, engine)
+        _check_terms(len(ids), sum(map(len, terms)), stats)
+        if config.engine == "rank-bm25":
+            logger.info("BM25 (rank-bm25) indexed %d documents", len(ids))
+            return cls(config, ids, RankBm25Engine(terms, config.k1, config.b))
+        return cls._of(config, ids, Postings.of_chunks([terms]), stats)
 
     @classmethod
     def build_chunked(cls, chunks: Callable[[], Iterable[Sequence[Document]]], config: BM25Config | None = None, *,
                       stats: CorpusStats | None = None) -> BM25Retriever:
-        """Index a corpus given a chunk of documents at a time, so no more than one chunk's texts are held at once:
-        two passes (``chunks()`` is called twice), the corpus statistics then the weights chunk by chunk; one pass
-        when ``stats`` (e.g. a sharded corpus's global statistics) are given. Scores equal :meth:`build`'s bit for
-        bit (bm25s's weights; :mod:`twostage.retriever.bm25_stats`)."""
+        """Index a corpus given a chunk of documents at a time (one pass: ``chunks()`` is called once), so no more
+        than one chunk's texts are held at once. ``stats`` as in :meth:`build`. Scores equal :meth:`build`'s."""
         config = config or BM25Config()
         if config.engine != "bm25s":
             raise ConfigError("a chunked BM25 build needs the bm25s engine")
         analyzer = Analyzer(config.analyzer)
-        first: list[str] | None = None
-        if stats is None:
-            first, parts = [], []
-            for docs in chunks():
-                first.extend(d.id for d in docs)
-                parts.append(CorpusStats.of(analyzer(d.full_text) for d in docs))
-            stats = CorpusStats.combine(parts)
-            del parts
-            if not first:
-                raise DataError("cannot build a BM25 index over an empty corpus")
-            if stats.total_length == 0:
-                raise DataError(f"no document of the {len(first)} has a single term after analysis; is the corpus "
-                                "text empty?")
         ids: list[str] = []
 
         def terms() -> Iterable[list[list[str]]]:
@@ -189,14 +162,39 @@ class BM25Retriever:
                 ids.extend(d.id for d in docs)
                 yield [analyzer(d.full_text) for d in docs]
 
-        weights = weight_arrays_chunked(terms(), stats, config.k1, config.b)
-        if first is not None and ids != first:
-            raise DataError(f"the corpus changed between the two passes of the BM25 build ({len(first)} documents, "
-                            f"then {len(ids)}); build again")
-        if not ids:
-            raise DataError("cannot build a BM25 index over an empty corpus")
-        logger.info("BM25 (chunked) indexed %d documents", len(ids))
-        return cls(config, ids, Bm25sEngine.from_weights(config, weights, len(ids)))
+        postings = Postings.of_chunks(terms())
+        _check_terms(len(ids), int(postings.lengths.sum(dtype=np.int64)), stats)
+        return cls._of(config, ids, postings, stats)
+
+    def updated(self, keep: np.ndarray, documents: Sequence[Document], *,
+                stats: CorpusStats | None = None) -> BM25Retriever:
+        """A new index over the documents ``keep`` marks (a boolean per row, order kept) and then ``documents``,
+        from the stored postings: only the new documents are analysed (:meth:`Postings.updated`). ``stats`` as in
+        :meth:`build`. Needs :attr:`postings` (an index saved before they were kept has none: rebuild it)."""
+        postings = self._postings_after(keep, documents)
+        ids = self.doc_ids.kept_then(keep, [d.id for d in documents])
+        _check_terms(len(ids), int(postings.lengths.sum(dtype=np.int64)), stats)
+        return self._of(self.config, ids, postings, stats)
+
+    def stats_after(self, keep: np.ndarray, documents: Sequence[Document]) -> CorpusStats:
+        """The corpus statistics of the documents :meth:`updated` would index (a shard's part of the global ones)."""
+        return self._postings_after(keep, documents).stats()
+
+    def _postings_after(self, keep: np.ndarray, documents: Sequence[Document]) -> Postings:
+        if self.postings is None:
+            raise ConfigError("this BM25 index keeps no postings (saved by an older version or built with rank-bm25); "
+                              "build it again")
+        self.postings.check(self._where)
+        return self.postings.updated(keep, [self.analyzer(d.full_text) for d in documents])
+
+    @classmethod
+    def _of(cls, config: BM25Config, ids: Sequence[str] | IdMap, postings: Postings,
+            stats: CorpusStats | None) -> BM25Retriever:
+        data = postings.weights(stats, config.k1, config.b)
+        engine = Bm25sEngine.from_arrays(config, postings.vocab(), {"data": data, "indices": postings.rows,
+                                                                    "indptr": postings.indptr}, postings.num_docs)
+        logger.info("BM25 indexed %d documents", len(ids))
+        return cls(config, ids, engine, postings)
 
     def __len__(self) -> int:
         return len(self.doc_ids)
@@ -237,14 +235,21 @@ class BM25Retriever:
         """Write the index's files into the existing ``directory`` (the caller makes the write atomic)."""
         if not isinstance(self._engine, Bm25sEngine):
             raise ConfigError("only the bm25s engine can be saved; rank-bm25 is the in-memory reference engine")
-        write_bm25_files(Path(directory), self._engine.model, self.doc_ids, to_json_dict(self.config))
+        write_bm25_files(Path(directory), self._engine.model, self.doc_ids, to_json_dict(self.config), self.postings)
 
     @classmethod
     def load(cls, path: str | Path) -> BM25Retriever:
         """Open a saved index; the manifest and every file's checksum are checked before any array is read."""
-        raw, doc_ids, vocab, arrays = read_bm25_files(path)
+        raw, doc_ids, vocab, arrays, postings = read_bm25_files(path)
         try:
             config = from_json_dict(BM25Config, raw, "BM25 settings")
         except (TypeError, ValueError) as exc:
             raise IndexFormatError(f"{path}: the BM25 settings in manifest.json are invalid ({exc}); rebuild it") from None
-        return cls(config, doc_ids, Bm25sEngine.from_arrays(config, vocab, arrays, len(doc_ids)))
+        return cls(config, doc_ids, Bm25sEngine.from_arrays(config, vocab, arrays, len(doc_ids)), postings, str(path))
+
+
+def _check_terms(num_docs: int, total_length: int, stats: CorpusStats | None) -> None:
+    if not num_docs:
+        raise DataError("cannot build a BM25 index over an empty corpus")
+    if stats is None and total_length == 0:
+        raise DataError(f"no document of the {num_docs} has a single term after analysis; is the corpus text empty?")

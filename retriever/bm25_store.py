@@ -8,6 +8,11 @@ turns them into a retriever, so the dependency points one way (bm25 -> bm25_stor
       doc_ids.json    document ids in row order
       vocab.json      term -> column of the weight matrix
       weights.data.npy, weights.indices.npy, weights.indptr.npy   the bm25s CSC term x document weights
+      postings.counts.npy   each weight's term count (int32), so an update need not analyse the kept documents
+      doc_lengths.npy       each document's number of terms (int32)
+
+The last two came with format version 3; an index without them (versions 1 and 2) still loads, and an update
+rebuilds it from the stored documents.
 """
 
 from __future__ import annotations
@@ -26,20 +31,27 @@ from twostage.indexer.manifest import (
     read_manifest_json,
     verify_files,
 )
+from twostage.retriever.bm25_stats import Postings
 
 FORMAT = "twostage.bm25"
-FORMAT_VERSION = 2  # 2: files list sha256 and bytes (the index's convention); 1 listed sha256 only
+FORMAT_VERSION = 3  # 3: the postings' counts and lengths; 2: files list sha256 and bytes; 1 listed sha256 only
 ARRAYS = ("data", "indices", "indptr")
+BASE_FILES = ("doc_ids.json", "vocab.json", *(f"weights.{a}.npy" for a in ARRAYS))
+POSTINGS_FILES = ("postings.counts.npy", "doc_lengths.npy")
 
 
-def write_bm25_files(tmp: Path, model: Any, doc_ids: Any, config: dict[str, Any]) -> None:
-    """Write a bm25s model's files and the manifest into the existing directory ``tmp`` (the caller makes it
-    atomic). ``config`` is the retriever's BM25Config as a dict."""
+def write_bm25_files(tmp: Path, model: Any, doc_ids: Any, config: dict[str, Any], postings: Postings | None) -> None:
+    """Write a bm25s model's files, its postings (when kept) and the manifest into the existing directory ``tmp``
+    (the caller makes it atomic). ``config`` is the retriever's BM25Config as a dict."""
     (tmp / "doc_ids.json").write_text(json.dumps([str(i) for i in doc_ids]), encoding="utf-8")
     (tmp / "vocab.json").write_text(json.dumps(model.vocab_dict, ensure_ascii=False), encoding="utf-8")
     for name in ARRAYS:
         np.save(tmp / f"weights.{name}.npy", np.asarray(model.scores[name]), allow_pickle=False)
-    files = ["doc_ids.json", "vocab.json", *(f"weights.{a}.npy" for a in ARRAYS)]
+    files = list(BASE_FILES)
+    if postings is not None:
+        np.save(tmp / "postings.counts.npy", np.asarray(postings.counts, dtype=np.int32), allow_pickle=False)
+        np.save(tmp / "doc_lengths.npy", np.asarray(postings.lengths, dtype=np.int32), allow_pickle=False)
+        files += POSTINGS_FILES
     text = manifest_text(FORMAT, FORMAT_VERSION, describe_files(tmp, files), config=config, num_docs=len(doc_ids),
                          vocab_size=len(model.vocab_dict))
     (tmp / "manifest.json").write_text(text, encoding="utf-8")
@@ -49,15 +61,18 @@ def _read_manifest(root: Path) -> dict[str, Any]:
     return read_manifest_json(root, FORMAT, FORMAT_VERSION, "a BM25 index directory", "BM25Retriever.save")
 
 
-def read_bm25_files(path: str | Path) -> tuple[dict[str, Any], list[str], dict[str, int], dict[str, np.ndarray]]:
-    """The config dict, document ids, vocabulary and weight arrays of a BM25 directory, after checking the manifest
-    and every file's checksum (before any array is read) and that arrays and counts agree."""
+def read_bm25_files(path: str | Path) -> tuple[dict[str, Any], list[str], dict[str, int], dict[str, np.ndarray],
+                                               Postings | None]:
+    """The config dict, document ids, vocabulary, weight arrays and postings (None when the index has none) of a
+    BM25 directory, after checking the manifest and every file's checksum (before any array is read) and that arrays
+    and counts agree. The postings' counts and lengths are memory-mapped: only an update reads them."""
     root = Path(path)
     if not root.is_dir():
         raise IndexFormatError(f"{root}: no such BM25 index directory")
     manifest = _read_manifest(root)
     files = manifest.get("files", {})
-    if not isinstance(files, dict) or set(files) != {"doc_ids.json", "vocab.json", *(f"weights.{a}.npy" for a in ARRAYS)}:
+    has_postings = isinstance(files, dict) and set(files) == {*BASE_FILES, *POSTINGS_FILES}
+    if not isinstance(files, dict) or not (set(files) == set(BASE_FILES) or has_postings):
         raise IndexFormatError(f"{root / 'manifest.json'}: lists other files than a BM25 index holds; rebuild it")
     if manifest.get("format_version") == 1:  # v1 listed sha256 only: take the sizes as found, the sha256 decides
         if not all(isinstance(digest, str) for digest in files.values()):
@@ -70,13 +85,15 @@ def read_bm25_files(path: str | Path) -> tuple[dict[str, Any], list[str], dict[s
         doc_ids = json.loads((root / "doc_ids.json").read_text(encoding="utf-8"))
         vocab = json.loads((root / "vocab.json").read_text(encoding="utf-8"))
         arrays = {name: np.load(root / f"weights.{name}.npy", allow_pickle=False) for name in ARRAYS}
+        extra = [np.load(root / f, mmap_mode="r", allow_pickle=False) for f in POSTINGS_FILES] if has_postings else []
     except (KeyError, ValueError, OSError) as exc:
         raise IndexFormatError(f"{root}: cannot read the index ({exc}); rebuild it") from None
     n = int(manifest["num_docs"])
     data, indices, indptr = arrays["data"], arrays["indices"], arrays["indptr"]
     columns = [v for term, v in vocab.items() if term]  # bm25s keeps "" as a term without a column
     consistent = (
-        len(doc_ids) == n
+        isinstance(doc_ids, list) and all(type(i) is str for i in doc_ids) and isinstance(vocab, dict)
+        and len(doc_ids) == n
         and len(vocab) == int(manifest["vocab_size"])
         and (not columns or max(columns) < len(indptr) - 1)
         and len(data) == len(indices) == int(indptr[-1])
@@ -86,4 +103,12 @@ def read_bm25_files(path: str | Path) -> tuple[dict[str, Any], list[str], dict[s
         raise IndexFormatError(f"{root}: arrays and counts disagree with manifest.json; rebuild the index")
     if not isinstance(config, dict):
         raise IndexFormatError(f"{root / 'manifest.json'}: config is not an object; rebuild the index")
-    return config, doc_ids, vocab, arrays
+    postings = None
+    if has_postings:
+        cols = sorted((c, t) for t, c in vocab.items() if t and type(c) is int)
+        terms = [t for _, t in cols]
+        if [c for c, _ in cols] != list(range(len(indptr) - 1)) or len(extra[0]) != len(indices) or \
+                len(extra[1]) != n or not all(np.issubdtype(a.dtype, np.integer) for a in extra):
+            raise IndexFormatError(f"{root}: the postings disagree with the vocabulary or the weights; rebuild it")
+        postings = Postings(terms, indptr, indices, extra[0], extra[1])
+    return config, doc_ids, vocab, arrays, postings

@@ -139,7 +139,7 @@ def test_updates_stream_the_stored_documents(tmp_path, monkeypatch, models):
     e3 = e2.upsert([Document("a3", "volcano lava word3"), Document("a99", "a brand new document word3")])
     e4 = e3.delete(["snow", "a7", "a30"])
     s2 = sharded.add([Document("snow", "blizzard avalanche new document", "Snow")]).delete(["a7"])
-    assert chunks and max(chunks) <= 8 and sum(chunks) >= 4 * 40  # two passes per update, a row group at a time
+    assert chunks == []  # BM25 updates from its stored postings: the kept documents are not read, nor analysed
     monkeypatch.setattr(DocStore, "documents_at", DOCUMENTS_AT)  # reading documents back for the checks
     for e in (e2, e3, e4):
         _bm25_equals_fresh(e)
@@ -150,3 +150,72 @@ def test_updates_stream_the_stored_documents(tmp_path, monkeypatch, models):
     for q in ("blizzard avalanche", "text of a number 17", "word2"):
         assert s2.search(q, k=10, first_stage="bm25").ids == one.search(q, k=10, first_stage="bm25").ids
 
+
+
+def test_an_engine_whose_bm25_has_no_postings_updates_from_the_store(tmp_path, monkeypatch, models):
+    """An engine saved before BM25 kept its postings (format 2): an update rebuilds BM25 from the stored documents,
+    streamed a row group at a time, and the new version keeps postings again."""
+    import json
+
+    from twostage.indexer.engine_dir import engine_files
+
+    monkeypatch.setattr(docstore, "ROW_GROUP", 8)
+    retriever, _ = models
+    engine = SearchEngine.build(_docs("a", 40), tmp_path / "e", retriever=retriever, precision="fp32")
+    bm25_dir = engine.version_dir / "bm25"
+    manifest = json.loads((bm25_dir / "manifest.json").read_text())
+    manifest["format_version"] = 2
+    for name in ("postings.counts.npy", "doc_lengths.npy"):
+        del manifest["files"][name]
+        (bm25_dir / name).unlink()
+    (bm25_dir / "manifest.json").write_text(json.dumps(manifest))
+    engine_manifest = engine.version_dir / "manifest.json"  # it checksums the part manifests
+    data = json.loads(engine_manifest.read_text())
+    data["files"] = engine_files(engine.version_dir)
+    engine_manifest.write_text(json.dumps(data))
+    old = SearchEngine.load(tmp_path / "e")
+    assert old.bm25.postings is None
+    chunks: list[int] = []
+    original = DocStore.document_chunks
+
+    def watched(self, rows):
+        for at, part in original(self, rows):
+            chunks.append(len(part))
+            yield at, part
+
+    monkeypatch.setattr(DocStore, "document_chunks", watched)
+    new = old.add([Document("snow", "blizzard avalanche new document", "Snow")]).delete(["a7"])
+    assert chunks and max(chunks) <= 8 and sum(chunks) == 40  # one pass, a row group at a time (then postings)
+    assert new.bm25.postings is not None
+    _bm25_equals_fresh(new)
+
+
+def test_a_sharded_update_without_postings_streams_the_stores(tmp_path, monkeypatch, models):
+    """Where a shard's BM25 keeps no postings (an older engine), a sharded update computes the global statistics
+    and each shard's BM25 from the stored documents, and still answers as one engine."""
+    retriever, _ = models
+    sharded = ShardedEngine.build(_docs("a", 30), tmp_path / "s", shards=2, retriever=retriever, precision="fp32")
+    original = BM25Retriever.load
+
+    def without_postings(path):
+        bm25 = original(path)
+        bm25.postings = None
+        return bm25
+
+    monkeypatch.setattr(BM25Retriever, "load", staticmethod(without_postings))
+    read: list[int] = []
+    chunks = DocStore.document_chunks
+
+    def watched(self, rows):
+        read.append(len(rows))
+        return chunks(self, rows)
+
+    monkeypatch.setattr(DocStore, "document_chunks", watched)
+    s2 = sharded.add([Document("snow", "blizzard avalanche new document", "Snow")]).delete(["a7"])
+    assert read  # the fallback read the stores
+    monkeypatch.setattr(BM25Retriever, "load", original)
+    one = SearchEngine.build(_docs("a", 30), tmp_path / "one", retriever=retriever, precision="fp32")
+    one = one.add([Document("snow", "blizzard avalanche new document", "Snow")]).delete(["a7"])
+    for q in ("blizzard avalanche", "text of a number 17", "word2"):
+        got, want = s2.search(q, k=10, first_stage="bm25"), one.search(q, k=10, first_stage="bm25")
+        assert got.ids == want.ids and [h.score for h in got.hits] == [h.score for h in want.hits]
