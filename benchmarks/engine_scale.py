@@ -9,9 +9,9 @@ The documents are benchmarks/scale.py's synthetic texts; the bi-encoder is the t
 the texts, BM25's arrays, the vectors and the ANN graph (hnswlib). ``--words`` sets the documents' length.
 Phases, one after the other in one process:
 build; the first search with hits (their documents read from the store); ``add`` of 1,000 new documents and
-``delete`` of 1,000 (each a new version with BM25 rebuilt over every live document). For each phase: seconds and
-the growth of anonymous memory (RssAnon, sampled every 0.2 s) over its value when the phase began, which is what
-the phase itself needed; peak RSS (ru_maxrss, file pages included) is the build's. The last line:
+``delete`` of 1,000 (each a new version: BM25 updated from its stored postings, or before a391e5a rebuilt from
+every live document). For each phase: seconds and the growth of anonymous memory (RssAnon, sampled every 0.2 s)
+over its value when the phase began, which is what the phase itself needed; peak RSS (ru_maxrss, file pages included) is the build's. The last line:
 ``engine scale: N docs, peak RSS X GB, build T s, add +A GB, delete +D GB``.
 """
 

@@ -9,7 +9,7 @@ Each structure is built in its own process from the same Arrow column of ids ("d
 benchmark names them, read as the index reads its parquet id columns); the figure is the growth of anonymous
 memory (RssAnon) over the process's size with the Arrow column loaded, after the build. Lookups: 10,000 live rows of
 random ids, one call each and all in one call (as `add`/`delete`/`documents` ask), and the ids of 10,000 random rows (as a search's
-hits are named). The last line: ``id memory: N ids, map X GB, dicts Y GB``.
+hits are named). The last line: ``id memory: N ids, map X GB, dicts Y GB, BM25 Z GB (was W)``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 
 KINDS = {"map": "index: id map (Arrow + sorted hashes)", "dicts": "index before: object array + two dicts",
          "names": "BM25: id map, no lookup by id yet (no hashes)", "array": "BM25 before: object array"}
