@@ -130,6 +130,8 @@ def main() -> None:
     ap.add_argument("--md", type=Path, default=None, help="append the result as a table row to this markdown file")
     ap.add_argument("--nprobe", type=int, nargs="*", default=[],
                     help="IVF modes: also measure these probe counts (printed lines, before the default's row)")
+    ap.add_argument("--ef", type=int, nargs="*", default=[],
+                    help="HNSW modes: also measure these ef_search values (printed lines, after the default's row)")
     args = ap.parse_args()
     from twostage.indexer.index import Index
 
@@ -171,6 +173,10 @@ def main() -> None:
         index.search_batch(query_texts, 10)
         qps = len(query_texts) / (time.perf_counter() - t)
         recall = recall_of(found)
+        for ef in args.ef:  # larger candidate lists of the same graph, after the default row (a warm page cache)
+            f, ts = one_at_a_time(ef_search=ef)
+            print(f"scale: {args.docs} docs, mode {args.mode}, ef_search {ef}: recall@10 {recall_of(f):.3f}, "
+                  f"p50 {np.percentile(ts, 50) * 1000:.2f} ms, p95 {np.percentile(ts, 95) * 1000:.2f} ms", flush=True)
         params = dict(Index.load(Path(tmp) / "idx", verify=False).manifest.params)
         index.close()
     p50, p95 = (float(np.percentile(times, p)) * 1000 for p in (50, 95))
