@@ -133,7 +133,6 @@ def main() -> None:
     ap.add_argument("--ef", type=int, nargs="*", default=[],
                     help="HNSW modes: also measure these ef_search values (printed lines, after the default's row)")
     args = ap.parse_args()
-    from twostage.indexer.index import Index
 
     encoder = SyntheticEncoder()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
@@ -177,7 +176,7 @@ def main() -> None:
             f, ts = one_at_a_time(ef_search=ef)
             print(f"scale: {args.docs} docs, mode {args.mode}, ef_search {ef}: recall@10 {recall_of(f):.3f}, "
                   f"p50 {np.percentile(ts, 50) * 1000:.2f} ms, p95 {np.percentile(ts, 95) * 1000:.2f} ms", flush=True)
-        params = dict(Index.load(Path(tmp) / "idx", verify=False).manifest.params)
+        params = dict(index.manifest.params)  # (loading the index again would hold a second ANN in memory)
         index.close()
     p50, p95 = (float(np.percentile(times, p)) * 1000 for p in (50, 95))
     if args.md:
