@@ -2,8 +2,8 @@
 
 The ids are one Arrow string array (their UTF-8 bytes and an 8-byte offset per row); finding an id's rows goes
 through the ids' 64-bit hashes, sorted, with their row numbers beside them (16 bytes a row, built on the first
-lookup). Measured at ten
-million documents in ``benchmarks/results/scale.md``, against an object array and two dicts of Python strings.
+lookup). Measured at ten million documents in ``benchmarks/results/id_memory.md``, against an object array and two
+dicts of Python strings.
 Indexing with row numbers, a boolean mask or a slice gives a NumPy object array of ``str``, as before.
 """
 

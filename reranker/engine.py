@@ -278,7 +278,7 @@ class SearchEngine(TwoStageSearch):
                     bm25, count = None, len(base)
                 else:
                     if bm25 is None and base.bm25.postings is not None:  # only the new documents are analysed
-                        bm25 = base.bm25.updated(kept_bm25_rows(base, change), new_docs)
+                        bm25 = base.bm25.updated(_kept_bm25_rows(base, change), new_docs)
                     elif bm25 is None:  # an index saved without postings: rebuilt from the stored documents
                         bm25 = BM25Retriever.build_chunked(live_chunks(base.index, change, new_docs),
                                                            base.bm25.config)
@@ -307,7 +307,7 @@ def _format_of(version_dir: Path) -> str | None:
     return data.get("format") if isinstance(data, dict) else None
 
 
-def kept_bm25_rows(engine: SearchEngine, change: IndexChange) -> np.ndarray:
+def _kept_bm25_rows(engine: SearchEngine, change: IndexChange) -> np.ndarray:
     """Which of ``engine``'s BM25 rows (its live documents) are still live after ``change``."""
     return ~_deleted_after(engine.index, change)[engine._bm25_rows]
 
