@@ -295,6 +295,16 @@ def test_updated_postings_equal_a_fresh_build():
     assert isinstance(bm25.postings, Postings)
 
 
+def as_format_2(root: Path) -> None:
+    """Turn a saved BM25 directory into what format 2 wrote: no postings files."""
+    manifest = json.loads((root / "manifest.json").read_text())
+    manifest["format_version"] = 2
+    for name in ("postings.counts.npy", "doc_lengths.npy"):
+        del manifest["files"][name]
+        (root / name).unlink()
+    (root / "manifest.json").write_text(json.dumps(manifest))
+
+
 def test_updates_from_saved_postings_and_older_indexes(tmp_path, sample):
     docs = sample[0]
     bm25 = BM25Retriever.build(docs[:150])
@@ -307,12 +317,7 @@ def test_updates_from_saved_postings_and_older_indexes(tmp_path, sample):
         assert np.array_equal(got.scores(q), want.scores(q))
     # a format-2 index (no postings) loads and searches, and says what to do when asked to update
     root = tmp_path / "idx"
-    manifest = json.loads((root / "manifest.json").read_text())
-    manifest["format_version"] = 2
-    for name in ("postings.counts.npy", "doc_lengths.npy"):
-        del manifest["files"][name]
-        (root / name).unlink()
-    (root / "manifest.json").write_text(json.dumps(manifest))
+    as_format_2(root)
     old = BM25Retriever.load(root)
     assert old.postings is None and np.array_equal(old.scores("snow"), bm25.scores("snow"))
     with pytest.raises(ConfigError, match="keeps no postings"):

@@ -110,6 +110,20 @@ def _bm25_equals_fresh(engine) -> None:
         assert np.array_equal(engine.bm25.scores(q), fresh.scores(q))
 
 
+def _watch_chunks(monkeypatch) -> list[int]:
+    """The sizes of the row groups the store streams from now on (DocStore.document_chunks watched)."""
+    chunks: list[int] = []
+    original = DocStore.document_chunks
+
+    def watched(self, rows):
+        for at, part in original(self, rows):
+            chunks.append(len(part))
+            yield at, part
+
+    monkeypatch.setattr(DocStore, "document_chunks", watched)
+    return chunks
+
+
 def test_updates_stream_the_stored_documents(tmp_path, monkeypatch, models):
     monkeypatch.setattr(docstore, "ROW_GROUP", 8)
     retriever, _ = models
@@ -122,18 +136,11 @@ def test_updates_stream_the_stored_documents(tmp_path, monkeypatch, models):
             got, want = sharded.search(q, k=10, first_stage=stage, rerank=False), \
                 engine.search(q, k=10, first_stage=stage, rerank=False)
             assert got.ids == want.ids and [h.score for h in got.hits] == [h.score for h in want.hits]
-    chunks: list[int] = []
-    original = DocStore.document_chunks
-
-    def watched(self, rows):
-        for at, part in original(self, rows):
-            chunks.append(len(part))
-            yield at, part
+    chunks = _watch_chunks(monkeypatch)
 
     def refuse(self, rows):
         raise AssertionError(f"an update asked the store for {len(rows)} documents at once")
 
-    monkeypatch.setattr(DocStore, "document_chunks", watched)
     monkeypatch.setattr(DocStore, "documents_at", refuse)
     e2 = engine.add([Document("snow", "blizzard avalanche new document", "Snow")])
     e3 = e2.upsert([Document("a3", "volcano lava word3"), Document("a99", "a brand new document word3")])
@@ -157,33 +164,20 @@ def test_an_engine_whose_bm25_has_no_postings_updates_from_the_store(tmp_path, m
     streamed a row group at a time, and the new version keeps postings again."""
     import json
 
+    from tests.test_bm25 import as_format_2
     from twostage.indexer.engine_dir import engine_files
 
     monkeypatch.setattr(docstore, "ROW_GROUP", 8)
     retriever, _ = models
     engine = SearchEngine.build(_docs("a", 40), tmp_path / "e", retriever=retriever, precision="fp32")
-    bm25_dir = engine.version_dir / "bm25"
-    manifest = json.loads((bm25_dir / "manifest.json").read_text())
-    manifest["format_version"] = 2
-    for name in ("postings.counts.npy", "doc_lengths.npy"):
-        del manifest["files"][name]
-        (bm25_dir / name).unlink()
-    (bm25_dir / "manifest.json").write_text(json.dumps(manifest))
+    as_format_2(engine.version_dir / "bm25")
     engine_manifest = engine.version_dir / "manifest.json"  # it checksums the part manifests
     data = json.loads(engine_manifest.read_text())
     data["files"] = engine_files(engine.version_dir)
     engine_manifest.write_text(json.dumps(data))
     old = SearchEngine.load(tmp_path / "e")
     assert old.bm25.postings is None
-    chunks: list[int] = []
-    original = DocStore.document_chunks
-
-    def watched(self, rows):
-        for at, part in original(self, rows):
-            chunks.append(len(part))
-            yield at, part
-
-    monkeypatch.setattr(DocStore, "document_chunks", watched)
+    chunks = _watch_chunks(monkeypatch)
     new = old.add([Document("snow", "blizzard avalanche new document", "Snow")]).delete(["a7"])
     assert chunks and max(chunks) <= 8 and sum(chunks) == 40  # one pass, a row group at a time (then postings)
     assert new.bm25.postings is not None
@@ -203,14 +197,7 @@ def test_a_sharded_update_without_postings_streams_the_stores(tmp_path, monkeypa
         return bm25
 
     monkeypatch.setattr(BM25Retriever, "load", staticmethod(without_postings))
-    read: list[int] = []
-    chunks = DocStore.document_chunks
-
-    def watched(self, rows):
-        read.append(len(rows))
-        return chunks(self, rows)
-
-    monkeypatch.setattr(DocStore, "document_chunks", watched)
+    read = _watch_chunks(monkeypatch)
     s2 = sharded.add([Document("snow", "blizzard avalanche new document", "Snow")]).delete(["a7"])
     assert read  # the fallback read the stores
     monkeypatch.setattr(BM25Retriever, "load", original)
