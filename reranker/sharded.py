@@ -367,7 +367,8 @@ def _bm25_updates(shards: list[SearchEngine], route: list[list[Document]], gone:
                   replace_docs: bool) -> tuple[Callable[[int], BM25Retriever], CorpusStats]:
     """The global statistics after the change, and a function giving shard ``s``'s new BM25 scored with them: from
     the stored postings (only the new documents analysed) or, where a shard's BM25 keeps none (saved by an older
-    version), from every live document streamed from the stores."""
+    version), from every live document streamed from the stores. A shard's new postings are derived twice (for its
+    statistics, then for its index) so that only one shard's new arrays are held at a time."""
     if all(e.bm25.postings is not None for e in shards):
         keeps = []
         for s, e in enumerate(shards):

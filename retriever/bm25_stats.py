@@ -136,13 +136,9 @@ class Postings:
         kept_n = int(keep.sum())
         remap = (np.cumsum(keep, dtype=np.int64) - 1).astype(_row_dtype(kept_n + len(new_docs)))
         mask = keep[self.rows]
-        starts = self.indptr[:-1]
-        if len(starts) and int(starts[-1]) < len(mask) and bool(np.all(np.diff(self.indptr) > 0)):
-            kept_per_col = np.add.reduceat(mask, starts, dtype=np.int64)  # (every column has a posting)
-        else:  # an empty column somewhere (or none at all): count through the running total
-            done = np.concatenate(([0], np.cumsum(mask, dtype=np.int64)))
-            kept_per_col = done[self.indptr[1:]] - done[starts]
-            del done
+        # every column holds a posting (none is ever written empty; check() refuses files that hold one)
+        kept_per_col = np.add.reduceat(mask, self.indptr[:-1], dtype=np.int64) if len(self.terms) else \
+            np.zeros(0, dtype=np.int64)
         kept_rows = remap[self.rows[mask]]
         kept_counts = np.asarray(self.counts[mask], dtype=np.int32)
         del mask, remap
@@ -199,7 +195,7 @@ class Postings:
         n, nnz, v = self.num_docs, len(self.rows), len(self.terms)
         ok = (self.indptr.ndim == self.rows.ndim == self.counts.ndim == self.lengths.ndim == 1
               and len(self.indptr) == v + 1 and len(self.counts) == nnz and int(self.indptr[0]) == 0
-              and int(self.indptr[-1]) == nnz and bool(np.all(np.diff(self.indptr) >= 0))
+              and int(self.indptr[-1]) == nnz and bool(np.all(np.diff(self.indptr) > 0))
               and (nnz == 0 or (int(self.rows.min()) >= 0 and int(self.rows.max()) < n
                                 and int(np.asarray(self.counts).min()) >= 1))
               and (n == 0 or int(np.asarray(self.lengths).min()) >= 0))
