@@ -105,33 +105,12 @@ def _compact(args: argparse.Namespace) -> int:
     return 0
 
 
-def _shard(args: argparse.Namespace) -> int:
-    from twostage.indexer.shards import build_shards
-
-    out = build_shards(args.corpus, _encoder(args.model), args.out, args.shards, backend=args.backend,
-                       batch_size=args.batch_size, show_progress=not args.quiet)
-    print(f"{args.shards} shards written under {out} (shards.json lists them)")
-    return 0
-
-
 def _search(args: argparse.Namespace) -> int:
     from twostage.eval.cli_engine import parse_where
 
     where = parse_where(args.where)
-    if args.shards:
-        from twostage.indexer.index import current_version
-        from twostage.indexer.manifest import read_manifest
-        from twostage.indexer.shards import ShardedIndex, shard_paths
-
-        model = read_manifest(current_version(shard_paths(args.shards)[0])).encoder.name
-        index = ShardedIndex.open(args.shards, _encoder(model), ray=args.ray or bool(args.ray_address),
-                                  address=args.ray_address)
-        result = index.search(args.query, args.k, **({"where": where} if where else {}))
-    elif args.index:
-        index = _open(args.index)
-        result = index.search(args.query, args.k, where=where)
-    else:
-        raise ConfigError("index search needs --index DIR or --shards DIR")
+    index = _open(args.index)
+    result = index.search(args.query, args.k, where=where)
     docs = index.documents(list(result.ids))
     for rank, (doc, score) in enumerate(zip(docs, result.scores), 1):
         print(f"{rank:3d}. [{score:.4f}] {doc.id}: {doc.title or doc.text[:80]}")
@@ -157,14 +136,6 @@ def add_commands(sub: Any) -> None:
     from twostage.eval.cli_engine import add_field_flags
 
     add_field_flags(b)
-    sh = isub.add_parser("shard", help="split a corpus into N index directories (searched with --shards)")
-    sh.add_argument("--corpus", required=True, type=Path)
-    sh.add_argument("--model", required=True, help="bi-encoder name or directory")
-    sh.add_argument("--out", required=True, type=Path)
-    sh.add_argument("--shards", required=True, type=int)
-    sh.add_argument("--backend", default="flat")
-    sh.add_argument("--batch-size", type=int, default=32)
-    sh.set_defaults(func=_shard)
     b.set_defaults(func=_build)
     i = isub.add_parser("info", help="what an index holds")
     i.add_argument("index", type=Path)
@@ -184,11 +155,8 @@ def add_commands(sub: Any) -> None:
     c = isub.add_parser("compact", help="rewrite without deleted documents")
     c.add_argument("--index", required=True, type=Path)
     c.set_defaults(func=_compact)
-    s = isub.add_parser("search", help="search a bare dense index directory (or --shards)")
-    s.add_argument("--index", type=Path, help="an index directory")
-    s.add_argument("--shards", type=Path, help="a directory of index shards (twostage index shard)")
-    s.add_argument("--ray", action="store_true", help="serve the shards with Ray actors (a local Ray by default)")
-    s.add_argument("--ray-address", default=None, help="join this Ray cluster (e.g. auto, ray://host:10001)")
+    s = isub.add_parser("search", help="search a bare dense index directory (a sharded engine: twostage search)")
+    s.add_argument("--index", required=True, type=Path, help="an index directory")
     s.add_argument("--k", type=int, default=10)
     s.add_argument("--where", action="append", help="metadata filter KEY=VALUE (repeatable)")
     s.add_argument("query")

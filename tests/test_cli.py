@@ -171,18 +171,15 @@ def test_train_reranker_cli(tmp_path, sample_dir, tiny_bert_dir, capsys):
     assert tried[meta["settings"]["interpolation"]] == max(tried.values())
 
 
-def test_shard_and_search_shards_cli(tmp_path, sample_dir, tiny_bert_dir, capsys):
-    assert main(["-q", "index", "shard", "--corpus", str(sample_dir), "--model", str(tiny_bert_dir), "--out",
-                 str(tmp_path / "shards"), "--shards", "3"]) == 0
+def test_index_search_cli(tmp_path, sample_dir, tiny_bert_dir, capsys):
     assert main(["-q", "index", "build", "--corpus", str(sample_dir), "--model", str(tiny_bert_dir), "--out",
                  str(tmp_path / "one"), "--backend", "flat"]) == 0
     capsys.readouterr()
-    assert main(["index", "search", "--shards", str(tmp_path / "shards"), "--k", "5", "why do cats purr"]) == 0
-    sharded = capsys.readouterr().out.splitlines()
     assert main(["index", "search", "--index", str(tmp_path / "one"), "--k", "5", "why do cats purr"]) == 0
-    assert sharded == capsys.readouterr().out.splitlines() and len(sharded) == 5  # same hits, same scores
-    assert main(["index", "search", "why do cats purr"]) == 2
-    assert "--index DIR or --shards DIR" in capsys.readouterr().err
+    assert len(capsys.readouterr().out.splitlines()) == 5
+    with pytest.raises(SystemExit) as exit_:
+        main(["index", "search", "why do cats purr"])
+    assert exit_.value.code == 2 and "--index" in capsys.readouterr().err
 
 
 def test_rerank_interpolation_flag(tmp_path, sample_dir, tiny_bert_dir, capsys):

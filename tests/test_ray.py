@@ -1,15 +1,13 @@
-"""Ray encoding and Ray-served shards, on a local Ray instance (skipped when Ray is not installed)."""
+"""Ray encoding, on a local Ray instance (skipped when Ray is not installed)."""
 
 import sys
 
 import numpy as np
 import pytest
 
-from tests.test_index import KeywordEncoder
 from twostage.indexer.build import build_index
 from twostage.indexer.errors import MissingDependencyError
 from twostage.indexer.index import Index
-from twostage.indexer.shards import ShardedIndex, build_shards
 
 
 @pytest.fixture(scope="module")
@@ -51,20 +49,6 @@ def test_ray_build_reads_parquet_and_names_bad_records(ray_local, tmp_path, tiny
         build_index_ray(tmp_path / "bad.jsonl", tiny_bert_dir, tmp_path / "bad", backend="flat", num_actors=1)
     assert not (tmp_path / "bad").exists()
     del pd, DataError
-
-
-def test_ray_shards_equal_one_exact_index(ray_local, tmp_path, sample_dir):
-    single = build_index(sample_dir, KeywordEncoder(), tmp_path / "single", backend="flat")
-    single.attach_encoder(KeywordEncoder())
-    build_shards(sample_dir, KeywordEncoder(), tmp_path / "sharded", 3, backend="flat")
-    sharded = ShardedIndex.open(tmp_path / "sharded", KeywordEncoder(), ray=True)
-    try:
-        for q in ["cat", "rain and snow", "cook garden music", "history of money", "sleep"]:
-            for k in (1, 10, 100):
-                want, got = single.search(q, k), sharded.search(q, k)
-                assert list(got.ids) == list(want.ids) and np.array_equal(got.scores, want.scores), (q, k)
-    finally:
-        sharded.close()
 
 
 def test_without_ray_the_error_says_how_to_install(monkeypatch):
