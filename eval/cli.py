@@ -134,8 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--rerank-interpolation", default="auto", help="blend with the first stage's score: auto "
                        "(the value saved with the reranker, if any), none (reranker alone) or a number in [0, 1]")
     bench.add_argument("--precision", default=EngineSettings().precision, choices=list(PRECISIONS),
-                       help="inference precision of both models (auto, as the engine: openvino-int8 with the "
-                       "openvino extra, else bf16 where the CPU has it natively, else fp32)")
+                       help="inference precision of both models (auto, as the engine: with the openvino extra "
+                       "the retriever in openvino-fp32 and the reranker in openvino-int8; else bf16 on AMX CPUs, "
+                       "else fp32)")
     bench.add_argument("--batch-size", type=int, default=32, help="encoding batch size")
     bench.set_defaults(func=_bench)
 

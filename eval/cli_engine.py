@@ -257,8 +257,8 @@ def add_commands(sub: Any) -> None:
     b.add_argument("--dense-weight", type=float, default=None,
                    help=f"dense's weight in the blend, BM25's is 1 minus it (default {d.dense_weight})")
     b.add_argument("--precision", default=d.precision, choices=PRECISIONS,
-                   help="model precision at search time (auto: openvino-int8 with the openvino extra, else bf16 "
-                   "where the CPU has it natively, else fp32)")
+                   help="model precision at search time (auto: with the openvino extra, the retriever in "
+                   "openvino-fp32 and the reranker in openvino-int8; else bf16 on AMX CPUs, else fp32)")
     b.add_argument("--backend", default=d.backend, help=", ".join(BACKENDS))
     b.add_argument("--batch-size", type=int, default=d.batch_size)
     b.add_argument("--chunk-size", type=int, default=4096, help="documents encoded per resumable chunk")

@@ -102,7 +102,7 @@ def _bm25_rerank(corpus: Corpus, options: SystemOptions) -> SearchSystem:
 
     if not options.reranker_model:
         raise ConfigError("the +rerank systems need a cross-encoder: pass --reranker-model NAME_OR_DIR")
-    reranker = CrossEncoder.load(options.reranker_model, precision=resolve_precision(options.precision))
+    reranker = CrossEncoder.load(options.reranker_model, precision=resolve_precision(options.precision, "reranker"))
     texts = {d.id: d.full_text for d in corpus}
     alpha = options.rerank_interpolation
     return _Reranked(Pipeline(BM25Retriever.build(corpus), reranker=reranker, texts=texts,

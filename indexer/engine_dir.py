@@ -46,7 +46,7 @@ class EngineSettings:
     k_retrieve: int = 20  # candidates the reranker reads
     rerank: bool = True  # rerank when the engine has a reranker (False: the first stage's order)
     interpolation: float | str | None = "auto"  # "auto": the reranker's dev-chosen blend; None: reranker alone
-    precision: str = "auto"  # "auto": openvino-int8 when installed, else bf16 where native, else fp32
+    precision: str = "auto"  # "auto": per model, see resolve_precision
     batch_size: int = 32
     backend: str = "hnswlib"
     metric: str = "cosine"
@@ -75,21 +75,32 @@ class EngineSettings:
             raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
 
 
-def resolve_precision(precision: str) -> str:
-    """``auto`` -> ``openvino-int8`` where the ``openvino`` extra is installed (int8 calibrated on the corpus:
-    the fastest at fp32's quality, benchmarks/results/inference_speed.md), else ``bf16`` where the CPU computes
-    bfloat16 natively (AVX512-BF16 or AMX), else ``fp32``."""
+ROLES = ("retriever", "reranker")
+
+
+def resolve_precision(precision: str, role: str = "reranker") -> str:
+    """The precision a model in ``role`` (``retriever`` or ``reranker``) runs in. ``auto``, measured on the SciFact
+    one-command models (``benchmarks/results/inference_speed.md``):
+
+    - with the ``openvino`` extra installed: the retriever in ``openvino-fp32`` and the reranker in ``openvino-int8``
+      (calibrated on the corpus). int8 keeps the reranker's nDCG@10, but costs a fine-tuned bi-encoder 0.007 dense
+      nDCG@10; OpenVINO fp32 is the fastest encoder that keeps it;
+    - else ``bf16`` where the CPU has AMX (without AMX, torch's bf16 ran at 0.64-0.70x fp32 on an AVX512-BF16
+      machine), else ``fp32``.
+    """
+    if role not in ROLES:
+        raise ConfigError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
     if precision != "auto":
         return precision
     import importlib.util
 
     if importlib.util.find_spec("openvino") is not None and importlib.util.find_spec("nncf") is not None:
-        return "openvino-int8"
+        return "openvino-int8" if role == "reranker" else "openvino-fp32"
     try:
         flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:
         return "fp32"
-    return "bf16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "fp32"
+    return "bf16" if "amx_bf16" in flags else "fp32"
 
 
 @dataclass(frozen=True)

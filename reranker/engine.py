@@ -39,6 +39,7 @@ from twostage.indexer.build import (
 from twostage.indexer.codec import to_json_dict
 from twostage.indexer.corpus import CorpusSource, iter_documents
 from twostage.indexer.engine_dir import (
+    ROLES,
     EngineManifest,
     EngineSettings,
     ModelRef,
@@ -249,7 +250,7 @@ class SearchEngine(TwoStageSearch):
             if getattr(new, fixed) != getattr(self.index.manifest, fixed):
                 raise ConfigError(f"{fixed} is the shape of the dense index; rebuild the engine to change it")
         engine = self._update(lambda base: (base.index.change_unchanged(), None), settings=new)
-        if resolve_precision(new.precision) != resolve_precision(self.settings.precision):
+        if any(resolve_precision(new.precision, r) != resolve_precision(self.settings.precision, r) for r in ROLES):
             engine._models = _Models()  # the models load again in the new precision
         return engine
 
@@ -369,15 +370,16 @@ def _encode_corpus(corpus: CorpusSource, out: Path, settings: EngineSettings, re
     from twostage.retriever.biencoder import BiEncoder
 
     BackendConfig(settings.backend, settings.metric)  # a bad backend or metric fails before any encoding
-    precision = resolve_precision(settings.precision)
+    precision = {role: resolve_precision(settings.precision, role) for role in ROLES}
     retriever_ref = model_ref(retriever)
     reranker_ref = model_ref(reranker) if reranker is not None else None
-    calibration = _calibration_texts(corpus, precision)
-    models = _Models(encoder=BiEncoder.load(retriever_ref.path, precision=precision, calibration=calibration))
+    calibration = _calibration_texts(corpus, "openvino-int8" in precision.values())
+    models = _Models(encoder=BiEncoder.load(retriever_ref.path, precision=precision["retriever"],
+                                            calibration=calibration))
     if reranker_ref is not None:
         from twostage.reranker.cross_encoder import CrossEncoder, calibration_pairs
 
-        models.reranker = CrossEncoder.load(reranker_ref.path, precision=precision,
+        models.reranker = CrossEncoder.load(reranker_ref.path, precision=precision["reranker"],
                                             calibration=calibration_pairs(calibration) if calibration else None)
         if not models.reranker.head_trained:
             raise ConfigError(f"reranker {str(reranker)!r}: its classification head was never trained; train one "
@@ -390,9 +392,9 @@ def _encode_corpus(corpus: CorpusSource, out: Path, settings: EngineSettings, re
     return _Encoded(work, done, info, retriever_ref, reranker_ref, models)
 
 
-def _calibration_texts(corpus: CorpusSource, precision: str) -> list[str] | None:
-    """For ``openvino-int8``: texts spread over the corpus's first 3,000 documents, which the models' int8 scales are
-    measured on when they have no export yet. None for other precisions, and for a one-shot iterator (it cannot be
+def _calibration_texts(corpus: CorpusSource, int8: bool) -> list[str] | None:
+    """When a model runs in ``openvino-int8``: texts spread over the corpus's first 3,000 documents, which its int8
+    scales are measured on when it has no export yet. None otherwise, and for a one-shot iterator (it cannot be
     read twice; the bundled sample stands in)."""
     import itertools
     from collections.abc import Sequence
@@ -401,7 +403,7 @@ def _calibration_texts(corpus: CorpusSource, precision: str) -> list[str] | None
 
     from twostage.retriever.runtime import spread
 
-    if precision != "openvino-int8" or not isinstance(corpus, (str, Path, pd.DataFrame, Sequence)):
+    if not int8 or not isinstance(corpus, (str, Path, pd.DataFrame, Sequence)):
         return None
     return spread([d.full_text for d in itertools.islice(iter_documents(corpus), 3000)]) or None
 

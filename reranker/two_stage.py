@@ -70,15 +70,19 @@ class TwoStageSearch:
 
     @property
     def precision(self) -> str:
-        return resolve_precision(self.settings.precision)
+        """The precision the models run in (the settings' ``auto`` resolved), e.g. ``openvino-int8``, or
+        ``retriever openvino-fp32, reranker openvino-int8`` when the two differ."""
+        retriever, reranker = (resolve_precision(self.settings.precision, role) for role in ("retriever", "reranker"))
+        return retriever if retriever == reranker else f"retriever {retriever}, reranker {reranker}"
 
     def _loaded(self, slot: str, ref: ModelRef, role: str, loader: Callable[..., Any]) -> Any:
-        """The model in ``self._models.<slot>``, loaded on first use (once, across threads) from the directory
-        ``ref`` names, after its weights are checked against the manifest's sha256."""
+        """The model in ``self._models.<slot>`` (``role`` retriever or reranker), loaded on first use (once, across
+        threads) from the directory ``ref`` names, after its weights are checked against the manifest's sha256."""
         if getattr(self._models, slot) is None:
             with self._models.lock:
                 if getattr(self._models, slot) is None:
-                    setattr(self._models, slot, loader(verified_model_dir(ref, role), precision=self.precision))
+                    precision = resolve_precision(self.settings.precision, role)
+                    setattr(self._models, slot, loader(verified_model_dir(ref, role), precision=precision))
         return getattr(self._models, slot)
 
     def _load_encoder(self) -> Any:

@@ -101,20 +101,32 @@ class _Forward(torch.nn.Module):
 
 
 class OpenVINORunner:
-    """A compiled OpenVINO model: tokenised numpy features in, the first output as float32 out. One stream over
-    every thread (the latency setting: measured no slower for a corpus than parallel streams on 2 cores).
-    Thread-safe (one infer request per thread)."""
+    """A compiled OpenVINO model: tokenised numpy features in, the first output as float32 out.
 
-    def __init__(self, compiled: Any, names: Sequence[str], where: Path) -> None:
-        self.compiled, self.names, self.where = compiled, tuple(names), where
+    The model is compiled with one stream per thread, and a call splits its rows into that many contiguous slices
+    run at once, one per stream (``streams=1``: one stream over every thread). On 2 cores this is faster than one
+    stream over both threads, whose every operation waits for both (``benchmarks/results/inference_speed.md``).
+    Thread-safe: each calling thread has its own infer requests.
+    """
+
+    def __init__(self, compiled: Any, names: Sequence[str], where: Path, streams: int = 1) -> None:
+        self.compiled, self.names, self.where, self.streams = compiled, tuple(names), where, max(1, int(streams))
         self._local = threading.local()
 
     def __call__(self, features: Mapping[str, Any]) -> np.ndarray:
-        request = getattr(self._local, "request", None)
-        if request is None:
-            request = self._local.request = self.compiled.create_infer_request()
-        result = request.infer([np.ascontiguousarray(np.asarray(features[n], dtype=np.int64)) for n in self.names])
-        return np.array(result[0], dtype=np.float32)
+        requests = getattr(self._local, "requests", None)
+        if requests is None:
+            requests = self._local.requests = [self.compiled.create_infer_request() for _ in range(self.streams)]
+        arrays = [np.ascontiguousarray(np.asarray(features[n], dtype=np.int64)) for n in self.names]
+        bounds = np.linspace(0, len(arrays[0]), min(self.streams, len(arrays[0])) + 1).round().astype(int)
+        if len(bounds) <= 2:
+            return np.array(requests[0].infer(arrays)[0], dtype=np.float32)
+        used = requests[:len(bounds) - 1]
+        for request, start, stop in zip(used, bounds[:-1], bounds[1:]):
+            request.start_async([a[start:stop] for a in arrays])
+        for request in used:
+            request.wait()
+        return np.concatenate([np.array(r.get_output_tensor(0).data, dtype=np.float32) for r in used])
 
 
 _CORE: Any = None
@@ -215,10 +227,10 @@ def _export(module: torch.nn.Module, example: Mapping[str, torch.Tensor], where:
 
 def openvino_runner(model: torch.nn.Module, example: Mapping[str, torch.Tensor], model_dir: Path | None,
                     precision: str, calibration: Calibration | None = None,
-                    threads: int | None = None) -> OpenVINORunner:
+                    threads: int | None = None, streams: int | None = None) -> OpenVINORunner:
     """The OpenVINO model of ``model`` (a module whose forward takes the tokenizer's features as a dict; traced with
     ``example``), exported (or read from the cache if it was made from the same weights in ``model_dir``), compiled
-    for this CPU."""
+    for this CPU: ``threads`` (default: torch's) shared by ``streams`` (default: one per thread)."""
     if model_dir is None:
         raise ConfigError(f"{precision} needs a model loaded from a directory (BiEncoder.load / CrossEncoder.load)")
     if not is_openvino(precision):
@@ -239,9 +251,11 @@ def openvino_runner(model: torch.nn.Module, example: Mapping[str, torch.Tensor],
             if _fresh_export(where, digest, precision, names) is None:  # pragma: no cover - a broken writer
                 raise IndexFormatError(f"{where}: the export just written does not verify; remove it and retry")
         ir = _core().read_model(str(where / "model.xml"), str(where / "model.bin"))
-    config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY",
-                              "INFERENCE_NUM_THREADS": int(threads or torch.get_num_threads())}
+    threads = int(threads or torch.get_num_threads())
+    streams = threads if streams is None else max(1, min(int(streams), threads))
+    config: dict[str, Any] = {"PERFORMANCE_HINT": "THROUGHPUT" if streams > 1 else "LATENCY",
+                              "NUM_STREAMS": streams, "INFERENCE_NUM_THREADS": threads}
     if precision == "openvino-fp32":
-        config["INFERENCE_PRECISION_HINT"] = "f32"  # never bf16 behind the user's back on AMX machines
-    return OpenVINORunner(_core().compile_model(ir, "CPU", config), names, where)
+        config["INFERENCE_PRECISION_HINT"] = "f32"  # never bf16 behind the user's back on bf16 machines
+    return OpenVINORunner(_core().compile_model(ir, "CPU", config), names, where, streams)
 

@@ -51,6 +51,18 @@ def test_openvino_fp32_equals_torch_and_int8_stays_close(model_dir):
     assert manifest["calibration"]["rows"] >= len(TEXTS) * 4  # documents and their query-like prefixes
 
 
+def test_rows_split_over_streams_come_back_in_order(model_dir):
+    enc = BiEncoder.load(model_dir, precision="openvino-fp32")
+    one = runtime.openvino_runner(enc, enc.tokenize(["a", "b"]), model_dir, "openvino-fp32", threads=2, streams=1)
+    three = runtime.openvino_runner(enc, enc.tokenize(["a", "b"]), model_dir, "openvino-fp32", threads=3, streams=3)
+    assert (one.streams, three.streams) == (1, 3)
+    for n in (1, 2, 3, 5, 7):  # fewer rows than streams, equal, and slices of unequal size
+        features = {k: v.numpy() for k, v in enc.tokenize((TEXTS * 2)[:n]).items()}
+        want, got = one(features), three(features)
+        assert got.shape == want.shape == (n, enc.dim)
+        assert np.abs(got - want).max() < 1e-5
+
+
 def test_cross_encoder_scores_match_torch(model_dir):
     ce = CrossEncoder.load(model_dir, allow_untrained_head=True)
     ce.head_trained = True
@@ -135,16 +147,35 @@ def test_missing_openvino_is_one_clear_error(model_dir, monkeypatch):
         BiEncoder.load(model_dir, precision="openvino-int8")
 
 
-def test_auto_precision_picks_openvino_int8_when_installed(monkeypatch):
+def test_auto_precision_is_openvino_per_model_when_installed(monkeypatch):
     import importlib.util
 
     from twostage.indexer.engine_dir import resolve_precision
 
-    assert resolve_precision("auto") == "openvino-int8"
+    assert resolve_precision("auto", "reranker") == "openvino-int8"
+    assert resolve_precision("auto", "retriever") == "openvino-fp32"  # int8 costs a fine-tuned bi-encoder quality
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "openvino" else real(name, *a))
-    assert resolve_precision("auto") in ("fp32", "bf16")
-    assert resolve_precision("fp32") == "fp32"
+    assert resolve_precision("auto", "reranker") == resolve_precision("auto", "retriever") in ("fp32", "bf16")
+    assert resolve_precision("fp32", "retriever") == "fp32"
+    with pytest.raises(ConfigError, match="role"):
+        resolve_precision("auto", "ranker")
+
+
+def test_an_auto_engine_runs_each_model_in_its_own_precision(model_dir, tmp_path):
+    from twostage import SearchEngine
+    from twostage.indexer.records import Document
+
+    ce = CrossEncoder.load(model_dir, allow_untrained_head=True)
+    ce.head_trained = True
+    reranker = ce.save(tmp_path / "ce")
+    docs = [Document(f"d{i}", f"document number {i} about cats rain and snow {i % 3}") for i in range(40)]
+    engine = SearchEngine.build(docs, tmp_path / "engine", retriever=model_dir, reranker=reranker, backend="flat")
+    assert engine.precision == "retriever openvino-fp32, reranker openvino-int8"
+    assert len(engine.search("cats and rain", k=5).hits) == 5
+    reopened = SearchEngine.load(tmp_path / "engine")
+    assert (reopened.encoder.precision, reopened.reranker.precision) == ("openvino-fp32", "openvino-int8")
+    assert not _export_dir(model_dir, "openvino-int8").exists() and _export_dir(reranker, "openvino-int8").is_dir()
 
 
 def test_an_engine_build_calibrates_int8_on_its_own_corpus(model_dir, tmp_path):
