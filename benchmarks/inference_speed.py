@@ -261,7 +261,7 @@ def main() -> None:
     from twostage.indexer.engine_dir import resolve_precision
 
     our_modes = args.ours.split(",") if args.ours else \
-        [m for m in OUR_MODES if m != "bf16" or resolve_precision("auto") == "bf16"]
+        [m for m in OUR_MODES if m != "bf16" or resolve_precision("auto", "retriever") == "bf16"]
     from twostage.retriever.weights import resolve_model
 
     args.retriever_dir, args.reranker_dir = resolve_model(args.retriever), resolve_model(args.reranker)

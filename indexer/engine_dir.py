@@ -78,7 +78,7 @@ class EngineSettings:
 ROLES = ("retriever", "reranker")
 
 
-def resolve_precision(precision: str, role: str = "reranker") -> str:
+def resolve_precision(precision: str, role: str) -> str:
     """The precision a model in ``role`` (``retriever`` or ``reranker``) runs in. ``auto``, measured on the SciFact
     one-command models (``benchmarks/results/inference_speed.md``):
 

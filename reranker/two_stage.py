@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from twostage.indexer.engine_dir import EngineManifest, EngineSettings, ModelRef, resolve_precision
+from twostage.indexer.engine_dir import ROLES, EngineManifest, EngineSettings, ModelRef, resolve_precision
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.records import Document, Hit, RankedList, SearchResult
 from twostage.indexer.topk import check_k
@@ -72,7 +72,7 @@ class TwoStageSearch:
     def precision(self) -> str:
         """The precision the models run in (the settings' ``auto`` resolved), e.g. ``openvino-int8``, or
         ``retriever openvino-fp32, reranker openvino-int8`` when the two differ."""
-        retriever, reranker = (resolve_precision(self.settings.precision, role) for role in ("retriever", "reranker"))
+        retriever, reranker = (resolve_precision(self.settings.precision, role) for role in ROLES)
         return retriever if retriever == reranker else f"retriever {retriever}, reranker {reranker}"
 
     def _loaded(self, slot: str, ref: ModelRef, role: str, loader: Callable[..., Any]) -> Any:

@@ -103,9 +103,10 @@ class _Forward(torch.nn.Module):
 class OpenVINORunner:
     """A compiled OpenVINO model: tokenised numpy features in, the first output as float32 out.
 
-    The model is compiled with one stream per thread, and a call splits its rows into that many contiguous slices
-    run at once, one per stream (``streams=1``: one stream over every thread). On 2 cores this is faster than one
-    stream over both threads, whose every operation waits for both (``benchmarks/results/inference_speed.md``).
+    The model is compiled with ``streams`` streams sharing the threads, and a call splits its rows into that many
+    contiguous slices run at once, one per stream (``streams=1``: one stream over every thread). On 2 cores, two
+    streams measured 1.02-1.04x one stream (``benchmarks/results/inference_speed.md``, ``openvino-int8:1-stream``):
+    within noise, never slower. A call with fewer rows than streams (one query) runs on one stream's threads.
     Thread-safe: each calling thread has its own infer requests.
     """
 
@@ -230,7 +231,8 @@ def openvino_runner(model: torch.nn.Module, example: Mapping[str, torch.Tensor],
                     threads: int | None = None, streams: int | None = None) -> OpenVINORunner:
     """The OpenVINO model of ``model`` (a module whose forward takes the tokenizer's features as a dict; traced with
     ``example``), exported (or read from the cache if it was made from the same weights in ``model_dir``), compiled
-    for this CPU: ``threads`` (default: torch's) shared by ``streams`` (default: one per thread)."""
+    for this CPU: ``threads`` (default: torch's) shared by ``streams`` (default 2: what was measured on 2 cores; a
+    single query then keeps half the threads on larger machines)."""
     if model_dir is None:
         raise ConfigError(f"{precision} needs a model loaded from a directory (BiEncoder.load / CrossEncoder.load)")
     if not is_openvino(precision):
@@ -252,7 +254,7 @@ def openvino_runner(model: torch.nn.Module, example: Mapping[str, torch.Tensor],
                 raise IndexFormatError(f"{where}: the export just written does not verify; remove it and retry")
         ir = _core().read_model(str(where / "model.xml"), str(where / "model.bin"))
     threads = int(threads or torch.get_num_threads())
-    streams = threads if streams is None else max(1, min(int(streams), threads))
+    streams = min(2, threads) if streams is None else max(1, min(int(streams), threads))
     config: dict[str, Any] = {"PERFORMANCE_HINT": "THROUGHPUT" if streams > 1 else "LATENCY",
                               "NUM_STREAMS": streams, "INFERENCE_NUM_THREADS": threads}
     if precision == "openvino-fp32":
