@@ -103,6 +103,11 @@ def resolve_precision(precision: str, role: str) -> str:
     return "bf16" if "amx_bf16" in flags else "fp32"
 
 
+def resolve_precisions(precision: str) -> dict[str, str]:
+    """Each role's precision (:func:`resolve_precision`), by role."""
+    return {role: resolve_precision(precision, role) for role in ROLES}
+
+
 @dataclass(frozen=True)
 class ModelRef:
     """A model an engine uses: the name it was given, the directory it resolved to, and its weights' sha256."""

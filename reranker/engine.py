@@ -39,13 +39,12 @@ from twostage.indexer.build import (
 from twostage.indexer.codec import to_json_dict
 from twostage.indexer.corpus import CorpusSource, iter_documents
 from twostage.indexer.engine_dir import (
-    ROLES,
     EngineManifest,
     EngineSettings,
     ModelRef,
     engine_files,
     read_engine_manifest,
-    resolve_precision,
+    resolve_precisions,
 )
 from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
 from twostage.indexer.index import Index, IndexChange, link_or_copy, write_index_files
@@ -250,7 +249,7 @@ class SearchEngine(TwoStageSearch):
             if getattr(new, fixed) != getattr(self.index.manifest, fixed):
                 raise ConfigError(f"{fixed} is the shape of the dense index; rebuild the engine to change it")
         engine = self._update(lambda base: (base.index.change_unchanged(), None), settings=new)
-        if any(resolve_precision(new.precision, r) != resolve_precision(self.settings.precision, r) for r in ROLES):
+        if resolve_precisions(new.precision) != resolve_precisions(self.settings.precision):
             engine._models = _Models()  # the models load again in the new precision
         return engine
 
@@ -370,7 +369,7 @@ def _encode_corpus(corpus: CorpusSource, out: Path, settings: EngineSettings, re
     from twostage.retriever.biencoder import BiEncoder
 
     BackendConfig(settings.backend, settings.metric)  # a bad backend or metric fails before any encoding
-    precision = {role: resolve_precision(settings.precision, role) for role in ROLES}
+    precision = resolve_precisions(settings.precision)
     retriever_ref = model_ref(retriever)
     reranker_ref = model_ref(reranker) if reranker is not None else None
     calibration = _calibration_texts(corpus, "openvino-int8" in precision.values())

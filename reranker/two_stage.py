@@ -18,7 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from twostage.indexer.engine_dir import ROLES, EngineManifest, EngineSettings, ModelRef, resolve_precision
+from twostage.indexer.engine_dir import (
+    EngineManifest,
+    EngineSettings,
+    ModelRef,
+    resolve_precision,
+    resolve_precisions,
+)
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.records import Document, Hit, RankedList, SearchResult
 from twostage.indexer.topk import check_k
@@ -72,8 +78,10 @@ class TwoStageSearch:
     def precision(self) -> str:
         """The precision the models run in (the settings' ``auto`` resolved), e.g. ``openvino-int8``, or
         ``retriever openvino-fp32, reranker openvino-int8`` when the two differ."""
-        retriever, reranker = (resolve_precision(self.settings.precision, role) for role in ROLES)
-        return retriever if retriever == reranker else f"retriever {retriever}, reranker {reranker}"
+        by_role = resolve_precisions(self.settings.precision)
+        if len(set(by_role.values())) == 1:
+            return by_role["retriever"]
+        return ", ".join(f"{role} {precision}" for role, precision in by_role.items())
 
     def _loaded(self, slot: str, ref: ModelRef, role: str, loader: Callable[..., Any]) -> Any:
         """The model in ``self._models.<slot>`` (``role`` retriever or reranker), loaded on first use (once, across

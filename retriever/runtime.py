@@ -119,9 +119,8 @@ class OpenVINORunner:
         if requests is None:
             requests = self._local.requests = [self.compiled.create_infer_request() for _ in range(self.streams)]
         arrays = [np.ascontiguousarray(np.asarray(features[n], dtype=np.int64)) for n in self.names]
-        bounds = np.linspace(0, len(arrays[0]), min(self.streams, len(arrays[0])) + 1).round().astype(int)
-        if len(bounds) <= 2:
-            return np.array(requests[0].infer(arrays)[0], dtype=np.float32)
+        rows = len(arrays[0])
+        bounds = np.linspace(0, rows, max(1, min(self.streams, rows)) + 1).round().astype(int)
         used = requests[:len(bounds) - 1]
         for request, start, stop in zip(used, bounds[:-1], bounds[1:]):
             request.start_async([a[start:stop] for a in arrays])
