@@ -100,8 +100,8 @@ def _dev(ds: BeirDataset) -> tuple[list, Any]:
     return dev, sp.qrels.subset(q.id for q in dev)
 
 
-def _ndcg(qrels: Any, run: Any) -> float:
-    return float(evaluate(qrels, run, ["ndcg@10"])["ndcg@10"].mean())
+def _ndcg(qrels: Any, run: Any) -> Any:
+    return evaluate(qrels, run, ["ndcg@10"])["ndcg@10"].to_numpy()
 
 
 def _train_retriever(ds: BeirDataset, v: Variant) -> None:

@@ -87,7 +87,7 @@ def _sample_docs(corpus: Corpus, n: int, seed: int) -> list[Any]:
 def adapt(corpus: CorpusSource | Corpus, out: str | Path, *, base: str = "all-MiniLM-L6-v2",
           recipe: AdaptRecipe = AdaptRecipe(), show_progress: bool = False) -> AdaptResult:
     """Train ``OUT/retriever`` and ``OUT/reranker`` on ``corpus`` alone (see the module's docstring)."""
-    from twostage.eval.metrics import mean_ndcg10
+    from twostage.eval.metrics import mean_ndcg10, ndcg10_by_query
     from twostage.reranker.cross_encoder import CrossEncoder
     from twostage.retriever.biencoder import BiEncoder
     from twostage.retriever.dense import DenseRetriever
@@ -172,7 +172,7 @@ def adapt(corpus: CorpusSource | Corpus, out: str | Path, *, base: str = "all-Mi
                                                   fusion=settings.fusion, weights=dense_weights(settings.dense_weight))}
         texts_of = {d.id: d.full_text for d in corpus}
         dev_fn = dev_scorer(first_stages, dev_queries, dev_qrels, texts_of, settings.k_retrieve,
-                            mean_ndcg10) if dev_q else None
+                            ndcg10_by_query) if dev_q else None
         seed_everything(config.seed)
         model_ce = CrossEncoder.load(base, allow_untrained_head=True)
         reranker_dir = out / "reranker"
@@ -184,7 +184,7 @@ def adapt(corpus: CorpusSource | Corpus, out: str | Path, *, base: str = "all-Mi
             dev_scores["reranker"] = res.best_dev
         if dev_fn is not None:
             chosen = choose_blend(res, first_stages, dev_queries, dev_qrels, texts_of, settings.k_retrieve,
-                                  mean_ndcg10)
+                                  ndcg10_by_query)
             dev_scores["reranker_blend"] = float(chosen.training["interpolation"]["alpha"])
         seconds["train_reranker_s"] = res.seconds
         seconds["reranker_mining_and_blend_s"] = time.perf_counter() - t - fit_wall

@@ -114,7 +114,7 @@ def settings_from_flags(args: argparse.Namespace, flags: tuple[Flag, ...]) -> Tr
 
 
 def _train_retriever(args: argparse.Namespace) -> int:
-    from twostage.eval.metrics import mean_ndcg10
+    from twostage.eval.metrics import ndcg10_by_query
     from twostage.retriever.recipe import train_retriever
 
     settings = settings_from_flags(args, RETRIEVER)
@@ -128,7 +128,7 @@ def _train_retriever(args: argparse.Namespace) -> int:
         def teacher(pairs: Any) -> Any:
             return ce.predict(pairs, activation=None, show_progress=not args.quiet)
 
-    result = train_retriever(args.data, args.split, settings.base, args.out, recipe, dev_metric=mean_ndcg10,
+    result = train_retriever(args.data, args.split, settings.base, args.out, recipe, dev_metric=ndcg10_by_query,
                              teacher=teacher, teacher_name=str(args.teacher or ""), show_progress=not args.quiet)
     print(f"trained {result.steps} steps in {result.seconds:.0f} s; model in {result.model_dir}"
           + (f" (best dev nDCG@10 {result.best_dev:.4f})" if result.best_dev is not None else ""))
@@ -136,7 +136,7 @@ def _train_retriever(args: argparse.Namespace) -> int:
 
 
 def _train_reranker(args: argparse.Namespace) -> int:
-    from twostage.eval.metrics import mean_ndcg10
+    from twostage.eval.metrics import ndcg10_by_query
     from twostage.reranker.training import train_reranker_on
     from twostage.retriever.biencoder import BiEncoder
 
@@ -146,7 +146,7 @@ def _train_reranker(args: argparse.Namespace) -> int:
         if args.retriever_model else None
     result = train_reranker_on(args.data, args.split, settings.base, args.out, config,
                                dev_fraction=settings.dev_fraction, dev_depth=settings.dev_depth, retriever=retriever,
-                               resume=not args.no_resume, dev_metric=mean_ndcg10, show_progress=not args.quiet,
+                               resume=not args.no_resume, dev_metric=ndcg10_by_query, show_progress=not args.quiet,
                                command=args.command_line)
     print(f"trained on {result.training['groups']} groups, {result.steps} steps in {result.seconds:.0f} s; "
           f"model in {result.model_dir}"

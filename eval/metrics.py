@@ -67,9 +67,15 @@ def evaluate(
     return table
 
 
+def ndcg10_by_query(qrels: Qrels, run: Mapping[str, RankedList]) -> np.ndarray:
+    """nDCG@10 of each query of ``qrels`` (in its order): the dev metric training selects epochs (by the mean) and
+    blends (by the mean and the spread) by."""
+    return evaluate(qrels, run, ["ndcg@10"])["ndcg@10"].to_numpy(dtype=np.float64)
+
+
 def mean_ndcg10(qrels: Qrels, run: Mapping[str, RankedList]) -> float:
-    """Mean nDCG@10 over the queries of ``qrels``: the dev metric training selects epochs and blends by."""
-    return float(evaluate(qrels, run, ["ndcg@10"])["ndcg@10"].mean())
+    """Mean nDCG@10 over the queries of ``qrels``."""
+    return float(ndcg10_by_query(qrels, run).mean())
 
 
 def mean(table: pd.DataFrame) -> dict[str, float]:

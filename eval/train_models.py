@@ -67,7 +67,7 @@ def train_models(data: str | Path, train_split: str, eval_split: str, models_dir
                  show_progress: bool = False) -> TrainedModels:
     """Train what is needed into ``models_dir`` (``retriever/``, ``reranker/``); a given ``retriever`` is used
     as is (for the reranker's dense negatives)."""
-    from twostage.eval.metrics import mean_ndcg10
+    from twostage.eval.metrics import ndcg10_by_query
     from twostage.retriever.biencoder import BiEncoder
 
     if train_split == eval_split:
@@ -80,7 +80,7 @@ def train_models(data: str | Path, train_split: str, eval_split: str, models_dir
     if need_retriever and retriever is None:
         t = time.perf_counter()
         out = models_dir / "retriever"
-        train_retriever(data, train_split, settings.base, out, settings.retriever, dev_metric=mean_ndcg10,
+        train_retriever(data, train_split, settings.base, out, settings.retriever, dev_metric=ndcg10_by_query,
                         show_progress=show_progress)
         retriever = str(out)
         seconds["train_retriever_s"] = time.perf_counter() - t
@@ -91,7 +91,7 @@ def train_models(data: str | Path, train_split: str, eval_split: str, models_dir
         config = settings.reranker
         encoder = BiEncoder.load(retriever, precision="bf16" if config.bf16 else "fp32") if retriever else None
         train_reranker_on(data, train_split, settings.base, out, config, dev_fraction=settings.dev_fraction,
-                          dev_depth=settings.dev_depth, dev_metric=mean_ndcg10, retriever=encoder,
+                          dev_depth=settings.dev_depth, dev_metric=ndcg10_by_query, retriever=encoder,
                           show_progress=show_progress)
         reranker = str(out)
         seconds["train_reranker_s"] = time.perf_counter() - t

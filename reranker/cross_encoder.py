@@ -19,8 +19,10 @@ from twostage.indexer.atomic import atomic_directory
 from twostage.indexer.errors import ConfigError, DataError, UntrainedHeadError
 from twostage.retriever.biencoder import check_texts
 from twostage.retriever.hf import (
+    arrays,
     cap_max_length,
     check_tokenizer,
+    pair_heads,
     require_tokenizer_files,
     unreadable_weights,
     with_precision,
@@ -105,9 +107,7 @@ class CrossEncoder(torch.nn.Module):
     def _openvino(self, precision: str, calibration: Sequence[tuple[str, str]] | None) -> OpenVINORunner:
         def batches() -> list[dict[str, np.ndarray]]:
             pairs = spread(list(calibration or [])) or calibration_pairs(sample_texts())
-            return [dict(self.tokenizer([q for q, _ in pairs[i:i + 16]], [d for _, d in pairs[i:i + 16]],
-                                        padding=True, truncation="longest_first", max_length=self.max_length,
-                                        return_tensors="np"))
+            return [dict(self.features([q for q, _ in pairs[i:i + 16]], [d for _, d in pairs[i:i + 16]], "np"))
                     for i in range(0, len(pairs), 16)]
 
         example = self.tokenize(["a query"], ["an example document to trace"])
@@ -115,14 +115,19 @@ class CrossEncoder(torch.nn.Module):
 
     allow_untrained_head = False
 
+    def features(self, queries: Sequence[str], documents: Sequence[str], tensors: str = "pt") -> Any:
+        """Pairs as model inputs (``tensors``: "pt" or "np"), cut to ``max_length``: the longer side loses tokens
+        first, so a short query is never cut and the document gets the rest, while a query longer than the whole
+        budget (a pasted paragraph) is cut too instead of failing (``only_second`` cannot cut the query side).
+        Long documents are first cut to their head words where that is exact (:func:`pair_heads`)."""
+        documents = pair_heads(self.tokenizer, queries, documents, self.max_length)
+        return arrays(self.tokenizer(list(queries), documents, padding=True, truncation="longest_first",
+                                     max_length=self.max_length), tensors)
+
     def tokenize(self, queries: Sequence[str], documents: Sequence[str]) -> dict[str, torch.Tensor]:
-        """Pairs as model inputs, cut to ``max_length``: the longer side loses tokens first, so a short query is
-        never cut and the document gets the rest, while a query longer than the whole budget (a pasted paragraph)
-        is cut too instead of failing (``only_second`` cannot cut the query side)."""
-        batch = self.tokenizer(list(queries), list(documents), padding=True, truncation="longest_first",
-                               max_length=self.max_length, return_tensors="pt")
+        """:meth:`features` as torch tensors on the model's device."""
         device = next(self.model.parameters()).device
-        return {k: v.to(device) for k, v in batch.items()}
+        return {k: v.to(device) for k, v in self.features(queries, documents).items()}
 
     def forward(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
         """Raw logits, one per pair (training uses these)."""
@@ -147,9 +152,7 @@ class CrossEncoder(torch.nn.Module):
         slices = [order[start:start + batch_size] for start in range(0, len(pairs), batch_size)]
         if self.runtime is not None:  # OpenVINO
             for idx in tqdm(slices, desc="rerank", unit="batch", disable=not show_progress):
-                raw = self.runtime(self.tokenizer([queries[i] for i in idx], [docs[i] for i in idx], padding=True,
-                                                  truncation="longest_first", max_length=self.max_length,
-                                                  return_tensors="np")).reshape(-1)
+                raw = self.runtime(self.features([queries[i] for i in idx], [docs[i] for i in idx], "np")).reshape(-1)
                 out[idx] = 1.0 / (1.0 + np.exp(-raw)) if activation == "sigmoid" else raw
             return out
         with torch.inference_mode():

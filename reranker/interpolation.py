@@ -5,7 +5,9 @@
 where ``minmax`` rescales a query's candidate scores to [0, 1]. ``alpha = 1`` is pure reranking, ``alpha = 0``
 the first stage's order. A small in-domain reranker is often better blended than alone; ``alpha`` is chosen on
 held-out training queries (never on test) for each first stage the engine serves (BM25, dense, hybrid: their
-scores differ in shape, so one weight does not fit all), and saved with the model.
+scores differ in shape, so one weight does not fit all), and saved with the model. The choice is the smallest
+``alpha`` within one standard error of the best on dev: a few dozen dev queries cannot tell apart blends that close,
+and the one nearest the first stage is the one least likely to make a ranking worse than the first stage's.
 """
 
 from __future__ import annotations
@@ -69,19 +71,28 @@ class InterpolationChoice:
         return {name: alpha for name, alpha, _ in self.by_first_stage}
 
 
-def _pick(curve: Sequence[tuple[float, float]]) -> float:
-    """The alpha with the best value (ties: the larger alpha)."""
-    return max(curve, key=lambda r: (round(r[1], 10), r[0]))[0]
+def _pick(curve: Sequence[tuple[float, np.ndarray]]) -> float:
+    """The smallest alpha whose mean is within one standard error of the best mean, the error being that of the
+    per-query difference from the best alpha (the one-standard-error rule; equal means count as within)."""
+    means = [float(np.mean(v)) for _, v in curve]
+    top = curve[int(np.argmax(np.round(means, 10)))][1]
+    for (alpha, values), m in sorted(zip(curve, means), key=lambda r: r[0][0]):
+        diff = np.asarray(top, dtype=np.float64) - np.asarray(values, dtype=np.float64)
+        se = float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else 0.0
+        if m >= max(means) - se - 1e-12:
+            return float(alpha)
+    raise AssertionError("unreachable: the best alpha is within its own error")  # pragma: no cover
 
 
 def select_interpolation(model: Any, first_stages: Mapping[str, Any], queries: Sequence[Query], qrels: Qrels,
-                         texts: Mapping[str, str], depth: int, metric: Callable[[Qrels, dict[str, RankedList]], float],
+                         texts: Mapping[str, str], depth: int,
+                         metric: Callable[[Qrels, dict[str, RankedList]], np.ndarray],
                          grid: Sequence[float] = GRID) -> InterpolationChoice:
     """Score each first stage's top ``depth`` once, then try every ``alpha`` of ``grid`` for each first stage and
-    for their mean (ties: the larger alpha)."""
+    for their mean; ``metric`` gives one value per query (:func:`_pick` chooses by their spread too)."""
     if not queries:
         raise ConfigError("choosing the interpolation needs held-out queries")
-    curves: dict[str, list[tuple[float, float]]] = {}
+    curves: dict[str, list[tuple[float, np.ndarray]]] = {}
     for name, fs in first_stages.items():
         per_query = {}
         for q in queries:
@@ -94,10 +105,14 @@ def select_interpolation(model: Any, first_stages: Mapping[str, Any], queries: S
             for qid, (first, rerank) in per_query.items():
                 order, scores = rerank_order(first.scores, rerank, float(alpha))
                 run[qid] = RankedList(first.ids[order], scores[order])
-            curves[name].append((float(alpha), float(metric(qrels, run))))
-    mean = [(float(a), float(np.mean([curve[i][1] for curve in curves.values()]))) for i, a in enumerate(grid)]
-    return InterpolationChoice(_pick(mean), tuple(mean),
-                               tuple((name, _pick(curve), tuple(curve)) for name, curve in curves.items()))
+            curves[name].append((float(alpha), np.asarray(metric(qrels, run), dtype=np.float64)))
+    mean = [(float(a), np.mean([curve[i][1] for curve in curves.values()], axis=0)) for i, a in enumerate(grid)]
+
+    def means(curve: list[tuple[float, np.ndarray]]) -> tuple[tuple[float, float], ...]:
+        return tuple((a, float(np.mean(v))) for a, v in curve)
+
+    return InterpolationChoice(_pick(mean), means(mean),
+                               tuple((name, _pick(curve), means(curve)) for name, curve in curves.items()))
 
 
 def blend_for(reranker: Any, first_stage: str | None) -> float | None:

@@ -37,6 +37,7 @@ from twostage.retriever.examples import PairExample
 from twostage.retriever.fit import FitResult, fit, seed_everything
 from twostage.retriever.hybrid import HybridRetriever
 from twostage.retriever.mining import MiningConfig, mine_hard_negatives
+from twostage.retriever.recipe import DevMetric
 from twostage.retriever.training_data import hold_out
 
 logger = logging.getLogger(__name__)
@@ -210,7 +211,7 @@ def train_reranker(model: CrossEncoder, groups: Sequence[PairExample], config: R
 def train_reranker_on(data: str | Path | BeirDataset, split: str, base: str, out: str | Path,
                       config: RerankerConfig = RerankerConfig(), *, dev_fraction: float = 0.0,
                       dev_depth: int = EngineSettings().k_retrieve,
-                      dev_metric: Callable[[Any, dict[str, Any]], float] | None = None,
+                      dev_metric: DevMetric | None = None,
                       retriever: Any = None, resume: bool = True, show_progress: bool = False,
                       command: str | None = None) -> FitResult:
     """Train a reranker from ``base`` on a BEIR split.
@@ -261,21 +262,21 @@ def train_reranker_on(data: str | Path | BeirDataset, split: str, base: str, out
 
 
 def dev_scorer(first_stages: Mapping[str, Any], queries: Sequence[Query], qrels: Qrels, texts: Mapping[str, str],
-               depth: int, metric: Callable[[Any, dict[str, Any]], float]) -> Callable[[CrossEncoder], float]:
+               depth: int, metric: DevMetric) -> Callable[[CrossEncoder], float]:
     """The dev score a training run picks its epoch by: ``metric`` of the reranker alone over each first stage's top
     ``depth`` for ``queries``, averaged over the first stages."""
     from twostage.reranker.pipeline import Pipeline
 
     def dev(model: CrossEncoder) -> float:
-        return float(np.mean([metric(qrels, {q.id: Pipeline(fs, reranker=model, texts=texts, k_retrieve=depth,
+        return float(np.mean([np.mean(metric(qrels, {q.id: Pipeline(fs, reranker=model, texts=texts, k_retrieve=depth,
                                                             k=min(10, depth), interpolation=None).ranked(q.text, depth)
-                                            for q in queries}) for fs in first_stages.values()]))
+                                                     for q in queries})) for fs in first_stages.values()]))
 
     return dev
 
 
 def choose_blend(result: FitResult, first_stages: Mapping[str, Any], queries: Sequence[Query], qrels: Qrels,
-                 texts: Mapping[str, str], depth: int, metric: Callable[[Any, dict[str, Any]], float]) -> FitResult:
+                 texts: Mapping[str, str], depth: int, metric: DevMetric) -> FitResult:
     """Choose the trained reranker's blend with each first stage on dev ``queries``
     (:func:`~twostage.reranker.interpolation.select_interpolation`) and save it with the model in
     ``result.model_dir``; the returned result's training record holds the choice."""

@@ -192,6 +192,8 @@ class TwoStageSearch:
         timings["fuse_s"] = time.perf_counter() - t
         t = time.perf_counter()
         alpha = s.interpolation if s.interpolation != "auto" else blend_for(reranker, first_stage)
+        if alpha is not None and float(alpha) == 0.0:
+            reranker = None  # a blend of 0 keeps the first stage's order: scoring the pairs would change nothing
         heads = sorted({str(d) for f in firsts for d in f.ids[:k_retrieve]}) if reranker is not None else []
         texts = {d.id: d.full_text for d in self.documents(heads)}  # one read for every query's candidates
         reranked = rerank_lists(reranker, queries, firsts, texts.__getitem__, k=k, k_retrieve=k_retrieve,

@@ -22,8 +22,10 @@ from twostage.indexer.codec import from_json_dict, to_json_dict
 from twostage.indexer.errors import ConfigError, DataError
 from twostage.indexer.manifest import EncoderInfo
 from twostage.retriever.hf import (
+    arrays,
     cap_max_length,
     check_tokenizer,
+    head_words,
     require_tokenizer_files,
     unreadable_weights,
     with_precision,
@@ -184,9 +186,7 @@ class BiEncoder(torch.nn.Module):
             # documents as they are indexed, and their first words as query-like short inputs
             inputs = [(self.config.document_prefix + t) for t in docs]
             inputs += [self.config.query_prefix + " ".join(t.split()[:12]) for t in docs[::2]]
-            return [dict(self.tokenizer(inputs[i:i + 16], padding=True, truncation=True,
-                                        max_length=self.config.max_length, return_tensors="np"))
-                    for i in range(0, len(inputs), 16)]
+            return [dict(self.features(inputs[i:i + 16], "", "np")) for i in range(0, len(inputs), 16)]
 
         example = self.tokenize(["an example document to trace", "a query"], "document")
         return openvino_runner(self, example, self.path, precision, batches)
@@ -208,11 +208,14 @@ class BiEncoder(torch.nn.Module):
         return next(self.model.parameters()).device
 
     # ---- the forward pass --------------------------------------------------------------------
+    def features(self, texts: Sequence[str], prefix: str, tensors: str = "pt") -> Any:
+        """``prefix + text`` as model inputs (``tensors``: "pt" or "np"), truncated to ``max_length`` tokens; long
+        texts are first cut to their head words where that is exact (:func:`head_words`)."""
+        return arrays(self.tokenizer(head_words(self.tokenizer, [prefix + t for t in texts], self.config.max_length),
+                                     padding=True, truncation=True, max_length=self.config.max_length), tensors)
+
     def tokenize(self, texts: Sequence[str], kind: str = "document") -> dict[str, torch.Tensor]:
-        prefix = self._prefix(kind)
-        batch = self.tokenizer([prefix + t for t in texts], padding=True, truncation=True,
-                               max_length=self.config.max_length, return_tensors="pt")
-        return {k: v.to(self.device) for k, v in batch.items()}
+        return {k: v.to(self.device) for k, v in self.features(texts, self._prefix(kind)).items()}
 
     def forward(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
         """Token features (from :meth:`tokenize`) -> pooled, optionally normalised embeddings (batch, dim)."""
@@ -255,8 +258,9 @@ class BiEncoder(torch.nn.Module):
         if not texts:
             return out
         prefix = self._prefix(kind)
-        lengths = np.array([len(ids) for ids in self.tokenizer([prefix + t for t in texts], add_special_tokens=True,
-                                                                 truncation=False, verbose=False)["input_ids"]])
+        heads = head_words(self.tokenizer, [prefix + t for t in texts], self.config.max_length)
+        lengths = np.array([len(ids) for ids in self.tokenizer(heads, add_special_tokens=True, truncation=False,
+                                                                 verbose=False)["input_ids"]])
         self.truncated = int((lengths > self.config.max_length).sum())
         if self.truncated:
             logger.info("%d of %d %s texts are longer than %d tokens and were truncated",
@@ -265,15 +269,14 @@ class BiEncoder(torch.nn.Module):
         slices = [order[start:start + batch_size] for start in range(0, len(texts), batch_size)]
         if self.runtime is not None:  # OpenVINO
             for idx in tqdm(slices, desc=f"encode {kind}s", unit="batch", disable=not show_progress):
-                out[idx] = self.runtime(self.tokenizer([prefix + texts[i] for i in idx], padding=True,
-                                                       truncation=True, max_length=self.config.max_length,
-                                                       return_tensors="np"))
+                out[idx] = self.runtime(self.features([heads[i] for i in idx], "", "np"))
             return out
         was_training = self.training
         self.eval()
         with torch.inference_mode():
             for idx in tqdm(slices, desc=f"encode {kind}s", unit="batch", disable=not show_progress):
-                emb = self.forward(self.tokenize([texts[i] for i in idx], kind))
+                features = self.features([heads[i] for i in idx], "")
+                emb = self.forward({k: v.to(self.device) for k, v in features.items()})
                 out[idx] = emb.float().cpu().numpy()
         self.train(was_training)
         return out

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import unicodedata
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import torch
 
 from twostage.indexer.errors import ConfigError
@@ -30,7 +32,7 @@ def unreadable_weights(path: Any) -> Iterator[None]:
     """A truncated or damaged ``model.safetensors`` (or a config that does not fit it) becomes one clear error."""
     try:
         yield
-    except (OSError, ValueError, RuntimeError, EnvironmentError) as exc:
+    except (OSError, ValueError, RuntimeError) as exc:
         if isinstance(exc, ConfigError | ModelNotFoundError):
             raise
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
@@ -59,6 +61,66 @@ def check_tokenizer(model: Any, tokenizer: Any, where: Any) -> None:
     if vocab and len(tokenizer) > vocab:
         raise ConfigError(f"{where}: the tokenizer has {len(tokenizer)} tokens but the model's embeddings hold "
                           f"{vocab}: the tokenizer belongs to another model; save the model with its own tokenizer")
+
+
+# Unicode categories a BERT normaliser may delete (control and format characters, combining marks under accent
+# stripping) or that Python splits words on but BERT does not (line and paragraph separators), and code points
+# whose handling is not worth guessing (surrogates, private use, unassigned).
+_DELETABLE = frozenset({"Cc", "Cf", "Mn", "Me", "Zl", "Zp", "Cs", "Co", "Cn"})
+
+
+def _has_deletable(text: str) -> bool:
+    return any(unicodedata.category(c) in _DELETABLE for c in set(text) - {"\t", "\n", "\r"})
+
+
+def head_words(tokenizer: Any, texts: Sequence[str], words: int | Sequence[int]) -> list[str]:
+    """``texts`` with each one cut after its first ``words`` words (one count for all, or one per text) where that
+    is exact, so that long documents are not tokenised in full only to be truncated.
+
+    Every whitespace-separated word gives at least one token, so a text cut after ``n`` words still has at least
+    ``n`` tokens, the first ones unchanged: a single text truncated to ``max_length`` tokens is unchanged with
+    ``words=max_length`` (pairs: :func:`pair_heads`). Applied only where that premise holds: BERT-style tokenisers
+    (BERT pre-tokeniser, BERT or no normaliser), and heads free of characters such a normaliser may delete
+    (``_DELETABLE``); any other text, or any text for another tokeniser, is passed through whole."""
+    texts = list(texts)
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if backend is None or type(backend.pre_tokenizer).__name__ != "BertPreTokenizer" \
+            or type(backend.normalizer).__name__ not in ("BertNormalizer", "NoneType"):
+        return texts
+    counts = [words] * len(texts) if isinstance(words, int) else list(words)
+    out = []
+    for text, n in zip(texts, counts, strict=True):
+        parts = text.split(maxsplit=n)
+        if len(parts) > n:
+            head = text[:len(text) - len(parts[-1])]
+            if not _has_deletable(head):
+                text = head
+        out.append(text)
+    return out
+
+
+def pair_heads(tokenizer: Any, queries: Sequence[str], documents: Sequence[str], max_length: int) -> list[str]:
+    """The ``documents`` cut to their head words where truncating (query, document) pairs ``longest_first`` to
+    ``max_length`` keeps the same tokens (SciFact abstracts at 128 tokens: rerank tokenisation 1.4x faster).
+
+    With ``q`` query tokens and ``b`` tokens of budget (``max_length`` less the special tokens), the split of the
+    budget between the two sides is decided by ``q`` alone once the document has at least ``max(q, b - q)``
+    tokens: it is then the longer side (or as long), and keeps at most that many. So each document is cut after
+    that many words (:func:`head_words`); queries are never cut."""
+    queries = list(queries)
+    unique = list(dict.fromkeys(queries))
+    tokens = dict(zip(unique, map(len, tokenizer(unique, add_special_tokens=False)["input_ids"])))
+    budget = max_length - tokenizer.num_special_tokens_to_add(pair=True)
+    return head_words(tokenizer, documents, [max(tokens[q], budget - tokens[q]) for q in queries])
+
+
+def arrays(batch: Any, tensors: str) -> dict[str, Any]:
+    """A tokenizer's padded lists as int64 arrays (``tensors``: "np" or "pt"). Faster than the tokenizer's own
+    ``return_tensors``, which walks every token in Python to check for emptiness (transformers 5)."""
+    if tensors not in ("np", "pt"):
+        raise ConfigError(f"tensors must be 'np' or 'pt', got {tensors!r}")
+    out = {k: np.asarray(v, dtype=np.int64) for k, v in batch.items()}
+    return {k: torch.from_numpy(v) for k, v in out.items()} if tensors == "pt" else out
 
 
 def with_precision(model: Any, precision: str) -> Any:

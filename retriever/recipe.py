@@ -31,7 +31,7 @@ from twostage.retriever.training_data import (
 
 logger = logging.getLogger(__name__)
 
-DevMetric = Callable[[Qrels, Mapping[str, RankedList]], float]
+DevMetric = Callable[[Qrels, Mapping[str, RankedList]], np.ndarray]  # one value per query (e.g. ndcg10_by_query)
 
 
 @dataclass(frozen=True)
@@ -129,8 +129,9 @@ def train_retriever(data: str | Path | BeirDataset, split: str, base: str, out: 
 
         def dev(m: BiEncoder) -> float:
             retriever = DenseRetriever.build(pool_docs, m)
-            return dev_metric(dev_qrels, dict(zip([q.id for q in dev_queries],
-                                                  retriever.search_batch([q.text for q in dev_queries], 10))))
+            return float(np.mean(dev_metric(dev_qrels, dict(zip([q.id for q in dev_queries],
+                                                                retriever.search_batch([q.text for q in dev_queries],
+                                                                                       10))))))
 
     info: dict[str, Any] = {"data": str(ds.root), "split": split, "base": base, "recipe": asdict(recipe),
                             "train_queries": len(queries), "dev_queries": len(dev_queries),

@@ -159,3 +159,35 @@ def test_a_cross_encoder_is_refused_as_a_bi_encoder(models, tmp_path):
     saved = BiEncoder.load(retriever).save(tmp_path / "bi")
     assert json.loads((saved / "twostage.json").read_text())["kind"] == "bi-encoder"
     assert BiEncoder.load(saved).dim == BiEncoder.load(retriever).dim
+
+
+def test_head_words_keep_every_token_truncation_keeps(tiny_bert_dir):
+    """Cutting long texts to their head words before tokenising gives the same inputs as tokenising them whole,
+    for single texts and for pairs under longest_first (the document cut, queries of any length), with words that tokenise to several pieces, punctuation,
+    accents, control and format characters; a tokeniser of another kind is passed through."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from twostage.retriever.hf import head_words, pair_heads
+
+    tok = AutoTokenizer.from_pretrained(tiny_bert_dir)
+    rng = random.Random(0)
+    pieces = ["cats", "purr", "xylophonez", "a.b", "(dogs)", "naïve", "e\u0301", "\u0301", "\u200b", "\x00",
+              "\x1c", "tab\there", "line\u2028sep", "日本語", "\ufffd", "[SEP]", "--", "z" * 120]
+    texts = [" ".join(rng.choice(pieces) for _ in range(rng.randint(1, 60))) for _ in range(300)]
+    texts[100:150] = texts[250:] = [" ".join(rng.choices(["cats", "purr"], k=rng.randint(1, 40))) for _ in range(50)]
+    cut_any = False
+    for max_length in (8, 16, 33):
+        heads = head_words(tok, texts, max_length)
+        cut_any |= heads != texts
+        assert tok(texts, truncation=True, max_length=max_length)["input_ids"] == \
+            tok(heads, truncation=True, max_length=max_length)["input_ids"]
+        queries, docs = texts[:150], texts[150:]
+        cut_docs = pair_heads(tok, queries, docs, max_length)
+        cut_any |= cut_docs != docs
+        assert tok(queries, docs, truncation="longest_first", max_length=max_length)["input_ids"] == \
+            tok(queries, cut_docs, truncation="longest_first", max_length=max_length)["input_ids"]
+    assert cut_any
+    plain = ["word " * 50]
+    assert head_words(object(), plain, 8) == plain  # not a BERT-style fast tokenizer: never cut

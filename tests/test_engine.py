@@ -323,16 +323,19 @@ def test_configure_and_tune_on_dev(built, tmp_path, sample_dir):
         v for fs, rr, v in result.scores if (fs, rr) == ("dense", False))  # a tie keeps the current settings
 
 
-def test_the_engine_blends_with_each_first_stages_own_weight(built):
-    """alpha 0 for bm25 keeps BM25's order after reranking; the other first stages keep the overall blend."""
+def test_the_engine_blends_with_each_first_stages_own_weight(built, monkeypatch):
+    """alpha 0 for bm25 keeps BM25's order and does not run the reranker at all; the other first stages keep the
+    overall blend."""
     reranker = built.reranker
     saved = reranker.blends
     try:
         reranker.blends = {"bm25": 0.0}
         query = "snow and rain"
-        kept = built.search(query, k=5, first_stage="bm25")
+        with monkeypatch.context() as patch:
+            patch.setattr(reranker, "predict", lambda *a, **k: pytest.fail("the reranker ran at blend 0"))
+            kept = built.search(query, k=5, first_stage="bm25")
         assert kept.ids == built.search(query, k=5, first_stage="bm25", rerank=False).ids
-        assert all("rerank" in h.stage_scores for h in kept.hits)
+        assert not any("rerank" in h.stage_scores for h in kept.hits)
         reranker.blends = {"bm25": 1.0}
         alone = built.search(query, k=5, first_stage="bm25")
         rerank = [h.stage_scores["rerank"] for h in alone.hits]

@@ -105,7 +105,7 @@ def test_group_losses_by_hand():
 
     s = torch.tensor([[2.0, 0.0, 1.0]])
     assert group_loss(s, "listwise").item() == pytest.approx(-2 + math.log(math.exp(2) + 1 + math.exp(1)), abs=1e-6)
-    sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
+    sig = lambda x: 1 / (1 + math.exp(-x))
     expected = -(math.log(sig(2.0)) + math.log(1 - sig(0.0)) + math.log(1 - sig(1.0))) / 3
     assert group_loss(s, "bce").item() == pytest.approx(expected, abs=1e-6)
 
@@ -186,10 +186,21 @@ def test_a_tokenizer_of_another_model_is_refused(tmp_path, tiny_bert_dir):
         BiEncoder.load(tmp_path / "m")
 
 
+def test_blend_choice_is_the_smallest_within_one_standard_error():
+    """A best alpha ahead by less than the per-query noise gives way to the smallest alpha within one standard
+    error of it; one ahead by a consistent margin is kept."""
+    from twostage.reranker.interpolation import _pick
+
+    first, middle = (0.0, np.array([0.5, 0.5, 0.5, 0.5])), (0.5, np.array([0.6, 0.6, 0.6, 0.6]))
+    assert _pick([first, middle, (1.0, np.array([1.0, 0.2, 1.0, 0.3]))]) == 0.0  # best mean, but by noise
+    assert _pick([first, middle, (1.0, np.array([0.9, 0.9, 0.9, 0.91]))]) == 1.0  # best on every query
+    assert _pick([first, (0.5, np.array([0.6, 0.6, 0.6, 0.62])), (1.0, np.array([0.9, 0.2, 0.9, 0.3]))]) == 0.5
+
+
 def test_blend_is_chosen_for_each_first_stage():
-    """A reranker that is right over one first stage and wrong over another gets alpha 1 on the first and
-    alpha 0 on the second; the overall choice is the best of their mean."""
-    from twostage.eval.metrics import mean_ndcg10
+    """A reranker that is right over one first stage and wrong over another gets the smallest alpha that lets it fix
+    the first and alpha 0 on the second; the overall choice is made on their mean."""
+    from twostage.eval.metrics import ndcg10_by_query
     from twostage.indexer.records import Judgment, Qrels, Query, RankedList
     from twostage.reranker.interpolation import blend_for, select_interpolation
 
@@ -209,22 +220,23 @@ def test_blend_is_chosen_for_each_first_stage():
     queries = [Query("q1", "anything")]
     qrels = Qrels([Judgment("q1", "good", 1)])
     texts = {d: d for d in docs}
-    # over "low" the first stage ranks the relevant document last: the reranker fixes it (alpha 1);
-    # over "top" the first stage is already right and the oracle agrees: ties go to the larger alpha too
+    # over "low" the first stage ranks the relevant document last: the reranker fixes it from alpha 0.6 on (at 0.5
+    # the two are tied and the first stage's order stays); over "top" the first stage is already right and the
+    # oracle agrees: every alpha ties, and ties keep the first stage (alpha 0)
     choice = select_interpolation(Oracle(), {"low": Fixed(["bad1", "bad2", "good"]), "top": Fixed(docs)},
-                                  queries, qrels, texts, 3, mean_ndcg10)
+                                  queries, qrels, texts, 3, ndcg10_by_query)
     curves = {name: dict(curve) for name, _, curve in choice.by_first_stage}
-    assert curves["low"][0.0] < curves["low"][1.0] == 1.0 and set(curves["top"].values()) == {1.0}
-    assert choice.alphas()["low"] == 1.0
+    assert curves["low"][0.5] < curves["low"][0.6] == curves["low"][1.0] == 1.0
+    assert set(curves["top"].values()) == {1.0}
+    assert choice.alphas() == {"low": 0.6, "top": 0.0}
     assert dict(choice.dev_by_alpha)[0.0] == pytest.approx((curves["low"][0.0] + 1.0) / 2)
 
     class Wrong:  # scores "good" lowest: only alpha 0 keeps the right first stage right
         def score(self, query, texts):
             return np.array([0.0 if t == "good" else 1.0 for t in texts], np.float32)
 
-    choice = select_interpolation(Wrong(), {"top": Fixed(docs)}, queries, qrels, texts, 3, mean_ndcg10)
-    assert choice.alphas() == {"top": max(a for a, v in choice.by_first_stage[0][2] if v == 1.0)} and \
-        choice.alphas()["top"] < 1.0
+    choice = select_interpolation(Wrong(), {"top": Fixed(docs)}, queries, qrels, texts, 3, ndcg10_by_query)
+    assert choice.alphas() == {"top": 0.0} and choice.by_first_stage[0][2][-1][1] < 1.0
 
     class Model:
         interpolation, blends = 0.4, {"hybrid": 0.2}

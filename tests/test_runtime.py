@@ -55,7 +55,7 @@ def test_rows_split_over_streams_come_back_in_order(model_dir):
     enc = BiEncoder.load(model_dir, precision="openvino-fp32")
     one = runtime.openvino_runner(enc, enc.tokenize(["a", "b"]), model_dir, "openvino-fp32", threads=2, streams=1)
     three = runtime.openvino_runner(enc, enc.tokenize(["a", "b"]), model_dir, "openvino-fp32", threads=3, streams=3)
-    assert (one.streams, three.streams) == (1, 3)
+    assert (one.streams, three.streams) == (1, 3) and one.single is None and three.single is not None
     for n in (1, 2, 3, 5, 7):  # fewer rows than streams, equal, and slices of unequal size
         features = {k: v.numpy() for k, v in enc.tokenize((TEXTS * 2)[:n]).items()}
         want, got = one(features), three(features)
