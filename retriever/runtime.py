@@ -213,7 +213,9 @@ def _export(module: torch.nn.Module, example: Mapping[str, torch.Tensor], where:
         data = nncf.Dataset([tuple(np.asarray(b[n], dtype=np.int64) for n in names) for b in batches])
         nncf_log = logging.getLogger("nncf")
         level = nncf_log.level
-        nncf.set_log_level(logging.ERROR)
+        # the logger's level only: nncf.set_log_level also sets the level of every handler attached to it, which
+        # may be the application's own (under pytest, the log capture's handlers stayed at ERROR afterwards)
+        nncf_log.setLevel(logging.ERROR)
         try:  # NNCF draws its own progress bars on the console (rich); the library does not print
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                 model = nncf.quantize(model, data, model_type=nncf.ModelType.TRANSFORMER, subset_size=len(batches))

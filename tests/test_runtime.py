@@ -200,3 +200,19 @@ def test_an_engine_build_calibrates_int8_on_its_own_corpus(model_dir, tmp_path):
     again = SearchEngine.load(tmp_path / "engine")
     assert [h.id for h in again.search("cats and rain", k=5).hits] == [h.id for h in hits]
     assert (_export_dir(model_dir, "openvino-int8") / "manifest.json").stat().st_mtime_ns == before
+
+
+def test_an_int8_export_leaves_the_applications_log_handlers_alone(tmp_path, tiny_bert_dir):
+    """Quantising quiets NNCF's logger for its duration only and never changes the level of a handler: a handler
+    attached to the nncf logger (pytest's log capture is one) keeps its level, and the logger's level is restored."""
+    model_dir = tmp_path / "m"
+    shutil.copytree(tiny_bert_dir, model_dir, ignore=shutil.ignore_patterns("twostage-openvino"))  # export anew
+    handler = logging.Handler(logging.INFO)
+    nncf_log = logging.getLogger("nncf")
+    before = nncf_log.level
+    nncf_log.addHandler(handler)
+    try:
+        BiEncoder.load(model_dir, precision="openvino-int8", calibration=TEXTS * 4)
+    finally:
+        nncf_log.removeHandler(handler)
+    assert handler.level == logging.INFO and nncf_log.level == before
