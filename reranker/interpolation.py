@@ -44,6 +44,12 @@ def order_by(scores: np.ndarray) -> np.ndarray:
     return np.lexsort((np.arange(len(scores)), -np.asarray(scores)))
 
 
+def reorders(alpha: float | None) -> bool:
+    """Whether the reranker's scores can move anything at this blend: at ``alpha = 0`` the first stage's order
+    stays, so the pairs need not be scored at all."""
+    return alpha is None or float(alpha) != 0.0
+
+
 def rerank_order(first: np.ndarray, rerank: np.ndarray, alpha: float | None) -> tuple[np.ndarray, np.ndarray]:
     """The candidates' new order (best first) and their final scores (in candidate order)."""
     scores = interpolate(first, rerank, alpha)
@@ -75,11 +81,11 @@ def _pick(curve: Sequence[tuple[float, np.ndarray]]) -> float:
     """The smallest alpha whose mean is within one standard error of the best mean, the error being that of the
     per-query difference from the best alpha (the one-standard-error rule; equal means count as within)."""
     means = [float(np.mean(v)) for _, v in curve]
-    top = curve[int(np.argmax(np.round(means, 10)))][1]
+    best = int(np.argmax(means))
     for (alpha, values), m in sorted(zip(curve, means), key=lambda r: r[0][0]):
-        diff = np.asarray(top, dtype=np.float64) - np.asarray(values, dtype=np.float64)
+        diff = np.asarray(curve[best][1], dtype=np.float64) - np.asarray(values, dtype=np.float64)
         se = float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else 0.0
-        if m >= max(means) - se - 1e-12:
+        if m >= means[best] - se - 1e-12:
             return float(alpha)
     raise AssertionError("unreachable: the best alpha is within its own error")  # pragma: no cover
 

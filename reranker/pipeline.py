@@ -17,7 +17,7 @@ from twostage.indexer.errors import ConfigError
 from twostage.indexer.protocols import Retriever
 from twostage.indexer.records import Hit, RankedList, SearchResult
 from twostage.indexer.topk import check_k
-from twostage.reranker.interpolation import blend_for, rerank_order
+from twostage.reranker.interpolation import blend_for, reorders, rerank_order
 
 
 class Pipeline:
@@ -100,11 +100,11 @@ def rerank_lists(reranker: Any, queries: Sequence[str], firsts: Sequence[RankedL
     """Rerank the top ``k_retrieve`` of each first-stage list; the rest of its top ``k`` follows in first-stage order.
 
     Every query's (query, document) pairs are scored in one call, so batches are shared across queries. With no
-    reranker the first stage's top ``k`` comes back unchanged.
+    reranker, or a blend of 0 (:func:`reorders`), the first stage's top ``k`` comes back unchanged, nothing scored.
     """
-    heads = [first.truncate(k_retrieve) for first in firsts]
-    if reranker is None:
+    if reranker is None or not reorders(interpolation):
         return [Reranked(first.truncate(k), {}) for first in firsts]
+    heads = [first.truncate(k_retrieve) for first in firsts]
     pairs = [(q, text_of(str(d))) for q, head in zip(queries, heads) for d in head.ids]
     if not pairs:
         scores = np.zeros(0, dtype=np.float32)

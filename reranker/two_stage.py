@@ -28,7 +28,7 @@ from twostage.indexer.engine_dir import (
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.records import Document, Hit, RankedList, SearchResult
 from twostage.indexer.topk import check_k
-from twostage.reranker.interpolation import blend_for
+from twostage.reranker.interpolation import blend_for, reorders
 from twostage.reranker.pipeline import rerank_lists
 from twostage.retriever.hybrid import dense_weights, fuse
 
@@ -192,13 +192,12 @@ class TwoStageSearch:
         timings["fuse_s"] = time.perf_counter() - t
         t = time.perf_counter()
         alpha = s.interpolation if s.interpolation != "auto" else blend_for(reranker, first_stage)
-        if alpha is not None and float(alpha) == 0.0:
-            reranker = None  # a blend of 0 keeps the first stage's order: scoring the pairs would change nothing
-        heads = sorted({str(d) for f in firsts for d in f.ids[:k_retrieve]}) if reranker is not None else []
+        scored = reranker is not None and reorders(alpha)
+        heads = sorted({str(d) for f in firsts for d in f.ids[:k_retrieve]}) if scored else []
         texts = {d.id: d.full_text for d in self.documents(heads)}  # one read for every query's candidates
         reranked = rerank_lists(reranker, queries, firsts, texts.__getitem__, k=k, k_retrieve=k_retrieve,
                                 interpolation=None if alpha is None else float(alpha), batch_size=s.batch_size)
-        if reranker is not None:
+        if scored:
             timings["rerank_s"] = time.perf_counter() - t
         stage_scores = []
         for i, (first, res) in enumerate(zip(firsts, reranked)):

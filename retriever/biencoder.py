@@ -211,8 +211,13 @@ class BiEncoder(torch.nn.Module):
     def features(self, texts: Sequence[str], prefix: str, tensors: str = "pt") -> Any:
         """``prefix + text`` as model inputs (``tensors``: "pt" or "np"), truncated to ``max_length`` tokens; long
         texts are first cut to their head words where that is exact (:func:`head_words`)."""
-        return arrays(self.tokenizer(head_words(self.tokenizer, [prefix + t for t in texts], self.config.max_length),
-                                     padding=True, truncation=True, max_length=self.config.max_length), tensors)
+        return self._tokenized(head_words(self.tokenizer, [prefix + t for t in texts], self.config.max_length),
+                               tensors)
+
+    def _tokenized(self, texts: Sequence[str], tensors: str) -> Any:
+        """Texts (prefixed and cut already) tokenised, padded and truncated to ``max_length``, as arrays."""
+        return arrays(self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.config.max_length),
+                      tensors)
 
     def tokenize(self, texts: Sequence[str], kind: str = "document") -> dict[str, torch.Tensor]:
         return {k: v.to(self.device) for k, v in self.features(texts, self._prefix(kind)).items()}
@@ -269,13 +274,13 @@ class BiEncoder(torch.nn.Module):
         slices = [order[start:start + batch_size] for start in range(0, len(texts), batch_size)]
         if self.runtime is not None:  # OpenVINO
             for idx in tqdm(slices, desc=f"encode {kind}s", unit="batch", disable=not show_progress):
-                out[idx] = self.runtime(self.features([heads[i] for i in idx], "", "np"))
+                out[idx] = self.runtime(self._tokenized([heads[i] for i in idx], "np"))
             return out
         was_training = self.training
         self.eval()
         with torch.inference_mode():
             for idx in tqdm(slices, desc=f"encode {kind}s", unit="batch", disable=not show_progress):
-                features = self.features([heads[i] for i in idx], "")
+                features = self._tokenized([heads[i] for i in idx], "pt")
                 emb = self.forward({k: v.to(self.device) for k, v in features.items()})
                 out[idx] = emb.float().cpu().numpy()
         self.train(was_training)
