@@ -30,6 +30,10 @@ fp32) are checked against our fp32 on the speed sample instead (max |difference|
 evaluated like the others when they differ by more than 1e-3 (OpenVINO computes in bf16 where the CPU has it
 unless told otherwise).
 
+Each stage is judged on its own nDCG@10 (encode: dense; rerank: hybrid+rerank), since a user picks the
+bi-encoder's and the cross-encoder's backends separately: an int8 reranker that keeps hybrid+rerank's quality
+counts for rerank even where the same mode's int8 bi-encoder loses dense quality.
+
 The last line: ``speed: encode X.XXx, rerank Y.YYx against the fastest sentence-transformers backend that keeps
 nDCG@10 within 0.005``.
 """
@@ -345,13 +349,17 @@ def report(args, sample, groups, enc_s, rr_ms, diffs, quality, ours_ready, peer_
     rr_p50 = {m: float(np.median(rr_ms[m])) for m in order}
     ref = quality.get("fp32", {})
 
-    def ok(m: str) -> bool | None:
+    def ok(m: str, stage: str) -> bool | None:
+        """Whether mode ``m`` keeps ``stage``'s nDCG@10 (``dense`` for encode, ``hybrid+rerank`` for rerank) within
+        TOLERANCE of our fp32. Each stage is judged on its own: a user picks the bi-encoder's and the
+        cross-encoder's backends separately. The rerank column is conservative: its first stage is the mode's own
+        dense, so an int8 reranker is judged behind an int8 first stage."""
         if m in FP32_MODES and max(diffs[m]) < FP32_MATCH:
             return True
         m = m.split(":")[0]  # openvino-int8:1-stream computes what openvino-int8 computes
         if m not in quality or not ref:
             return None
-        return all(abs(quality[m][k] - ref[k]) <= TOLERANCE for k in ("dense", "hybrid+rerank"))
+        return abs(quality[m][stage] - ref[stage]) <= TOLERANCE
 
     base_e, base_r = docs_s["st-torch"], rr_p50["st-torch"]
     lines = [f"# CPU inference, side by side (SciFact; {os.cpu_count()} cores)", "",
@@ -362,22 +370,23 @@ def report(args, sample, groups, enc_s, rr_ms, diffs, quality, ours_ready, peer_
              "first mode rotates. nDCG@10 on all SciFact test queries (dense = exact search; hybrid+rerank = RRF of "
              "BM25 and the mode's dense top 100, the mode's reranker on the top 20, the reranker's hybrid blend). "
              "fp32-arithmetic modes are compared with our fp32 on the speed sample (max |diff| of embeddings, "
-             "of sigmoid scores) instead of being re-evaluated.", "",
+             "of sigmoid scores) instead of being re-evaluated. Each stage is judged on its own nDCG@10 (encode: "
+             "dense; rerank: hybrid+rerank, behind the mode's own first stage).", "",
              "| mode | encode doc/s | x st-torch | rerank p50 ms/query | x st-torch | dense nDCG@10 | hybrid+rerank "
-             "nDCG@10 | max diff emb / score vs fp32 | within 0.005 |", "|---|---|---|---|---|---|---|---|---|"]
+             "nDCG@10 | max diff emb / score vs fp32 | within 0.005: encode / rerank |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for m in order:
         q = quality.get(m)
         lines.append(f"| {m} | {docs_s[m]:.1f} | {docs_s[m] / base_e:.2f}x | {rr_p50[m]:.1f} | "
                      f"{base_r / rr_p50[m]:.2f}x | {q['dense']:.4f} | {q['hybrid+rerank']:.4f} | " if q else
                      f"| {m} | {docs_s[m]:.1f} | {docs_s[m] / base_e:.2f}x | {rr_p50[m]:.1f} | "
                      f"{base_r / rr_p50[m]:.2f}x | - | - | ")
-        lines[-1] += f"{diffs[m][0]:.1e} / {diffs[m][1]:.1e} | {ok(m)} |"
-    peer_ok = [m for m in PEER_MODES if ok(m)]
-    best_e = max(peer_ok, key=lambda m: docs_s[m])
-    best_r = min(peer_ok, key=lambda m: rr_p50[m])
-    our_ok = [m for m in order if m not in PEER_MODES and ok(m)]
-    mine_e = max(our_ok, key=lambda m: docs_s[m])
-    mine_r = min(our_ok, key=lambda m: rr_p50[m])
+        lines[-1] += f"{diffs[m][0]:.1e} / {diffs[m][1]:.1e} | {ok(m, 'dense')} / {ok(m, 'hybrid+rerank')} |"
+    best_e = max((m for m in PEER_MODES if ok(m, "dense")), key=lambda m: docs_s[m])
+    best_r = min((m for m in PEER_MODES if ok(m, "hybrid+rerank")), key=lambda m: rr_p50[m])
+    ours_m = [m for m in order if m not in PEER_MODES]
+    mine_e = max((m for m in ours_m if ok(m, "dense")), key=lambda m: docs_s[m])
+    mine_r = min((m for m in ours_m if ok(m, "hybrid+rerank")), key=lambda m: rr_p50[m])
     gflops = flops / 1e9 / float(np.median(enc_s[mine_e]))
     if args.quality_from:
         lines += ["", f"nDCG@10 columns from the earlier run `{args.quality_from}`: the same models and the same "
