@@ -87,7 +87,8 @@ def train_retriever(data: str | Path | BeirDataset, split: str, base: str, out: 
     negatives = None
     bm25 = BM25Retriever.build(corpus) if recipe.mine_from == "bm25" or dev_queries else None
     if recipe.negatives:
-        mining = MiningConfig(**{**asdict(recipe.mining), "num_negatives": recipe.negatives})
+        # the training seed draws the negatives too (as the reranker's does): one seed for every random choice
+        mining = MiningConfig(**{**asdict(recipe.mining), "num_negatives": recipe.negatives, "seed": recipe.train.seed})
         if recipe.mine_from == "bm25":
             scorer = bm25.scores  # type: ignore[union-attr]
         else:

@@ -284,6 +284,26 @@ def test_recipe_second_round_nli_and_teacher(tmp_path, tiny_bert_dir, sample):
                         teacher=lambda pairs: np.zeros(len(pairs)))
 
 
+def test_recipe_draws_its_negatives_with_the_training_seed(tmp_path, tiny_bert_dir, sample, monkeypatch):
+    """`--seed` changes every random choice, the bi-encoder's hard-negative draw included (it stayed at the mining
+    config's own 42 before)."""
+    import twostage.retriever.recipe as recipe_mod
+
+    seen = []
+
+    def capture(queries, qrels, ids, scorer, config):
+        seen.append(config.seed)
+        raise RuntimeError("stop after mining")
+
+    monkeypatch.setattr(recipe_mod, "mine_hard_negatives", capture)
+    ds, _ = sample
+    for seed in (7, 43):
+        recipe = recipe_mod.RetrieverRecipe(train=TrainConfig(epochs=1, batch_size=8, seed=seed), negatives=1)
+        with pytest.raises(RuntimeError, match="stop after mining"):
+            recipe_mod.train_retriever(ds, "train", str(tiny_bert_dir), tmp_path / f"m{seed}", recipe)
+    assert seen == [7, 43]
+
+
 def test_training_commands_with_no_flags_train_the_recipe_bench_trains(tmp_path, tiny_bert_dir, sample_dir):
     """One source of defaults: `train-retriever` / `train-reranker` with no recipe flags record exactly the settings
     of `TrainSettings().aligned()`, which is what `bench --train-split` trains and records."""
