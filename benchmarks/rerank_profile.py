@@ -52,7 +52,7 @@ def main() -> None:
 
     from twostage import BeirDataset, BM25Retriever
     from twostage.reranker.cross_encoder import CrossEncoder, calibration_pairs
-    from twostage.retriever.runtime import _Forward
+    from twostage.retriever.runtime import OpenVINORunner, _Forward
 
     logging.getLogger("nncf").setLevel(logging.ERROR)
     ds = BeirDataset(args.data)
@@ -136,22 +136,14 @@ def main() -> None:
         "performance preset": {"preset": nncf.QuantizationPreset.PERFORMANCE},
     }
 
-    def compiled(ir, static: bool):
+    def compiled(ir, static: bool) -> OpenVINORunner:
+        """``ir`` compiled on two streams and called as the engine calls it (rows split over the streams)."""
         ir = ir.clone()
         if static:
             ir.reshape({p.get_any_name(): ov.PartialShape([half, length]) for p in ir.inputs})
         c = core.compile_model(ir, "CPU", {"PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": 2,
                                            "INFERENCE_NUM_THREADS": torch.get_num_threads()})
-        reqs = [c.create_infer_request() for _ in range(2)]
-
-        def call(f):
-            arrays = [f[k] for k in names]
-            for r, s in zip(reqs, (0, half)):
-                r.start_async([a[s:s + half] for a in arrays])
-            for r in reqs:
-                r.wait()
-            return np.concatenate([np.array(r.get_output_tensor(0).data).reshape(-1) for r in reqs])
-        return call
+        return OpenVINORunner(c, names, ce.runtime.where, streams=2)
 
     variants = {}
     for label, kw in recipes.items():
@@ -177,7 +169,7 @@ def main() -> None:
         return 1 / (1 + np.exp(-np.asarray(x, dtype=np.float64)))
 
     for k, call in variants.items():
-        out = [call(f) for f in feats]
+        out = [call(f).reshape(-1) for f in feats]
         diff = max(float(np.abs(sigmoid(o) - sigmoid(r)).max()) for o, r in zip(out, ref))
         overlap = np.mean([len(set(np.argsort(-o)[:10]) & set(np.argsort(-r)[:10])) / 10 for o, r in zip(out, ref)])
         med = float(np.median(times[k]))

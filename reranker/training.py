@@ -268,9 +268,11 @@ def dev_scorer(first_stages: Mapping[str, Any], queries: Sequence[Query], qrels:
     from twostage.reranker.pipeline import Pipeline
 
     def dev(model: CrossEncoder) -> float:
-        return float(np.mean([np.mean(metric(qrels, {q.id: Pipeline(fs, reranker=model, texts=texts, k_retrieve=depth,
-                                                            k=min(10, depth), interpolation=None).ranked(q.text, depth)
-                                                     for q in queries})) for fs in first_stages.values()]))
+        def alone(fs: Any) -> float:
+            pipe = Pipeline(fs, reranker=model, texts=texts, k_retrieve=depth, k=min(10, depth), interpolation=None)
+            return float(np.mean(metric(qrels, {q.id: pipe.ranked(q.text, depth) for q in queries})))
+
+        return float(np.mean([alone(fs) for fs in first_stages.values()]))
 
     return dev
 
