@@ -108,29 +108,26 @@ def load(root: Path, base: str, show_progress: bool) -> Collection:
     chunks = [windows_of(d.title, d.text) for d in docs]
     owners = np.repeat(np.arange(len(docs)), [len(c) for c in chunks])
     windows = model.encode([w for c in chunks for w in c], allow_empty=True, show_progress=show_progress)
-    check_bm25(ds.corpus, analyzer, weights, vocab, [q.text for q in list(ds.queries.values())[:50]])
     splits = {}
     for name in ds.splits:
         split = ds.split(name)
         queries = list(split.queries)
         splits[name] = ([q.id for q in queries], [q.text for q in queries],
                         model.encode([q.text for q in queries], kind="query"), split.qrels)
-    return Collection(ds.name, np.array([d.id for d in docs], dtype=object), weights, counts, lengths, vocab,
-                      analyzer, vectors, windows, owners, splits)
+    collection = Collection(ds.name, np.array([d.id for d in docs], dtype=object), weights, counts, lengths, vocab,
+                            analyzer, vectors, windows, owners, splits)
+    check_bm25(collection, ds.corpus, [q.text for q in list(ds.queries.values())[:50]])
+    return collection
 
 
-def check_bm25(corpus, analyzer, weights, vocab, queries) -> None:
+def check_bm25(c: Collection, corpus, queries: list[str]) -> None:
     """The matrix scores as the engine's BM25 does (the top 10 scores of 50 queries, up to the engine's constant
     factor), or the levers would be measured against another baseline than the engine's."""
     from twostage.retriever.bm25 import BM25Retriever
 
     engine = BM25Retriever.build(corpus)
     for text in queries:
-        v = np.zeros(len(vocab))
-        for t in analyzer(text):
-            if t in vocab:
-                v[vocab[t]] += 1
-        ours = np.sort(weights @ v)[::-1][:10]
+        ours = np.sort(c.weights @ term_vector(c, text))[::-1][:10]
         theirs = engine.search(text, 10).scores.astype(np.float64)
         if not np.allclose(ours * (theirs[0] / max(ours[0], 1e-12)), theirs, rtol=1e-4, atol=1e-6):
             raise SystemExit(f"the BM25 matrix does not score {text!r} as the engine's BM25 does")
