@@ -241,10 +241,13 @@ def lever_table() -> dict[str, list[tuple[str, Callable]]]:
     levers: dict[str, list[tuple[str, Callable]]] = {
         "fusion": [(f"rrf k={k}", rrf_k(k)) for k in (10, 20, 30, 100)]
         + [(f"blend min-max, dense {w}", blend(w)) for w in (0.3, 0.4, 0.5, 0.6)]
-        + [(f"ranx {m}{'' if n is None else ' ' + n}{'' if p is None else ' ' + str(p)}", ranx_fusion(m, n, p))
-           for m, n, p in [("wsum", "sum", {"weights": [0.5, 0.5]}), ("wsum", "max", {"weights": [0.5, 0.5]}),
-                           ("wsum", "zmuv", {"weights": [0.6, 0.4]}), ("isr", None, None),
-                           ("logn_isr", None, None), ("rbc", None, {"phi": 0.95}), ("bordafuse", None, None)]],
+        + [(f"ranx {label}", ranx_fusion(m, n, p))
+           for label, m, n, p in [("wsum, sum norm, dense 0.5", "wsum", "sum", {"weights": [0.5, 0.5]}),
+                                  ("wsum, max norm, dense 0.5", "wsum", "max", {"weights": [0.5, 0.5]}),
+                                  ("wsum, z-score norm, dense 0.4", "wsum", "zmuv", {"weights": [0.6, 0.4]}),
+                                  ("isr", "isr", None, None), ("logn_isr", "logn_isr", None, None),
+                                  ("rbc, phi 0.95", "rbc", None, {"phi": 0.95}),
+                                  ("bordafuse", "bordafuse", None, None)]],
         "bm25+rm3 in rrf": [(f"docs {d}, terms {t}, orig {o}", with_rm3(d, t, o))
                             for d, t, o in [(3, 10, 0.5), (5, 10, 0.5), (10, 20, 0.5), (5, 20, 0.7), (10, 20, 0.7)]],
         "dense maxp in rrf": [("100-word windows, stride 50", maxp)],
