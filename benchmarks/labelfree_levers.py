@@ -84,11 +84,9 @@ def bm25_terms(docs: list[list[str]], k1: float, b: float) -> tuple[sp.csr_matri
 
 
 def windows_of(title: str, text: str, size: int = 100, stride: int = 50) -> list[str]:
-    words = text.split()
-    starts = list(range(0, max(len(words) - size, 0) + 1, stride))
-    if starts[-1] + size < len(words):
-        starts.append(len(words) - size)
-    return [f"{title} {' '.join(words[s:s + size])}".strip() for s in starts]
+    from rerank_windows import windows  # the sibling benchmark's cut: the reranker's windows are the same kind
+
+    return [f"{title} {w}".strip() for w in windows(text.split(), size, stride)]
 
 
 def load(root: Path, base: str, show_progress: bool) -> Collection:

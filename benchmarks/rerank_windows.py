@@ -13,7 +13,7 @@ dev (the 10% of train the one-command run holds out, seed 42; the reranker chose
 test, alone and blended with the first stage (``final = a * minmax(rerank) + (1 - a) * minmax(first)``). The blend
 ``a`` of each variant is chosen on dev by the engine's rule (the smallest ``a`` within one standard error of the
 best, ``reranker/interpolation.py``) and applied on test. The reranker runs as the engine's ``auto``
-does here (OpenVINO int8 with the openvino extra, calibrated on the corpus as the engine does) unless ``--precision`` says otherwise; a window's score is
+does here (OpenVINO int8 with the openvino extra, calibrated on the engine's own sample of the corpus) unless ``--precision`` says otherwise; a window's score is
 computed once per (query, window) and shared by the variants that contain it.
 
 Writes benchmarks/results/rerank-windows.md; last line: ``windows: best VARIANT on dev, test alone X (head Y),
@@ -64,9 +64,8 @@ def main() -> None:
     from twostage.indexer.engine_dir import EngineSettings, resolve_precision
     from twostage.indexer.records import RankedList
     from twostage.reranker.cross_encoder import CrossEncoder, calibration_pairs
-    from twostage.reranker.engine import SearchEngine
+    from twostage.reranker.engine import SearchEngine, _calibration_texts
     from twostage.reranker.interpolation import _pick, interpolate, order_by
-    from twostage.retriever.runtime import spread
     from twostage.retriever.training_data import hold_out
 
     start = time.perf_counter()
@@ -79,9 +78,9 @@ def main() -> None:
                                 settings=EngineSettings(precision="fp32", backend="flat"), show_progress=True)
     hybrid = engine.as_retriever(first_stage="hybrid", rerank=False)
     precision = resolve_precision(args.precision, "reranker")
-    sample = spread([ds.corpus.get(i).full_text for i in ds.corpus.ids[:3000]])  # what the engine calibrates on
+    sample = _calibration_texts(args.data / "corpus.jsonl", precision == "openvino-int8")  # the engine's sample
     reranker = CrossEncoder.load(args.models / "reranker", precision=precision,
-                                 calibration=calibration_pairs(sample) if precision == "openvino-int8" else None)
+                                 calibration=calibration_pairs(sample) if sample else None)
     docs = {i: ds.corpus.get(i) for i in ds.corpus.ids}
     scored: dict[tuple[str, str], float] = {}
     table: dict[str, dict[str, dict]] = {}
