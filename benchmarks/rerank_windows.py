@@ -27,6 +27,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -41,6 +42,38 @@ def windows(words: list[str], size: int, stride: int) -> list[str]:
     if starts[-1] + size < len(words):
         starts.append(len(words) - size)
     return [" ".join(words[s:s + size]) for s in starts]
+
+
+def dev_and_test(ds: Any) -> dict[str, tuple[list, Any]]:
+    """split -> (queries, qrels): SciFact dev (the 10% of train the one-command run holds out, seed 42) and test."""
+    from twostage.retriever.training_data import hold_out
+
+    train, test = ds.split("train"), ds.split("test")
+    _, dev = hold_out(list(train.queries), 0.1, 42)
+    return {"dev": (dev, train.qrels.subset([q.id for q in dev])), "test": (list(test.queries), test.qrels)}
+
+
+def hybrid_first_stage(ds: Any, retriever: Path, prefix: str) -> Any:
+    """The engine's hybrid (RRF of BM25 and ``retriever``, exact search, fp32) in a throwaway directory."""
+    from twostage.indexer.engine_dir import EngineSettings
+    from twostage.reranker.engine import SearchEngine
+
+    engine = SearchEngine.build(ds.corpus, Path(tempfile.mkdtemp(prefix=prefix)) / "engine", retriever=str(retriever),
+                                settings=EngineSettings(precision="fp32", backend="flat"), show_progress=True)
+    return engine.as_retriever(first_stage="hybrid", rerank=False)
+
+
+def blends(first: Any, rerank: np.ndarray) -> dict[float | None, Any]:
+    """``first`` (a RankedList) reordered by the reranker alone (key None) and at every blend of :data:`ALPHAS`."""
+    from twostage.indexer.records import RankedList
+    from twostage.reranker.interpolation import interpolate, order_by
+
+    out = {}
+    for a in (None, *ALPHAS):
+        final = interpolate(first.scores, rerank, a)
+        order = order_by(final)
+        out[a] = RankedList(first.ids[order], final[order])
+    return out
 
 
 def variants() -> dict[str, Callable]:
@@ -61,22 +94,17 @@ def main() -> None:
 
     from twostage.eval.metrics import mean_ndcg10, ndcg10_by_query
     from twostage.indexer.beir import BeirDataset
-    from twostage.indexer.engine_dir import EngineSettings, resolve_precision
+    from twostage.indexer.engine_dir import resolve_precision
     from twostage.indexer.records import RankedList
     from twostage.reranker.cross_encoder import CrossEncoder, calibration_pairs
-    from twostage.reranker.engine import SearchEngine, _calibration_texts
-    from twostage.reranker.interpolation import _pick, interpolate, order_by
-    from twostage.retriever.training_data import hold_out
+    from twostage.reranker.engine import _calibration_texts
+    from twostage.reranker.interpolation import _pick
 
     start = time.perf_counter()
     ds = BeirDataset(args.data)
-    train, test = ds.split("train"), ds.split("test")
-    _, dev = hold_out(list(train.queries), 0.1, 42)
-    splits = {"dev": (dev, train.qrels.subset([q.id for q in dev])), "test": (list(test.queries), test.qrels)}
-    engine = SearchEngine.build(ds.corpus, Path(tempfile.mkdtemp(prefix="twostage-windows-")) / "engine",
-                                retriever=str(args.models / "retriever"),
-                                settings=EngineSettings(precision="fp32", backend="flat"), show_progress=True)
-    hybrid = engine.as_retriever(first_stage="hybrid", rerank=False)
+    splits = dev_and_test(ds)
+    dev = splits["dev"][0]
+    hybrid = hybrid_first_stage(ds, args.models / "retriever", "twostage-windows-")
     precision = resolve_precision(args.precision, "reranker")
     sample = _calibration_texts(args.data / "corpus.jsonl", precision == "openvino-int8")  # the engine's sample
     reranker = CrossEncoder.load(args.models / "reranker", precision=precision,
@@ -95,10 +123,8 @@ def main() -> None:
             runs: dict[float | None, dict[str, RankedList]] = {a: {} for a in (None, *ALPHAS)}
             for q in queries:
                 best = np.array([max(scored[(q.text, w)] for w in ws) for ws in texts[q.id]], dtype=np.float32)
-                for a, run in runs.items():
-                    final = interpolate(first[q.id].scores, best, a)
-                    order = order_by(final)
-                    run[q.id] = RankedList(first[q.id].ids[order], final[order])
+                for a, ranked in blends(first[q.id], best).items():
+                    runs[a][q.id] = ranked
             per_query = {a: ndcg10_by_query(qrels, runs[a]) for a in ALPHAS}
             table.setdefault(name, {})[split] = {
                 "alone": mean_ndcg10(qrels, runs[None]),

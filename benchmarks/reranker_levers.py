@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 import time
 from pathlib import Path
 
@@ -38,8 +37,6 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT.parent / "shared" / "data"
-DEPTH = 20
-ALPHAS = tuple(round(a, 1) for a in np.linspace(0.0, 1.0, 11))
 SNLI = ("snli-devtest/dev.jsonl", "snli-devtest/test.jsonl")
 RANDOM_NEGATIVES = 3
 
@@ -111,26 +108,21 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "reranker-levers.md")
     args = parser.parse_args()
 
+    from rerank_windows import ALPHAS, DEPTH, blends, dev_and_test, hybrid_first_stage  # the sibling's protocol
+
     from twostage.eval.metrics import ndcg10_by_query
     from twostage.indexer.beir import BeirDataset
-    from twostage.indexer.engine_dir import EngineSettings
     from twostage.indexer.records import RankedList
     from twostage.reranker.cross_encoder import CrossEncoder
-    from twostage.reranker.engine import SearchEngine
-    from twostage.reranker.interpolation import _pick, interpolate, order_by
-    from twostage.retriever.training_data import hold_out
+    from twostage.reranker.interpolation import _pick
 
     start = time.perf_counter()
     models = train_variants(args)
     trained_s = time.perf_counter() - start
     ds = BeirDataset(args.data / "scifact")
-    train, test = ds.split("train"), ds.split("test")
-    _, dev = hold_out(list(train.queries), 0.1, 42)
-    splits = {"dev": (dev, train.qrels.subset([q.id for q in dev])), "test": (list(test.queries), test.qrels)}
-    engine = SearchEngine.build(ds.corpus, Path(tempfile.mkdtemp(prefix="twostage-levers-")) / "engine",
-                                retriever=str(args.models / "retriever"),
-                                settings=EngineSettings(precision="fp32", backend="flat"), show_progress=True)
-    hybrid = engine.as_retriever(first_stage="hybrid", rerank=False)
+    splits = dev_and_test(ds)
+    dev = splits["dev"][0]
+    hybrid = hybrid_first_stage(ds, args.models / "retriever", "twostage-levers-")
     texts = {i: ds.corpus.get(i).full_text for i in ds.corpus.ids}
     first = {s: {q.id: hybrid.search(q.text, DEPTH) for q in qs} for s, (qs, _) in splits.items()}
     base = {s: ndcg10_by_query(qrels, first[s]) for s, (_, qrels) in splits.items()}
@@ -147,10 +139,8 @@ def main() -> None:
             for q in queries:
                 fs = first[split][q.id]
                 rr = np.array([next(scores) for _ in fs.ids], dtype=np.float32)
-                for a, run in runs.items():
-                    final = interpolate(fs.scores, rr, a)
-                    order = order_by(final)
-                    run[q.id] = RankedList(fs.ids[order], final[order])
+                for a, ranked in blends(fs, rr).items():
+                    runs[a][q.id] = ranked
             res[name][split] = {a: ndcg10_by_query(qrels, run) for a, run in runs.items()}
         res[name]["a"] = _pick([(a, res[name]["dev"][a]) for a in ALPHAS])
         print(name, {s: round(float(res[name][s][None].mean()), 4) for s in splits}, flush=True)
