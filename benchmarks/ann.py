@@ -23,8 +23,12 @@ import numpy as np
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from twostage.eval.report import versions  # noqa: E402
-from twostage.indexer.vectors import ann_from_vectors  # noqa: E402
-from twostage.indexer.vectors import BackendConfig, default_params, prepare  # noqa: E402
+from twostage.indexer.vectors import (  # noqa: E402
+    BackendConfig,
+    ann_from_vectors,  # noqa: E402
+    default_params,
+    prepare,
+)
 
 SETTINGS = {
     "hnswlib": [{"M": 16, "ef_construction": 100, "ef_search": ef} for ef in (64, 128, 256)],
@@ -126,6 +130,9 @@ def main() -> None:
     out = Path(f"benchmarks/results/ann-{args.data}.md")
     out.write_text("\n".join(lines))
     print("\n".join(lines))
+    best = max(table, key=lambda row: row[5])
+    print(f"ann ({args.data}): fastest {best[0]} ({best[1]}) {best[5] / exact_qps:.1f}x exact at recall@10 "
+          f"{best[6]:.4f}; table in {out}")
 
 
 if __name__ == "__main__":

@@ -71,6 +71,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines), encoding="utf-8")
     print("\n".join(lines))
+    print(f"bm25 speed: bm25s {ratio:.1f}x rank-bm25 queries/s; table in {args.out}")
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ def _open(kind: str, path: Path) -> Any:
         from twostage.indexer.index import Index
 
         return Index.load(path, encoder=KeywordEncoder(), verify=False)
-    from twostage.reranker.engine import SearchEngine
+    from twostage.engine.search_engine import SearchEngine
 
     return SearchEngine.load(path, verify=False)
 
@@ -102,7 +102,7 @@ def make(kind: str, workdir: Path) -> Path:
         return workdir / "index"
     sys.path.insert(0, str(ROOT))
     from tests.conftest import build_tiny_bert
-    from twostage.reranker.engine import SearchEngine
+    from twostage.engine.search_engine import SearchEngine
 
     model = workdir / "tiny-bert"
     if not model.is_dir():
@@ -262,6 +262,9 @@ def main() -> None:
     text = "\n".join(lines + read_lines) + "\n"
     args.out.write_text(text)
     print(text)
+    lost = sum(int(line.split("|")[3]) for line in lines[-len(kinds):])
+    failed = sum(int(line.split("|")[4]) for line in read_lines[-len(kinds):])
+    print(f"concurrency: {lost} lost updates, {failed} failed reads; table in {args.out}")
 
 
 if __name__ == "__main__":

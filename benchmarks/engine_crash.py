@@ -31,7 +31,7 @@ WORDS = ("rain", "snow", "cat", "dog", "cook", "rice", "garden", "piano", "music
 
 def answers(path: Path) -> list:
     """What the engine holds and answers: live ids, BM25 top 5 and dense top 5 (ids, rounded scores)."""
-    from twostage.reranker.engine import SearchEngine
+    from twostage.engine.search_engine import SearchEngine
 
     engine = SearchEngine.load(path, verify=True)  # checksums; the constructor checks the parts agree
     live = sorted(str(i) for i in engine.index.doc_ids[~engine.index.deleted])
@@ -44,8 +44,8 @@ def answers(path: Path) -> list:
 
 
 def apply(path: Path, op: dict) -> None:
+    from twostage.engine.search_engine import SearchEngine
     from twostage.indexer.records import Document
-    from twostage.reranker.engine import SearchEngine
 
     engine = SearchEngine.load(path, verify=False)
     live = sorted(str(i) for i in engine.index.doc_ids[~engine.index.deleted])
@@ -88,7 +88,7 @@ def worker(path: Path, op: dict, kill_after: float | None = None) -> float:
 def make_engine(workdir: Path) -> Path:
     sys.path.insert(0, str(ROOT))
     from tests.conftest import build_tiny_bert
-    from twostage.reranker.engine import SearchEngine
+    from twostage.engine.search_engine import SearchEngine
 
     model = build_tiny_bert(workdir / "tiny-bert")
     SearchEngine.build(ROOT / "data" / "sample", workdir / "engine", retriever=model, precision="fp32").close()
@@ -131,7 +131,7 @@ def main() -> None:
         import torch  # noqa: F401  (every import first, so the kill lands inside the operation)
         import transformers  # noqa: F401
 
-        import twostage.reranker.engine  # noqa: F401
+        import twostage.engine.search_engine  # noqa: F401
         import twostage.retriever.biencoder  # noqa: F401
 
         print("ready", flush=True)
@@ -150,6 +150,8 @@ def main() -> None:
             "never anything else.\n")
     args.out.write_text(text)
     print(text)
+    print(f"engine crash: {result['rounds']} kills, {result['outcomes']['old']} old + {result['outcomes']['new']} new; "
+          f"report in {args.out}")
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ def main() -> None:
 
     import numpy as np
 
+    from twostage.engine.search_engine import SearchEngine
     from twostage.eval.harness import run_bench
     from twostage.eval.metrics import evaluate
     from twostage.eval.run import Run
@@ -48,7 +49,6 @@ def main() -> None:
     from twostage.indexer.beir import BeirDataset
     from twostage.indexer.codec import to_json_dict
     from twostage.indexer.records import RankedList
-    from twostage.reranker.engine import SearchEngine
 
     ds = BeirDataset(args.data)
     split = ds.split("test")
@@ -154,6 +154,8 @@ Queries whose top 10 differs between the two: {differ} of {n} (the same batch-sh
 """
     args.out.with_suffix(".md").write_text(md)
     print(md)
+    print(f"engine on {args.data}: nDCG@10 harness {harness['ndcg@10']:.4f}, CLI {cli_metrics['ndcg@10']:.4f}; "
+          f"search_batch {result['ratio']:.2f}x search; report in {args.out.with_suffix('.md')}")
 
 
 if __name__ == "__main__":

@@ -262,7 +262,7 @@ def main() -> None:
     speed_q = queries[:args.queries]
     groups = [[(q.text, texts[str(d)]) for d in bm25.search(q.text, args.depth).ids] for q in speed_q]
     ce_meta = CrossEncoder.load(args.reranker)
-    from twostage.indexer.engine_dir import resolve_precision
+    from twostage.retriever.precision import resolve_precision
 
     our_modes = args.ours.split(",") if args.ours else \
         [m for m in OUR_MODES if m != "bf16" or resolve_precision("auto", "retriever") == "bf16"]
@@ -408,6 +408,7 @@ def report(args, sample, groups, enc_s, rr_ms, diffs, quality, ours_ready, peer_
         {"encode_seconds": enc_s, "rerank_ms": rr_ms, "diffs": diffs, "quality": quality, "peaks": peaks,
          "encode_gflop": flops / 1e9}, indent=1) + "\n")
     print(text)
+    print(lines[-1] + f"; report in {args.out.with_suffix('.md')}")
 
 
 if __name__ == "__main__":

@@ -156,7 +156,7 @@ def synthetic_documents(n: int) -> list[dict[str, Any]]:
 def writer_phase(engine: Path, queries: list[str], n_add: int) -> dict[str, Any]:
     import httpx
 
-    from twostage.reranker.engine import SearchEngine
+    from twostage.engine.search_engine import SearchEngine
 
     before = len(SearchEngine.load(engine, verify=False))
     server = Server(engine)
@@ -237,8 +237,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "serve_load")
     args = parser.parse_args()
 
+    from twostage.engine.search_engine import SearchEngine
     from twostage.indexer.beir import load_qrels, load_queries
-    from twostage.reranker.engine import SearchEngine
 
     test = set(load_qrels(args.data / "qrels" / "test.tsv").query_ids)
     queries = [q.text for q in load_queries(args.data / "queries.jsonl") if q.id in test]

@@ -8,11 +8,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from twostage.indexer.corpus import Corpus
-from twostage.indexer.engine_dir import EngineSettings, resolve_precision
+from twostage.indexer.engine_dir import EngineSettings
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.protocols import Retriever as SearchSystem
 from twostage.indexer.records import RankedList
 from twostage.retriever.bm25 import BM25Config, BM25Retriever
+from twostage.retriever.precision import resolve_precision
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ def _build_engine(corpus: Corpus, options: SystemOptions) -> Any:
     import shutil
     import tempfile
 
-    from twostage.reranker.engine import SearchEngine
+    from twostage.engine.search_engine import SearchEngine
 
     settings = EngineSettings(k_retrieve=options.rerank_depth, interpolation=options.rerank_interpolation,
                               precision=options.precision, backend=options.backend, batch_size=options.batch_size)

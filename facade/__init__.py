@@ -43,16 +43,18 @@ _WHERE = {
     "DenseRetriever": "retriever.dense", "HybridRetriever": "retriever.hybrid", "rrf": "retriever.hybrid",
     "Index": "indexer.index", "build_index": "indexer.build",
     "CrossEncoder": "reranker.cross_encoder", "Pipeline": "reranker.pipeline", "SearchResult": "indexer.records",
-    "SearchEngine": "reranker.engine", "EngineSettings": "indexer.engine_dir",
-    "ShardedEngine": "reranker.sharded", "open_engine": "reranker.sharded",
+    "SearchEngine": "engine.search_engine", "EngineSettings": "indexer.engine_dir",
+    "ShardedEngine": "engine.sharded", "open_engine": "engine.sharded",
     "RetrieverRecipe": "retriever.recipe", "train_retriever": "retriever.recipe",
     "RerankerConfig": "reranker.training", "train_reranker_on": "reranker.training",
     "run_bench": "eval.harness", "evaluate": "eval.metrics",
-    "adapt": "eval.adapt", "AdaptRecipe": "eval.adapt", "fuse": "retriever.hybrid",
+    "adapt": "app.adapt", "AdaptRecipe": "app.adapt", "fuse": "retriever.hybrid",
 }
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
-    from twostage.eval.adapt import AdaptRecipe, adapt
+    from twostage.app.adapt import AdaptRecipe, adapt
+    from twostage.engine.search_engine import SearchEngine
+    from twostage.engine.sharded import ShardedEngine, open_engine
     from twostage.eval.harness import run_bench
     from twostage.eval.metrics import evaluate
     from twostage.indexer.beir import BeirDataset
@@ -73,9 +75,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from twostage.indexer.index import Index
     from twostage.indexer.records import Document, Hit, Judgment, Qrels, Query, RankedList, SearchResult
     from twostage.reranker.cross_encoder import CrossEncoder
-    from twostage.reranker.engine import SearchEngine
     from twostage.reranker.pipeline import Pipeline
-    from twostage.reranker.sharded import ShardedEngine, open_engine
     from twostage.reranker.training import RerankerConfig, train_reranker_on
     from twostage.retriever.biencoder import BiEncoder
     from twostage.retriever.bm25 import BM25Config, BM25Retriever

@@ -2,6 +2,6 @@
 
 import sys
 
-from twostage.eval.cli import main
+from twostage.app.cli import main
 
 sys.exit(main())

@@ -24,26 +24,30 @@ def to_json_dict(record: Any) -> dict[str, Any]:
     return json.loads(json.dumps(asdict(record), default=str))
 
 
-def from_json_dict(kind: type[T] | T, data: Any, where: str) -> T:
-    """A ``kind`` record (a dataclass, or an instance whose values are the defaults) from a JSON object.
+def from_json_dict(kind: type[T], data: Any, where: str) -> T:
+    """A ``kind`` record (a dataclass whose fields all have defaults) from a JSON object.
 
     ``where`` names the file or field in error messages, e.g. ``"manifest.json: settings"``.
     """
-    current: Any = kind() if isinstance(kind, type) else kind
+    return _onto(kind(), data, where)
+
+
+def _onto(current: T, data: Any, where: str) -> T:
+    """``current`` (a dataclass instance) with the values of the JSON object ``data``, nested records filled."""
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected an object of settings, got {type(data).__name__}")
-    known = [f.name for f in fields(current)]
+    known = [f.name for f in fields(current)]  # type: ignore[arg-type]  # T is a dataclass by contract
     unknown = sorted(set(data) - set(known))
     if unknown:
         raise ConfigError(f"{where}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(known)}")
-    values = {}
+    values: dict[str, Any] = {}
     for name, value in data.items():
         default = getattr(current, name)
         if is_dataclass(default) and not isinstance(default, type):
-            values[name] = from_json_dict(default, value, f"{where}.{name}")
+            values[name] = _onto(default, value, f"{where}.{name}")
         else:
             values[name] = tuple(value) if isinstance(value, list) else value
     try:
-        return replace(current, **values)
+        return replace(current, **values)  # type: ignore[type-var]
     except (TypeError, ValueError) as exc:  # a record's own check, or a value of the wrong shape
         raise ConfigError(f"{where}: {exc}") from None

@@ -75,39 +75,6 @@ class EngineSettings:
             raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
 
 
-ROLES = ("retriever", "reranker")
-
-
-def resolve_precision(precision: str, role: str) -> str:
-    """The precision a model in ``role`` (``retriever`` or ``reranker``) runs in. ``auto``, measured on the SciFact
-    one-command models (``benchmarks/results/inference_speed.md``):
-
-    - with the ``openvino`` extra installed: the retriever in ``openvino-fp32`` and the reranker in ``openvino-int8``
-      (calibrated on the corpus). int8 keeps the reranker's nDCG@10, but costs a fine-tuned bi-encoder 0.007 dense
-      nDCG@10; OpenVINO fp32 is the fastest encoder that keeps it;
-    - else ``bf16`` where the CPU has AMX (without AMX, torch's bf16 ran at 0.64-0.70x fp32 on an AVX512-BF16
-      machine), else ``fp32``.
-    """
-    if role not in ROLES:
-        raise ConfigError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
-    if precision != "auto":
-        return precision
-    import importlib.util
-
-    if importlib.util.find_spec("openvino") is not None and importlib.util.find_spec("nncf") is not None:
-        return "openvino-int8" if role == "reranker" else "openvino-fp32"
-    try:
-        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return "fp32"
-    return "bf16" if "amx_bf16" in flags else "fp32"
-
-
-def resolve_precisions(precision: str) -> dict[str, str]:
-    """Each role's precision (:func:`resolve_precision`), by role."""
-    return {role: resolve_precision(precision, role) for role in ROLES}
-
-
 @dataclass(frozen=True)
 class ModelRef:
     """A model an engine uses: the name it was given, the directory it resolved to, and its weights' sha256."""
@@ -155,10 +122,10 @@ def read_engine_manifest(version_dir: Path) -> EngineManifest:
         raise IndexFormatError(f"{path}: counts.documents must be a non-negative integer; restore or rebuild the engine")
     check_file_entries(path, files)
     reranker = data.get("reranker")
-    versions = data.get("versions") if isinstance(data.get("versions"), dict) else {}
+    versions: dict[str, str] = data["versions"] if isinstance(data.get("versions"), dict) else {}
     return EngineManifest(settings, ModelRef.from_dict(data.get("retriever"), f"{path}: retriever"),
                           None if reranker is None else ModelRef.from_dict(reranker, f"{path}: reranker"),
-                          counts["documents"], dict(files), dict(versions))
+                          counts["documents"], dict(files or {}), dict(versions))
 
 
 def engine_files(version_dir: Path) -> dict[str, dict[str, Any]]:

@@ -72,7 +72,7 @@ class IdMap:
     def __len__(self) -> int:
         return len(self._ids)
 
-    def __getitem__(self, rows: Any) -> np.ndarray:
+    def __getitem__(self, rows: Any) -> Any:
         """The ids at these rows (an int array or list, a boolean mask over every row, or a slice) as an object array;
         one row number gives one ``str``."""
         import pyarrow as pa

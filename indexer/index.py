@@ -295,7 +295,7 @@ class Index:
     # ---- writing ---------------------------------------------------------------------------
     # Each update is computed as an IndexChange from the version current under the writer lock, written into a
     # new version directory (write_index_files) and committed; the engine writes the same change into its own
-    # version together with BM25 (twostage.reranker.engine).
+    # version together with BM25 (twostage.engine.search_engine).
     def encode_documents(self, docs: Sequence[Document], encoder: Any = None, batch_size: int = 32) -> np.ndarray:
         """Vectors of ``docs`` by the index's encoder (checked: finite, the index's width, normalised)."""
         enc = encoder or self.encoder

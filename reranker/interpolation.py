@@ -77,7 +77,7 @@ class InterpolationChoice:
         return {name: alpha for name, alpha, _ in self.by_first_stage}
 
 
-def _pick(curve: Sequence[tuple[float, np.ndarray]]) -> float:
+def one_se_blend(curve: Sequence[tuple[float, np.ndarray]]) -> float:
     """The smallest alpha whose mean is within one standard error of the best mean, the error being that of the
     per-query difference from the best alpha (the one-standard-error rule; equal means count as within)."""
     means = [float(np.mean(v)) for _, v in curve]
@@ -95,7 +95,7 @@ def select_interpolation(model: Any, first_stages: Mapping[str, Any], queries: S
                          metric: Callable[[Qrels, dict[str, RankedList]], np.ndarray],
                          grid: Sequence[float] = GRID) -> InterpolationChoice:
     """Score each first stage's top ``depth`` once, then try every ``alpha`` of ``grid`` for each first stage and
-    for their mean; ``metric`` gives one value per query (:func:`_pick` chooses by their spread too)."""
+    for their mean; ``metric`` gives one value per query (:func:`one_se_blend` chooses by their spread too)."""
     if not queries:
         raise ConfigError("choosing the interpolation needs held-out queries")
     curves: dict[str, list[tuple[float, np.ndarray]]] = {}
@@ -117,8 +117,8 @@ def select_interpolation(model: Any, first_stages: Mapping[str, Any], queries: S
     def means(curve: list[tuple[float, np.ndarray]]) -> tuple[tuple[float, float], ...]:
         return tuple((a, float(np.mean(v))) for a, v in curve)
 
-    return InterpolationChoice(_pick(mean), means(mean),
-                               tuple((name, _pick(curve), means(curve)) for name, curve in curves.items()))
+    return InterpolationChoice(one_se_blend(mean), means(mean),
+                               tuple((name, one_se_blend(curve), means(curve)) for name, curve in curves.items()))
 
 
 def blend_for(reranker: Any, first_stage: str | None) -> float | None:

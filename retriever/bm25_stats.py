@@ -21,6 +21,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -40,7 +41,7 @@ class CorpusStats:
     @classmethod
     def of(cls, doc_terms: Iterable[Sequence[str]]) -> CorpusStats:
         """The statistics of analysed documents (each a list of terms)."""
-        n, total, df = 0, 0, Counter()
+        n, total, df = 0, 0, Counter[str]()
         for terms in doc_terms:
             n += 1
             total += len(terms)
@@ -50,7 +51,7 @@ class CorpusStats:
     @classmethod
     def combine(cls, parts: Iterable[CorpusStats]) -> CorpusStats:
         """The statistics of the union of disjoint corpora (e.g. every shard)."""
-        n, total, df = 0, 0, Counter()
+        n, total, df = 0, 0, Counter[str]()
         for p in parts:
             n, total = n + p.num_docs, total + p.total_length
             df.update(p.doc_freqs)
@@ -99,7 +100,9 @@ class Postings:
         read and they are placed, chunk by chunk, in the CSC arrays (8 bytes a posting)."""
         vocab: dict[str, int] = {}
         terms: list[str] = []
-        parts, lengths, n = [], [], 0
+        parts: list[Any] = []
+        lengths: list[Any] = []
+        n = 0
         for doc_terms in chunks:
             rows, cols, tfs, lens = _chunk_postings(doc_terms, vocab, terms, n)
             order = np.argsort(cols, kind="stable")  # by column, rows ascending within each

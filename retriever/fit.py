@@ -100,7 +100,7 @@ def linear_schedule(total: int, warmup: int) -> Callable[[int], float]:
     return factor
 
 
-def _optimizer(model: torch.nn.Module, extra: Sequence[torch.nn.Module], config: LoopSettings) -> torch.optim.AdamW:
+def build_optimizer(model: torch.nn.Module, extra: Sequence[torch.nn.Module], config: LoopSettings) -> torch.optim.AdamW:
     named = list(model.named_parameters())
     decay = [p for n, p in named if not any(x in n for x in NO_DECAY)]
     no_decay = [p for n, p in named if any(x in n for x in NO_DECAY)]
@@ -131,7 +131,7 @@ def fit(task: Task, config: LoopSettings, out: str | Path, *, dev: Callable[[Any
         model.to("cuda")
     device = next(model.parameters()).device
     extra = list(task.start(device))
-    optimizer = _optimizer(model, extra, config)
+    optimizer = build_optimizer(model, extra, config)
     plans = [task.plan(e) for e in range(config.epochs)]
     total = sum(len(p) for p in plans)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_schedule(total, int(config.warmup_ratio * total)))

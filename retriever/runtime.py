@@ -89,7 +89,7 @@ def spread(items: Sequence[Any], n: int = CALIBRATION_SIZE) -> list[Any]:
     return [items[int(i * step)] for i in range(n)]
 
 
-class _Forward(torch.nn.Module):
+class Forward(torch.nn.Module):
     """``model(features)`` as a module taking the tokenizer's tensors positionally (what the converter traces)."""
 
     def __init__(self, model: torch.nn.Module, names: Sequence[str]) -> None:
@@ -259,7 +259,7 @@ def openvino_runner(model: torch.nn.Module, example: Mapping[str, torch.Tensor],
     with writer_lock(root):  # one process exports at a time; the others then read its export
         if _fresh_export(where, digest, precision, names) is None:
             logger.info("exporting %s to OpenVINO %s (once per weights)", model_dir, precision)
-            _export(_Forward(model, names).eval(), example, where, digest, precision, calibration)
+            _export(Forward(model, names).eval(), example, where, digest, precision, calibration)
             if _fresh_export(where, digest, precision, names) is None:  # pragma: no cover - a broken writer
                 raise IndexFormatError(f"{where}: the export just written does not verify; remove it and retry")
         ir = _core().read_model(str(where / "model.xml"), str(where / "model.bin"))

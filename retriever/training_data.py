@@ -166,7 +166,9 @@ def no_duplicate_batches(examples: Sequence[PairExample | ScoredPair], batch_siz
     order = list(np.random.default_rng(seed).permutation(len(examples)))
     batches: list[list[int]] = []
     while order:
-        batch, seen, waiting = [], set(), []
+        batch: list[Any] = []
+        seen: set[Any] = set()
+        waiting: list[Any] = []
         for i in order:
             texts = examples[i].texts()
             if len(batch) < batch_size and not seen.intersection(texts):

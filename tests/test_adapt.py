@@ -107,7 +107,7 @@ def test_blend_weights_move_the_ranking():
 
 
 def test_adapt_trains_both_models_from_the_corpus_alone(tmp_path, tiny_bert_dir, sample_dir):
-    from twostage.eval.adapt import AdaptRecipe, adapt
+    from twostage.app.adapt import AdaptRecipe, adapt
     from twostage.reranker.cross_encoder import CrossEncoder
     from twostage.reranker.training import RerankerConfig
     from twostage.retriever.biencoder import BiEncoder
@@ -136,9 +136,9 @@ def test_adapt_trains_both_models_from_the_corpus_alone(tmp_path, tiny_bert_dir,
 
 def test_engine_blend_fusion_and_its_tuning(tmp_path, models, sample_dir, monkeypatch):
     from twostage import SearchEngine
+    from twostage.eval.tune import tune_engine, tune_fusion
     from twostage.indexer.beir import BeirDataset
     from twostage.indexer.engine_dir import EngineSettings
-    from twostage.eval.tune import tune_engine, tune_fusion
 
     retriever, _ = models
     engine = SearchEngine.build(sample_dir, tmp_path / "e", retriever=retriever,

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from twostage.eval.cli import main
+from twostage.app.cli import main
 
 
 def test_bench_writes_outputs(tmp_path, sample_dir, capsys):
@@ -230,14 +230,14 @@ def test_bench_trains_both_models_on_the_train_split(tmp_path, sample_dir, tiny_
 
 
 def test_training_flags_are_generated_from_the_recipe_table():
-    from twostage.eval.cli import build_parser
-    from twostage.eval.cli_train import RERANKER, RETRIEVER, _get, settings_from_flags
-    from twostage.eval.train_models import TrainSettings
+    from twostage.app.cli import build_parser
+    from twostage.app.cli_train import RERANKER, RETRIEVER, setting_at, settings_from_flags
+    from twostage.app.train_models import TrainSettings
 
     recipe = TrainSettings().aligned()
     for flag in RETRIEVER + RERANKER:
         for path in flag.paths:
-            _get(recipe, path)  # every flag names real settings
+            setting_at(recipe, path)  # every flag names real settings
     parser = build_parser()
     base = ["--data", "d", "--out", "o"]
     args = parser.parse_args(["train-reranker", *base])

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from twostage import ConfigError, DataError, Document, IndexFormatError, SearchEngine
-from twostage.eval.cli import main
+from twostage.app.cli import main
 from twostage.indexer.versions import current_version
 
 

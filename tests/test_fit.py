@@ -67,11 +67,11 @@ def test_a_killed_run_resumes_to_the_same_weights(kind, tmp_path, tiny_bert_dir,
 
 @pytest.mark.parametrize("kind", ["retriever", "reranker"])
 def test_both_models_train_with_the_same_optimizer_groups(kind, tiny_bert_dir, sample_dir):
-    from twostage.retriever.fit import _optimizer
+    from twostage.retriever.fit import build_optimizer
 
     _, fresh, _ = (_retriever_run if kind == "retriever" else _reranker_run)(tiny_bert_dir, sample_dir)
     model = fresh()
-    optimizer = _optimizer(model, [], TrainConfig(weight_decay=0.05))
+    optimizer = build_optimizer(model, [], TrainConfig(weight_decay=0.05))
     decay, no_decay, extra = optimizer.param_groups
     names = {id(p): n for n, p in model.named_parameters()}
     assert decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0 and not extra["params"]

@@ -91,8 +91,8 @@ def test_k_too_small_for_recall_at_100(sample_dir):
 
 
 def test_dense_systems_share_one_encoding_of_the_corpus(sample_dir, tiny_bert_dir, monkeypatch):
+    from twostage.engine.search_engine import SearchEngine
     from twostage.eval.systems import SystemOptions
-    from twostage.reranker.engine import SearchEngine
 
     calls = []
     real = SearchEngine.build.__func__

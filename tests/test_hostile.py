@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from twostage.eval.cli import main
+from twostage.app.cli import main
 from twostage.indexer.versions import current_version
 
 

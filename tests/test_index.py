@@ -290,7 +290,7 @@ def test_crafted_hnswlib_file_with_a_matching_checksum_is_a_clear_error(built, t
     import random
     import shutil
 
-    from twostage.eval.cli import main
+    from twostage.app.cli import main
     from twostage.indexer.atomic import sha256_file
 
     shutil.copytree(tmp_path / "idx", tmp_path / "evil")

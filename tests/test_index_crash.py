@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.slow
 def test_killed_operations_leave_a_loadable_index(tmp_path):
-    spec = importlib.util.spec_from_file_location("index_crash", ROOT / "benchmarks" / "index_crash.py")
+    spec = importlib.util.spec_from_file_location("index_crash", ROOT / "benchmarks" / "experiments" / "index_crash.py")
     crash = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(crash)
     result = crash.run(rounds=8, seed=1, workdir=tmp_path)  # raises on any other outcome

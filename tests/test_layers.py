@@ -1,17 +1,19 @@
-"""Layers point one way: indexer <- retriever <- reranker <- eval <- the facade (twostage/__init__).
+"""Layers point one way: indexer <- retriever <- reranker <- engine <- eval <- app <- the facade (twostage/__init__).
 
 Everything imports through the one package ``twostage``; a bare ``import indexer`` or ``from eval...`` would load
 a second copy of a module (or nothing, from an installed wheel) and is rejected.
 """
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LAYERS = ["indexer", "retriever", "reranker", "eval"]
+LAYERS = ["indexer", "retriever", "reranker", "engine", "eval", "app"]
 FOLDERS = [*LAYERS, "facade", "tests", "benchmarks"]
+PACKAGE = [*LAYERS, "facade"]
 
 
 def imports(path: Path) -> set[str]:
@@ -46,7 +48,7 @@ def test_facade_exports_resolve():
 
     for name in twostage.__all__:
         assert getattr(twostage, name) is not None, name
-    assert twostage.SearchEngine.__module__ == "twostage.reranker.engine"
+    assert twostage.SearchEngine.__module__ == "twostage.engine.search_engine"
 
 
 def test_no_pickle_anywhere():
@@ -78,3 +80,75 @@ def test_no_import_cycles_between_modules():
     for node in sorted(graph):
         if node not in seen:
             visit(node, [node])
+
+
+def test_every_module_is_installed():
+    """The editable install is a link tree (strict mode): a module added since `pip install -e .` is not in it."""
+    import importlib.util
+
+    for folder in PACKAGE:
+        prefix = "twostage" if folder == "facade" else f"twostage.{folder}"
+        for path in (ROOT / folder).glob("*.py"):
+            name = prefix if path.stem == "__init__" else f"{prefix}.{path.stem}"
+            assert importlib.util.find_spec(name) is not None, (
+                f"{path.relative_to(ROOT)} is not installed as {name}: run `pip install -e .` again")
+
+
+def test_no_private_names_imported_across_modules():
+    """A name starting with `_` is its module's own: nothing else imports it (the library, tests and benchmarks)."""
+    for folder in FOLDERS:
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("twostage"):
+                    private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+                    assert not private, f"{path.relative_to(ROOT)}:{node.lineno} imports {private} from {node.module}"
+
+
+def mermaid_blocks(path: Path) -> list[str]:
+    return re.findall(r"```mermaid\n(.*?)```", path.read_text(), re.S)
+
+
+def edges(block: str) -> list[tuple[str, str]]:
+    """Every arrow `a --> b` and `a -->|label| b` of a mermaid flowchart, chains included."""
+    found = []
+    for line in block.splitlines():
+        parts = re.split(r"\s*-->(?:\|[^|]*\|)?\s*", line.strip())
+        if len(parts) > 1:
+            found += list(zip(parts, parts[1:]))
+    return found
+
+
+def module_of(folder: str, path: Path) -> str:
+    prefix = "twostage" if folder == "facade" else f"twostage.{folder}"
+    return prefix if path.stem == "__init__" else f"{prefix}.{path.stem}"
+
+
+def test_architecture_layer_diagram_matches_the_code():
+    layers_block, _ = mermaid_blocks(ROOT / "docs" / "ARCHITECTURE.md")
+    drawn = edges(layers_block)
+    order = [drawn[0][0]] + [b for _, b in drawn]
+    assert order == ["facade", *reversed(LAYERS)], f"the diagram's layer order {order} is not tests' {LAYERS}"
+    for upper, lower in drawn:
+        target = f"twostage.{lower}"
+        assert any(n == target or n.startswith(target + ".") for p in (ROOT / upper).glob("*.py") for n in imports(p)
+                   ), f"the diagram draws {upper} --> {lower}, but no module of {upper}/ imports {target}"
+
+
+def test_architecture_query_path_matches_the_code():
+    _, path_block = mermaid_blocks(ROOT / "docs" / "ARCHITECTURE.md")
+    nodes = dict(re.findall(r'^\s*(\w+)\["([^"]+)"\]', path_block, re.M))
+    assert len(nodes) >= 10
+    files = {}
+    for node, label in nodes.items():
+        file, _, what = label.partition("<br>")
+        path = ROOT / file
+        assert path.is_file(), f"node {node} names {file}, which does not exist"
+        name = re.match(r"\w+", what).group(0)
+        defined = {n.name for n in ast.parse(path.read_text()).body
+                   if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))}
+        assert name in defined, f"node {node}: {file} defines no {name}"
+        files[node] = path
+    for a, b in edges(path_block):
+        pa, pb = files[a], files[b]
+        target = module_of(pb.parent.name, pb)
+        assert target in imports(pa), f"the query path draws {a} --> {b}, but {pa.relative_to(ROOT)} does not import {target}"

@@ -189,12 +189,12 @@ def test_a_tokenizer_of_another_model_is_refused(tmp_path, tiny_bert_dir):
 def test_blend_choice_is_the_smallest_within_one_standard_error():
     """A best alpha ahead by less than the per-query noise gives way to the smallest alpha within one standard
     error of it; one ahead by a consistent margin is kept."""
-    from twostage.reranker.interpolation import _pick
+    from twostage.reranker.interpolation import one_se_blend
 
     first, middle = (0.0, np.array([0.5, 0.5, 0.5, 0.5])), (0.5, np.array([0.6, 0.6, 0.6, 0.6]))
-    assert _pick([first, middle, (1.0, np.array([1.0, 0.2, 1.0, 0.3]))]) == 0.0  # best mean, but by noise
-    assert _pick([first, middle, (1.0, np.array([0.9, 0.9, 0.9, 0.91]))]) == 1.0  # best on every query
-    assert _pick([first, (0.5, np.array([0.6, 0.6, 0.6, 0.62])), (1.0, np.array([0.9, 0.2, 0.9, 0.3]))]) == 0.5
+    assert one_se_blend([first, middle, (1.0, np.array([1.0, 0.2, 1.0, 0.3]))]) == 0.0  # best mean, but by noise
+    assert one_se_blend([first, middle, (1.0, np.array([0.9, 0.9, 0.9, 0.91]))]) == 1.0  # best on every query
+    assert one_se_blend([first, (0.5, np.array([0.6, 0.6, 0.6, 0.62])), (1.0, np.array([0.9, 0.2, 0.9, 0.3]))]) == 0.5
 
 
 def test_blend_is_chosen_for_each_first_stage():

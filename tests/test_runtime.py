@@ -150,7 +150,7 @@ def test_missing_openvino_is_one_clear_error(model_dir, monkeypatch):
 def test_auto_precision_is_openvino_per_model_when_installed(monkeypatch):
     import importlib.util
 
-    from twostage.indexer.engine_dir import resolve_precision
+    from twostage.retriever.precision import resolve_precision
 
     assert resolve_precision("auto", "reranker") == "openvino-int8"
     assert resolve_precision("auto", "retriever") == "openvino-fp32"  # int8 costs a fine-tuned bi-encoder quality

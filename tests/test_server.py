@@ -19,9 +19,9 @@ pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient
 
 from twostage import Document, SearchEngine
-from twostage.eval.batching import MicroBatcher
-from twostage.eval.cli import main
-from twostage.eval.server import create_app
+from twostage.app.batching import MicroBatcher
+from twostage.app.cli import main
+from twostage.app.server import create_app
 
 SAMPLE = Path(__file__).parent.parent / "data" / "sample"
 KEY = "s3cret-key"

@@ -10,9 +10,9 @@ import pytest
 
 from tests.test_bm25 import bm25s_reference
 from twostage import Document, SearchEngine
+from twostage.engine.sharded import ShardedEngine, read_sharded_manifest, shard_of
 from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
 from twostage.indexer.versions import current_version
-from twostage.reranker.sharded import ShardedEngine, read_sharded_manifest, shard_of
 from twostage.retriever.analyzer import Analyzer, AnalyzerConfig
 from twostage.retriever.bm25 import BM25Retriever
 from twostage.retriever.bm25_stats import CorpusStats
@@ -139,7 +139,7 @@ def test_a_crash_before_the_sharded_commit_keeps_the_old_version(tmp_path, model
     retriever, _ = models
     sharded = ShardedEngine.build(SAMPLE, tmp_path / "s", shards=2, retriever=retriever, backend="flat")
     pinned = list(sharded.names)
-    import twostage.reranker.sharded as mod
+    import twostage.engine.sharded as mod
 
     def crash(*a, **k):
         raise KeyboardInterrupt("killed between the shard commits and the sharded commit")
@@ -204,7 +204,7 @@ def test_ray_shards_answer_as_local_ones(engines):
 
 
 def test_cli_builds_searches_and_updates_a_sharded_engine(tmp_path, models, capsys):
-    from twostage.eval.cli import main
+    from twostage.app.cli import main
 
     retriever, _ = models
     out = tmp_path / "eng"

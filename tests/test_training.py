@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
+from twostage.eval.sts import sts_spearman
 from twostage.indexer.beir import BeirDataset
 from twostage.indexer.errors import ConfigError, DataError
 from twostage.indexer.records import Document, Judgment, Qrels
@@ -16,7 +17,6 @@ from twostage.retriever.dense import DenseRetriever
 from twostage.retriever.gradcache import CachedMultipleNegativesRankingLoss
 from twostage.retriever.losses import MultipleNegativesRankingLoss
 from twostage.retriever.mining import MiningConfig, load_negatives, mine_hard_negatives, save_negatives
-from twostage.eval.sts import sts_spearman
 from twostage.retriever.trainer import TrainConfig, train
 from twostage.retriever.training_data import (
     PairExample,
@@ -309,8 +309,8 @@ def test_training_commands_with_no_flags_train_the_recipe_bench_trains(tmp_path,
     of `TrainSettings().aligned()`, which is what `bench --train-split` trains and records."""
     from dataclasses import asdict
 
-    from twostage.eval.cli import main
-    from twostage.eval.train_models import TrainSettings
+    from twostage.app.cli import main
+    from twostage.app.train_models import TrainSettings
     from twostage.reranker.training import RerankerConfig
     from twostage.retriever.recipe import RetrieverRecipe
 

@@ -33,8 +33,8 @@ def test_wheel_installs_one_package_that_builds_and_searches(tmp_path, tiny_bert
         names = set(z.namelist())
     assert {t for t in tops if not t.endswith(".dist-info")} == {"twostage"}, tops
     assert {"twostage/data/sample/corpus.jsonl", "twostage/data/sample/qrels/test.tsv", "twostage/py.typed",
-            "twostage/eval/cli.py", "twostage/indexer/py.typed", "twostage/eval/static/search.html",
-            "twostage/eval/server.py"} <= names
+            "twostage/app/cli.py", "twostage/indexer/py.typed", "twostage/app/static/search.html",
+            "twostage/app/server.py", "twostage/engine/search_engine.py"} <= names
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)

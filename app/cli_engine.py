@@ -1,0 +1,314 @@
+"""``twostage build|search|add|upsert|delete|compact|info``: the search engine from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from twostage.indexer.engine_dir import FIRST_STAGES, FUSIONS, PRECISIONS, EngineSettings
+from twostage.indexer.errors import ConfigError
+from twostage.indexer.vectors import BACKENDS
+
+BATCH = 32  # queries searched together when reading them from a file
+
+
+def parse_where(items: list[str] | None) -> dict[str, Any] | None:
+    """``KEY=VALUE`` filters; a value is read as a JSON scalar (``year=1951`` an integer, ``year="1951"`` a
+    string, ``ok=true`` a boolean), anything that is not JSON as a plain string."""
+    if not items:
+        return None
+    where: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--where {item!r}: expected KEY=VALUE, e.g. --where year=2020")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"--where {item!r}: the value must be a number, string, true, false or null")
+        where[key.strip()] = value
+    return where
+
+
+def add_field_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--id-field", default=None, help="the corpus column holding the id (default: _id, id, doc_id)")
+    parser.add_argument("--text-field", default=None, help="the column holding the text (default: text, contents, body)")
+    parser.add_argument("--title-field", default=None, help="the column holding the title (default: title)")
+
+
+def corpus_of(args: argparse.Namespace) -> Any:
+    """The corpus path, wrapped with the column names the flags give."""
+    from twostage.indexer.corpus import CorpusFields
+
+    if args.id_field or args.text_field or args.title_field:
+        return CorpusFields(args.corpus, args.id_field, args.text_field, args.title_field)
+    return args.corpus
+
+
+def _settings(args: argparse.Namespace) -> EngineSettings:
+    defaults = EngineSettings()
+    return EngineSettings(first_stage=args.first_stage, k_retrieve=args.k_retrieve, precision=args.precision,
+                          backend=args.backend, batch_size=args.batch_size, depth=defaults.depth,
+                          interpolation=defaults.interpolation,
+                          fusion=args.fusion if args.fusion is not None else defaults.fusion,
+                          dense_weight=args.dense_weight if args.dense_weight is not None else defaults.dense_weight)
+
+
+def _build(args: argparse.Namespace) -> int:
+    from twostage.engine.search_engine import SearchEngine
+    from twostage.engine.sharded import ShardedEngine
+
+    settings = _settings(args)
+    retriever, reranker = args.retriever, args.reranker
+    if args.adapt is not None:
+        if args.reranker:
+            raise ConfigError("--adapt trains the reranker: give --adapt or --reranker, not both")
+        from dataclasses import replace
+
+        from twostage.app.adapt import adapt
+
+        adapted = adapt(corpus_of(args), args.adapt, base=args.retriever, show_progress=not args.quiet)
+        retriever, reranker = adapted.retriever, adapted.reranker
+        if args.fusion is None and args.dense_weight is None:  # flags given on the command line win
+            settings = replace(settings, fusion=adapted.settings.fusion, dense_weight=adapted.settings.dense_weight)
+    common = {"retriever": retriever, "reranker": reranker, "settings": settings,
+              "chunk_size": args.chunk_size, "show_progress": not args.quiet}
+    if args.shards is not None and args.shards < 1:
+        raise ConfigError(f"--shards must be a positive integer, got {args.shards}")
+    if args.shards:
+        engine = ShardedEngine.build(corpus_of(args), args.out, shards=args.shards, **common)
+    else:
+        engine = SearchEngine.build(corpus_of(args), args.out, **common)
+    s = engine.settings
+    shards = f" in {args.shards} shards" if args.shards else ""
+    print(f"built {args.out}: {len(engine)} documents{shards}, version {engine.version}; first stage {s.first_stage}, "
+          f"reranker {engine.manifest.reranker.name if engine.manifest.reranker else 'none'} "
+          f"(top {s.k_retrieve}), {s.backend} index")
+    return 0
+
+
+def _queries(args: argparse.Namespace) -> Iterator[str]:
+    if args.query is not None and args.queries is not None:
+        raise ConfigError("give either a query or --queries FILE, not both")
+    if args.query is not None:
+        yield args.query
+        return
+    if args.queries is None:
+        raise ConfigError("no query: give one (twostage search DIR \"my query\") or --queries FILE (- for stdin)")
+    if args.queries == "-":
+        lines: Any = sys.stdin
+    else:
+        path = Path(args.queries)
+        if not path.is_file():
+            raise ConfigError(f"--queries {path}: no such file")
+        lines = path.open(encoding="utf-8")
+    for line in lines:
+        if line.strip():
+            yield line.rstrip("\r\n")
+
+
+def _print_result(result: Any, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result.to_dict(), ensure_ascii=False), flush=True)
+        return
+    print(f"query: {result.query}")
+    for hit in result.hits:
+        label = hit.title or hit.text[:80].replace("\n", " ")
+        print(f"{hit.rank:3d}. [{hit.score:.4f}] {hit.id}: {label}")
+    print("    " + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in result.timings.items()), flush=True)
+
+
+def _search(args: argparse.Namespace) -> int:
+    from twostage.engine.sharded import open_engine
+
+    where = parse_where(args.where)
+    if args.k <= 0:
+        raise ConfigError(f"--k must be a positive integer, got {args.k}")
+    engine = open_engine(args.engine, verify=not args.fast, ray=args.ray)
+    if where:
+        unknown = sorted(set(where) - engine.metadata_fields())
+        if unknown:
+            known = ", ".join(sorted(engine.metadata_fields())) or "none"
+            print(f"twostage: no document has the field(s) {', '.join(unknown)} (metadata fields: {known}); "
+                  "0 hits", file=sys.stderr)
+    kw = {"where": where, "k_retrieve": args.k_retrieve, "first_stage": args.first_stage, "rerank": not args.no_rerank}
+    batch: list[str] = []
+    found = 0
+    for query in _queries(args):
+        batch.append(query)
+        if len(batch) == BATCH:
+            found += _run(engine, batch, args, kw)
+            batch = []
+    if batch:
+        found += _run(engine, batch, args, kw)
+    return 0
+
+
+def _run(engine: Any, batch: list[str], args: argparse.Namespace, kw: dict[str, Any]) -> int:
+    results = engine.search_batch(batch, args.k, **kw)
+    for r in results:
+        _print_result(r, args.json)
+        if not r.hits and not args.json:
+            print("    (no hits)")
+    return sum(len(r.hits) for r in results)
+
+
+def _add(args: argparse.Namespace) -> int:
+    from twostage.engine.sharded import open_engine
+
+    engine = open_engine(args.engine, verify=False)
+    before = len(engine)
+    new = (engine.upsert if args.upsert else engine.add)(corpus_of(args), show_progress=not args.quiet)
+    print(f"{'upserted' if args.upsert else 'added'}: {len(new)} documents (was {before}), version {new.version}")
+    return 0
+
+
+def _delete(args: argparse.Namespace) -> int:
+    from twostage.engine.sharded import open_engine
+
+    ids = list(args.ids)
+    if args.ids_file:
+        path = Path(args.ids_file)
+        if not path.is_file():
+            raise ConfigError(f"--ids-file {path}: no such file")
+        ids += [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not ids:
+        raise ConfigError("no ids given: twostage delete DIR ID [ID ...] or --ids-file FILE")
+    new = open_engine(args.engine, verify=False).delete(ids)
+    print(f"deleted {len(ids)}: {len(new)} documents, version {new.version}")
+    return 0
+
+
+def _compact(args: argparse.Namespace) -> int:
+    from twostage.engine.sharded import open_engine
+
+    new = open_engine(args.engine, verify=False).compact()
+    print(f"compacted: {len(new)} documents, version {new.version}")
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    from twostage.engine.sharded import open_engine
+
+    print(json.dumps(open_engine(args.engine, verify=not args.fast).info(), indent=2))
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import os
+    import socket
+
+    api_key = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env, "")
+        if not api_key:
+            raise ConfigError(f"--api-key-env {args.api_key_env}: that environment variable is unset or empty; "
+                              f"export {args.api_key_env}=<a secret> first")
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port must be between 0 and 65535, got {args.port}")
+    if args.max_wait_ms < 0:
+        raise ConfigError(f"--max-wait-ms must be >= 0, got {args.max_wait_ms}")
+    try:  # a port in use is one line here, not uvicorn's exit later
+        family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((args.host, args.port))
+    except OSError as exc:
+        raise ConfigError(f"--host {args.host} --port {args.port}: cannot listen there ({exc.strerror}); "
+                          "choose another --port") from None
+    from twostage.app.server import create_app
+
+    app = create_app(args.engine, api_key=api_key, read_only=args.read_only, batching=not args.no_batching,
+                     max_wait_ms=args.max_wait_ms, verify=not args.fast)
+    engine = app.state.holder.engine
+    mode = "read-only" if args.read_only else ("writes need the API key" if api_key else "writes open to anyone")
+    print(f"serving {args.engine} ({len(engine)} documents, version {engine.version}) at "
+          f"http://{args.host}:{args.port}/ ({mode}; API docs at /docs); Ctrl-C stops", flush=True)
+    if args.host not in ("127.0.0.1", "localhost", "::1") and api_key is None and not args.read_only:
+        print("twostage: warning: listening beyond this machine with writes open; use --api-key-env or --read-only",
+              file=sys.stderr)
+    import uvicorn
+
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    return 0
+
+
+def add_commands(sub: Any) -> None:
+    d = EngineSettings()
+    b = sub.add_parser("build", help="build a search engine directory from a corpus")
+    b.add_argument("--corpus", required=True, type=Path, help="BEIR directory, .jsonl, .parquet, .csv or .tsv")
+    b.add_argument("--out", required=True, type=Path, help="the engine directory")
+    b.add_argument("--retriever", default="all-MiniLM-L6-v2", help="bi-encoder name or directory")
+    b.add_argument("--reranker", default=None, help="cross-encoder directory (trained by twostage train-reranker)")
+    b.add_argument("--adapt", type=Path, default=None, metavar="MODELS_DIR",
+                   help="first adapt --retriever and a reranker to this corpus without labels (as twostage adapt "
+                   "--out MODELS_DIR; resumed if interrupted), then build with them")
+    b.add_argument("--first-stage", default=d.first_stage, choices=FIRST_STAGES)
+    b.add_argument("--k-retrieve", type=int, default=d.k_retrieve, help=f"candidates reranked (default {d.k_retrieve})")
+    b.add_argument("--fusion", default=None, choices=FUSIONS,
+                   help=f"how hybrid fuses BM25 and dense: reciprocal rank or a blend of normalised scores (default "
+                   f"{d.fusion}; --adapt chooses it on its dev pseudo-queries)")
+    b.add_argument("--dense-weight", type=float, default=None,
+                   help=f"dense's weight in the blend, BM25's is 1 minus it (default {d.dense_weight})")
+    b.add_argument("--precision", default=d.precision, choices=PRECISIONS,
+                   help="model precision at search time (auto: with the openvino extra, the retriever in "
+                   "openvino-fp32 and the reranker in openvino-int8; else bf16 on AMX CPUs, else fp32)")
+    b.add_argument("--backend", default=d.backend, help=", ".join(BACKENDS))
+    b.add_argument("--batch-size", type=int, default=d.batch_size)
+    b.add_argument("--chunk-size", type=int, default=4096, help="documents encoded per resumable chunk")
+    b.add_argument("--shards", type=int, default=None,
+                   help="split the engine into N shards searched as one (BM25 with the whole corpus's statistics)")
+    add_field_flags(b)
+    b.set_defaults(func=_build)
+
+    s = sub.add_parser("search", help="search an engine: the whole two-stage pipeline")
+    s.add_argument("engine", type=Path, help="the engine directory")
+    s.add_argument("query", nargs="?", default=None, help="the query (or --queries FILE)")
+    s.add_argument("--queries", default=None, help="a file with one query per line, or - for stdin")
+    s.add_argument("--k", type=int, default=10)
+    s.add_argument("--k-retrieve", type=int, default=None, help="candidates reranked (default: the engine's)")
+    s.add_argument("--first-stage", default=None, choices=FIRST_STAGES, help="default: the engine's")
+    s.add_argument("--no-rerank", action="store_true", help="the first stage only")
+    s.add_argument("--where", action="append", help="metadata filter KEY=VALUE, VALUE read as JSON (repeatable)")
+    s.add_argument("--json", action="store_true", help="one JSON object per query, one per line")
+    s.add_argument("--fast", action="store_true", help="check file sizes only, not checksums")
+    s.add_argument("--ray", action="store_true", help="a sharded engine: serve each shard from a local Ray actor")
+    s.set_defaults(func=_search)
+
+    for name, upsert in (("add", False), ("upsert", True)):
+        a = sub.add_parser(name, help=f"{name} documents from a corpus file" + (" (replacing same ids)" if upsert else ""))
+        a.add_argument("engine", type=Path)
+        a.add_argument("corpus", type=Path, help="BEIR directory, .jsonl, .parquet, .csv or .tsv")
+        add_field_flags(a)
+        a.set_defaults(func=_add, upsert=upsert)
+    de = sub.add_parser("delete", help="delete documents by id")
+    de.add_argument("engine", type=Path)
+    de.add_argument("ids", nargs="*", default=[])
+    de.add_argument("--ids-file", default=None, help="a file with one id per line")
+    de.set_defaults(func=_delete)
+    c = sub.add_parser("compact", help="rewrite the dense index without deleted documents")
+    c.add_argument("engine", type=Path)
+    c.set_defaults(func=_compact)
+    i = sub.add_parser("info", help="what an engine holds (settings, models, counts)")
+    i.add_argument("engine", type=Path)
+    i.add_argument("--fast", action="store_true", help="check file sizes only, not checksums")
+    i.set_defaults(func=_info)
+
+    sv = sub.add_parser("serve", help="serve an engine over HTTP (search page, JSON API; needs the serve extra)")
+    sv.add_argument("engine", type=Path, help="the engine directory")
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--api-key-env", default=None, metavar="VAR",
+                    help="the environment variable holding the API key that writes must send")
+    sv.add_argument("--read-only", action="store_true", help="refuse every write")
+    sv.add_argument("--no-batching", action="store_true", help="each request runs the models on its own")
+    sv.add_argument("--max-wait-ms", type=float, default=5.0,
+                    help="how long a model batch waits for requests already in flight (default 5)")
+    sv.add_argument("--fast", action="store_true", help="check file sizes only, not checksums, when loading")
+    sv.set_defaults(func=_serve)

@@ -1,0 +1,216 @@
+"""``twostage train-retriever`` and ``twostage train-reranker``.
+
+Their recipe flags are generated from one table: each flag names the :class:`TrainSettings` field(s) it sets (the
+same settings ``bench --train-split`` trains), defaults to None, and shows the recipe's value as its default. A
+command given no flag trains exactly the recipe's defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from twostage.app.train_models import TrainSettings
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str  # "--batch-size"
+    paths: tuple[str, ...]  # the TrainSettings fields it sets, dotted: "retriever.train.batch_size"
+    help: str = ""
+    type: Any = None  # when the recipe's default is None
+    choices: tuple[str, ...] | None = None
+
+
+def _flags(*rows: tuple[Any, ...]) -> tuple[Flag, ...]:
+    return tuple(Flag(name, (paths,) if isinstance(paths, str) else paths, *rest) for name, paths, *rest in rows)
+
+
+COMMON = _flags(("--base", "base", "base model name or directory"),
+                ("--seed", "seed", "seed of every random choice (both models share it)"))
+RETRIEVER = COMMON + _flags(
+    ("--epochs", "retriever.train.epochs"), ("--batch-size", "retriever.train.batch_size"),
+    ("--lr", "retriever.train.lr"), ("--warmup-ratio", "retriever.train.warmup_ratio"),
+    ("--scale", "retriever.train.scale", "MNRL scale (inverse temperature)"),
+    ("--symmetric", "retriever.train.symmetric", "add the document-to-query InfoNCE term"),
+    ("--negatives", "retriever.negatives", "hard negatives per query (0: in-batch only)"),
+    ("--mine-from", "retriever.mine_from", "", None, ("bm25", "dense")),
+    ("--mine-depth", "retriever.mining.depth"), ("--mine-skip-top", "retriever.mining.skip_top"),
+    ("--mine-max-ratio", "retriever.mining.max_ratio",
+     "false-negative guard: drop candidates scoring above this fraction of the positive's score"),
+    ("--mine-with", "retriever.mine_with", "a trained bi-encoder to mine the dense negatives with (a second round; "
+     "needs --mine-from dense)", str),
+    ("--title-pairs", "retriever.title_pairs", "add this many (title, text) pairs of the corpus"),
+    ("--nli", "retriever.nli", "NLI jsonl files (SNLI or SICK rows) added as (premise, entailed, contradiction)"),
+    ("--nli-pairs", "retriever.nli_pairs", "at most this many NLI triplets (0: all)"),
+    ("--margin-rank-weight", "retriever.train.margin_rank_weight", "weight of MNRL next to MarginMSE (0: "
+     "distillation alone)"),
+    ("--mini-batch-size", "retriever.train.mini_batch_size", "GradCache mini-batch (0: off)"),
+    ("--dev-fraction", "dev_fraction", "train queries held out to pick the best epoch"),
+    ("--max-length", "retriever.max_length", "token limit (none: the model's)", int),
+    ("--bf16", "retriever.train.bf16", "bf16 autocast (fp32 weights)"))
+RERANKER = COMMON + _flags(
+    ("--epochs", "reranker.epochs"), ("--groups-per-batch", "reranker.groups_per_batch"),
+    ("--negatives", ("reranker.negatives", "reranker.mining.num_negatives"),
+     "mined negatives per (query, positive) group"),
+    ("--loss", "reranker.loss", "", None, ("listwise", "bce")), ("--lr", "reranker.lr"),
+    ("--max-length", "reranker.max_length"),
+    ("--dev-fraction", "dev_fraction", "train queries held out to pick the best epoch and the blend with the first "
+     "stage"),
+    ("--dev-depth", "dev_depth", "candidates reranked on dev"),
+    ("--mine-from", "reranker.mine_from", "first stages to mine negatives from: bm25, dense or both (dense uses "
+     "--retriever-model, else the base model)"),
+    ("--mine-depth", "reranker.mining.depth", "negatives come from this many top candidates"),
+    ("--mine-max-ratio", "reranker.mining.max_ratio",
+     "false-negative guard: drop candidates scoring above this fraction of the positive's score"),
+    ("--title-groups", "reranker.title_groups", "(title, text) weak-supervision groups"),
+    ("--bf16", "reranker.bf16", "bf16 autocast (fp32 weights)"))
+
+
+def setting_at(record: Any, path: str) -> Any:
+    for part in path.split("."):
+        record = getattr(record, part)
+    return record
+
+
+def _set(record: Any, path: str, value: Any) -> Any:
+    head, _, rest = path.partition(".")
+    return replace(record, **{head: _set(getattr(record, head), rest, value) if rest else value})
+
+
+def _dest(flag: Flag) -> str:
+    return flag.name[2:].replace("-", "_")
+
+
+def add_flags(parser: argparse.ArgumentParser, flags: tuple[Flag, ...]) -> None:
+    recipe = TrainSettings().aligned()
+    for f in flags:
+        default = setting_at(recipe, f.paths[0])
+        kind = f.type or type(default)
+        shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+        text = f"{f.help} (default: {shown if shown not in ('', None) else 'none'})".lstrip()
+        if kind is bool:
+            parser.add_argument(f.name, action=argparse.BooleanOptionalAction, default=None, help=text)
+        elif kind is tuple:
+            parser.add_argument(f.name, nargs="+", default=None, help=text + "; several: a,b or a b")
+        else:
+            parser.add_argument(f.name, type=kind, default=None, choices=f.choices, help=text)
+
+
+def settings_from_flags(args: argparse.Namespace, flags: tuple[Flag, ...]) -> TrainSettings:
+    """TrainSettings with the flags given on top of the recipe's defaults (one seed and dev split for both)."""
+    settings = TrainSettings()
+    for f in flags:
+        value = getattr(args, _dest(f))
+        if value is None:
+            continue
+        if isinstance(value, list):  # tuple fields: "a,b" or "a b"
+            value = tuple(part.strip() for v in value for part in str(v).split(",") if part.strip())
+        for path in f.paths:
+            settings = _set(settings, path, value)
+    return settings.aligned()
+
+
+def _train_retriever(args: argparse.Namespace) -> int:
+    from twostage.eval.metrics import ndcg10_by_query
+    from twostage.retriever.recipe import train_retriever
+
+    settings = settings_from_flags(args, RETRIEVER)
+    recipe = settings.retriever
+    teacher = None
+    if args.teacher:
+        from twostage.reranker.cross_encoder import CrossEncoder
+
+        ce = CrossEncoder.load(args.teacher, precision="bf16" if recipe.train.bf16 else "fp32")
+
+        def teacher(pairs: Any) -> Any:
+            return ce.predict(pairs, activation=None, show_progress=not args.quiet)
+
+    result = train_retriever(args.data, args.split, settings.base, args.out, recipe, dev_metric=ndcg10_by_query,
+                             teacher=teacher, teacher_name=str(args.teacher or ""), show_progress=not args.quiet)
+    print(f"trained {result.steps} steps in {result.seconds:.0f} s; model in {result.model_dir}"
+          + (f" (best dev nDCG@10 {result.best_dev:.4f})" if result.best_dev is not None else ""))
+    return 0
+
+
+def _train_reranker(args: argparse.Namespace) -> int:
+    from twostage.eval.metrics import ndcg10_by_query
+    from twostage.reranker.training import train_reranker_on
+    from twostage.retriever.biencoder import BiEncoder
+
+    settings = settings_from_flags(args, RERANKER)
+    config = settings.reranker
+    retriever = BiEncoder.load(args.retriever_model, precision="bf16" if config.bf16 else "fp32") \
+        if args.retriever_model else None
+    result = train_reranker_on(args.data, args.split, settings.base, args.out, config,
+                               dev_fraction=settings.dev_fraction, dev_depth=settings.dev_depth, retriever=retriever,
+                               resume=not args.no_resume, dev_metric=ndcg10_by_query, show_progress=not args.quiet,
+                               command=args.command_line)
+    print(f"trained on {result.training['groups']} groups, {result.steps} steps in {result.seconds:.0f} s; "
+          f"model in {result.model_dir}"
+          + (f" (best dev nDCG@10 {result.best_dev:.4f})" if result.best_dev is not None else ""))
+    if "interpolation" in result.training:
+        choice = result.training["interpolation"]
+        for name, alpha, curve in [("mean", choice["alpha"], choice["dev_by_alpha"]), *choice["by_first_stage"]]:
+            print(f"blend with the first stage ({name}) chosen on dev: alpha={alpha} "
+                  f"(dev nDCG@10 by alpha: {', '.join(f'{a:g}={v:.4f}' for a, v in curve)})")
+    return 0
+
+
+def add_commands(sub: Any) -> None:
+    note = " (flags default to the measured recipe, `twostage.app.train_models.TrainSettings`)"
+    tr = sub.add_parser("train-retriever", help="fine-tune a bi-encoder with contrastive loss on a BEIR split" + note)
+    tr.add_argument("--data", required=True, type=Path, help="BEIR directory")
+    tr.add_argument("--split", default="train", help="qrels split to train on (default: train)")
+    tr.add_argument("--out", required=True, type=Path, help="where the trained model goes")
+    tr.add_argument("--teacher", default=None, help="a trained cross-encoder: distil its score margins on the "
+                    "(query, positive, hard negative) triples (MarginMSE, plus MNRL)")
+    add_flags(tr, RETRIEVER)
+    tr.set_defaults(func=_train_retriever)
+
+    rr = sub.add_parser("train-reranker", help="train a cross-encoder reranker on a BEIR split" + note)
+    rr.add_argument("--data", required=True, type=Path, help="BEIR directory")
+    rr.add_argument("--split", default="train", help="qrels split to train on (default: train)")
+    rr.add_argument("--out", required=True, type=Path, help="where the trained model goes")
+    rr.add_argument("--retriever-model", default=None, help="bi-encoder for dense-mined negatives and dev")
+    rr.add_argument("--no-resume", action="store_true", help="ignore a checkpoint in OUT.train/last")
+    add_flags(rr, RERANKER)
+    rr.set_defaults(func=_train_reranker)
+
+
+def _adapt(args: argparse.Namespace) -> int:
+    from twostage.app.adapt import AdaptRecipe, adapt
+    from twostage.app.cli_engine import corpus_of
+
+    recipe = AdaptRecipe()
+    if args.max_documents is not None:
+        recipe = replace(recipe, max_documents=args.max_documents)
+    if args.seed is not None:
+        recipe = replace(recipe, queries=replace(recipe.queries, seed=args.seed))
+    if args.no_reranker:
+        recipe = replace(recipe, reranker=None)
+    result = adapt(corpus_of(args), args.out, base=args.base, recipe=recipe, show_progress=not args.quiet)
+    took = sum(result.seconds.values())
+    print(f"adapted in {took / 60:.1f} min: retriever {result.retriever}"
+          + (f", reranker {result.reranker}" if result.reranker else "")
+          + f"; search settings in {Path(args.out) / 'adapt.json'}")
+    return 0
+
+
+def add_adapt_command(sub: Any) -> None:
+    from twostage.app.cli_engine import add_field_flags
+
+    ad = sub.add_parser("adapt", help="train the bi-encoder and the reranker on a corpus alone (no labels): "
+                        "pseudo-queries made from the documents")
+    ad.add_argument("--corpus", required=True, type=Path, help="BEIR directory, .jsonl, .parquet, .csv or .tsv")
+    ad.add_argument("--out", required=True, type=Path, help="models directory: OUT/retriever, OUT/reranker")
+    ad.add_argument("--base", default="all-MiniLM-L6-v2", help="base model name or directory "
+                    "(default: all-MiniLM-L6-v2)")
+    ad.add_argument("--max-documents", type=int, default=None,
+                    help="pseudo-queries come from at most this many documents (default: the recipe's)")
+    ad.add_argument("--seed", type=int, default=None, help="seed of every random choice")
+    ad.add_argument("--no-reranker", action="store_true", help="adapt the bi-encoder only")
+    add_field_flags(ad)
+    ad.set_defaults(func=_adapt)

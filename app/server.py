@@ -1,0 +1,541 @@
+"""``twostage serve``: a search engine directory over HTTP (FastAPI + uvicorn, the optional extra ``serve``).
+
+>>> app = create_app("engines/docs", api_key="s3cret")          # an ASGI app; run it with uvicorn
+>>> serve("engines/docs", host="127.0.0.1", port=8000)          # or let twostage run it
+
+Endpoints: ``POST /search``, ``POST /search/batch``, ``POST /documents`` (add or upsert), ``DELETE /documents``,
+``GET /health``, ``GET /stats``, the search page at ``/`` and the OpenAPI docs at ``/docs``. Searches run in
+worker threads; concurrent ones share the query encoder's and the reranker's forward passes
+(:mod:`twostage.app.batching`). Writes go through the engine's locked, atomic updates; searches keep being
+answered from the old version until the new one is committed, then from the new one. Every error is a JSON body
+``{"error": "..."}`` that names the problem; a server error is logged with its traceback and answered with a 500
+that says nothing of the inside.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import threading
+import time
+import uuid
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from twostage.indexer.errors import ConfigError, DataError, MissingDependencyError, TwostageError
+from twostage.indexer.records import Document, SearchResult
+from twostage.indexer.versions import WriterBusyError
+
+logger = logging.getLogger(__name__)
+
+try:
+    from fastapi import Depends, FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import HTMLResponse, JSONResponse
+    from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
+    from starlette.exceptions import HTTPException
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise MissingDependencyError("twostage serve needs FastAPI and uvicorn: "
+                                 "pip install 'twostage-search[serve]'") from exc
+
+MAX_K = 1000
+MAX_BATCH = 256
+MAX_DOCUMENTS = 10_000
+MAX_BODY_BYTES = 16 * 1024 * 1024
+SNIPPET_CHARS = 300
+Scalar = StrictStr | StrictInt | StrictFloat | StrictBool | None
+
+
+# ---- requests and responses ------------------------------------------------------------------------
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SearchOptions(_Strict):
+    k: int = Field(10, ge=1, le=MAX_K, description="hits to return")
+    where: dict[str, Scalar] | None = Field(None, description="keep documents whose metadata has these values")
+    k_retrieve: int | None = Field(None, ge=1, le=MAX_K, description="candidates reranked (default: the engine's)")
+    first_stage: Literal["hybrid", "dense", "bm25"] | None = None
+    rerank: bool | None = Field(None, description="false: the first stage only")
+    full_text: bool = Field(False, description="return each hit's whole text, not only a snippet")
+
+
+class SearchRequest(SearchOptions):
+    query: str = Field(..., min_length=1, max_length=10_000)
+
+    @field_validator("query")
+    @classmethod
+    def _words(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("is blank; give it some words")
+        return value
+
+
+class BatchSearchRequest(SearchOptions):
+    queries: list[str] = Field(..., min_length=1, max_length=MAX_BATCH)
+
+    @field_validator("queries")
+    @classmethod
+    def _each(cls, values: list[str]) -> list[str]:
+        for i, q in enumerate(values):
+            if not q.strip():
+                raise ValueError(f"query #{i + 1} is empty; give every query some words")
+        return values
+
+
+class DocumentIn(_Strict):
+    id: str = Field(..., min_length=1, max_length=1000)
+    text: str = ""
+    title: str = ""
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class DocumentsRequest(_Strict):
+    documents: list[DocumentIn] = Field(..., min_length=1, max_length=MAX_DOCUMENTS)
+    upsert: bool = Field(False, description="replace documents whose id exists (else such an id is an error)")
+
+
+class DeleteRequest(_Strict):
+    ids: list[str] = Field(..., min_length=1, max_length=MAX_DOCUMENTS)
+
+
+class HitOut(BaseModel):
+    id: str
+    rank: int
+    score: float
+    title: str
+    snippet: str
+    text: str | None = None
+    metadata: dict[str, Any]
+    stage_scores: dict[str, float]
+
+
+class SearchOut(BaseModel):
+    query: str
+    version: str
+    hits: list[HitOut]
+    timings_ms: dict[str, float]
+
+
+class BatchSearchOut(BaseModel):
+    version: str
+    results: list[SearchOut]
+
+
+class WriteOut(BaseModel):
+    version: str
+    documents: int
+    changed: int
+
+
+# ---- the engine a request sees ---------------------------------------------------------------------
+class EngineHolder:
+    """The engine version requests search, moved to the newest committed version as it appears.
+
+    A version stays open while a request uses it; the one it replaced is closed when its last request ends, so a
+    commit never pulls files from under a running search.
+    """
+
+    def __init__(self, engine: Any, check_every_s: float = 0.25) -> None:
+        self._engine = engine
+        self._users: Counter[int] = Counter()
+        self._retired: dict[int, Any] = {}
+        self._lock = threading.Lock()
+        self._refreshing = threading.Lock()
+        self._checked = time.monotonic()
+        self.check_every_s = check_every_s
+
+    @property
+    def engine(self) -> Any:
+        return self._engine
+
+    @contextmanager
+    def use(self) -> Iterator[Any]:
+        self._maybe_refresh()
+        with self._lock:
+            engine = self._engine
+            self._users[id(engine)] += 1
+        try:
+            yield engine
+        finally:
+            with self._lock:
+                self._users[id(engine)] -= 1
+                self._close_unused()
+
+    def swap(self, new: Any) -> None:
+        """Serve ``new`` from now on, unless a newer version is already served."""
+        with self._lock:
+            if new is self._engine or _number(new.version) < _number(self._engine.version):
+                return
+            self._retired[id(self._engine)] = self._engine
+            self._engine = new
+            self._close_unused()
+
+    def _close_unused(self) -> None:
+        for key, old in list(self._retired.items()):
+            if self._users[key] <= 0:
+                del self._retired[key], self._users[key]
+                old.close()
+
+    def _maybe_refresh(self) -> None:
+        now = time.monotonic()
+        if now - self._checked < self.check_every_s or not self._refreshing.acquire(blocking=False):
+            return
+        try:
+            self._checked = now
+            new = self._engine.refresh()
+            if new is not self._engine:
+                self.swap(new)
+        except Exception:  # a version another process committed cannot be opened: keep serving this one
+            logger.exception("could not open the engine's newest version; still serving %s", self._engine.version)
+        finally:
+            self._refreshing.release()
+
+    def close(self) -> None:
+        with self._lock:
+            for old in self._retired.values():
+                old.close()
+            self._retired.clear()
+            self._engine.close()
+
+
+def _number(version: str) -> int:
+    return int(version.lstrip("v") or 0)
+
+
+# ---- statistics ----------------------------------------------------------------------------------------
+class ServerStats:
+    """Request counts and the latest latencies of each stage (a window of the last ``window`` searches)."""
+
+    def __init__(self, window: int = 10_000) -> None:
+        self.started = time.time()
+        self.requests: Counter[str] = Counter()
+        self.responses: Counter[str] = Counter()
+        self.latency: dict[str, deque[float]] = {}
+        self.window = window
+        self._lock = threading.Lock()
+
+    def count(self, route: str, status: int) -> None:
+        with self._lock:
+            self.requests[route] += 1
+            self.responses[str(status)] += 1
+
+    def record(self, timings_ms: dict[str, float], request_ms: float) -> None:
+        with self._lock:
+            for stage, ms in {**timings_ms, "request": request_ms}.items():
+                self.latency.setdefault(stage, deque(maxlen=self.window)).append(ms)
+
+    def snapshot(self) -> dict[str, Any]:
+        import numpy as np
+
+        with self._lock:
+            latency = {stage: {"count": len(v), **{f"p{p}": round(float(np.percentile(list(v), p)), 3)
+                                                   for p in (50, 95, 99)}}
+                       for stage, v in self.latency.items() if v}
+            return {"uptime_s": round(time.time() - self.started, 1), "requests": dict(self.requests),
+                    "responses": dict(self.responses), "latency_ms": latency}
+
+
+# ---- the app -----------------------------------------------------------------------------------------
+def _error(status: int, message: str, **extra: Any) -> JSONResponse:
+    return JSONResponse({"error": message, **extra}, status_code=status)
+
+
+class _BodyLimit:
+    """Refuse a request body over ``limit`` bytes with a 413 before any of it is parsed (chunked bodies too)."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        too_big = _error(413, f"the request body is over the limit of {self.limit} bytes; send fewer documents or "
+                              "queries per request")
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            await too_big(scope, receive, send)
+            return
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            size += len(message.get("body", b""))
+            if size > self.limit:
+                await too_big(scope, receive, send)
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        body, replayed = b"".join(chunks), False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def _where_of(error: dict[str, Any]) -> str:
+    loc = [str(p) for p in error.get("loc", ())]
+    return ".".join(loc[1:] if loc[:1] == ["body"] else loc) or "body"
+
+
+def _validation_message(errors: list[dict[str, Any]]) -> tuple[int, str]:
+    first = errors[0] if errors else {}
+    kind = first.get("type", "")
+    if kind == "json_invalid":
+        return 400, f"malformed JSON body: {first.get('ctx', {}).get('error', first.get('msg', ''))}"
+    if kind == "missing" and _where_of(first) == "body":
+        return 400, "the request needs a JSON body"
+    if kind == "extra_forbidden":
+        return 422, f"unknown field {_where_of(first)!r}; see /docs for the fields this endpoint takes"
+    msg = first.get("msg", "invalid value").removeprefix("Value error, ")
+    return 422, f"{_where_of(first)}: {msg}"
+
+
+def _hit_out(hit: Any, full_text: bool) -> HitOut:
+    text = hit.text or ""
+    snippet = text if len(text) <= SNIPPET_CHARS else text[:SNIPPET_CHARS].rsplit(" ", 1)[0] + " ..."
+    return HitOut(id=hit.id, rank=hit.rank, score=hit.score, title=hit.title, snippet=snippet,
+                  text=text if full_text else None, metadata=dict(hit.metadata), stage_scores=dict(hit.stage_scores))
+
+
+def _ms(timings: dict[str, float]) -> dict[str, float]:
+    return {name.removesuffix("_s"): round(seconds * 1000, 3) for name, seconds in timings.items()}
+
+
+def _search_out(result: SearchResult, version: str, full_text: bool) -> SearchOut:
+    return SearchOut(query=result.query, version=version, hits=[_hit_out(h, full_text) for h in result.hits],
+                     timings_ms=_ms(dict(result.timings)))
+
+
+def create_app(source: str | Path | Any, *, api_key: str | None = None, read_only: bool = False,
+               batching: bool = True, max_wait_ms: float = 5.0, max_body_bytes: int = MAX_BODY_BYTES,
+               verify: bool = True) -> FastAPI:
+    """The HTTP app over an engine directory (or an open :class:`~twostage.engine.search_engine.SearchEngine`).
+
+    ``api_key``: writes need ``Authorization: Bearer KEY`` (or ``X-API-Key: KEY``); ``read_only`` refuses writes.
+    ``batching``: concurrent searches share model calls, a batch waiting at most ``max_wait_ms`` for requests
+    already in flight.
+    """
+    from twostage.engine.search_engine import SearchEngine
+
+    if api_key is not None and not api_key:
+        raise ConfigError("the API key is empty; set it to a secret string or serve without one")
+    if max_wait_ms < 0 or max_body_bytes <= 0:
+        raise ConfigError("max_wait_ms must be >= 0 and max_body_bytes positive")
+    opened = source if isinstance(source, SearchEngine) else SearchEngine.load(source, verify=verify)
+    holder = EngineHolder(opened)
+    stats = ServerStats()
+    in_flight = [0]
+    flight_lock = threading.Lock()
+    batchers: list[Any] = []
+    if batching:
+        from twostage.app.batching import BatchingEncoder, BatchingReranker
+
+        options = {"max_wait_s": max_wait_ms / 1000, "expected": lambda: in_flight[0]}
+        size = opened.settings.batch_size
+        encoder = BatchingEncoder(opened.encoder, batch_size=size, **options)
+        reranker = BatchingReranker(opened.reranker, batch_size=size, **options) if opened.reranker else None
+        opened.use_models(encoder=encoder, reranker=reranker)
+        batchers = [b.batcher for b in (encoder, reranker) if b is not None]
+    else:  # load (and verify) the models now, not in the first request
+        _ = opened.encoder, opened.reranker
+    write_lock = threading.Lock()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        for b in batchers:
+            b.close()
+        holder.close()
+
+    app = FastAPI(title="twostage", summary="Search an engine: first stage, then reranked hits.",
+                  version=_version(), lifespan=lifespan)
+    app.state.holder, app.state.stats = holder, stats
+    app.add_middleware(_BodyLimit, limit=max_body_bytes)
+
+    @app.middleware("http")
+    async def count(request: Request, call_next: Any) -> Any:
+        response = await call_next(request)
+        route = request.scope.get("route")
+        stats.count(f"{request.method} {route.path if route is not None else 'unmatched'}", response.status_code)
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        status, message = _validation_message(list(exc.errors()))
+        return _error(status, message)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def crashed(request: Request, exc: Exception) -> JSONResponse:  # pragma: no cover - safety net
+        return _server_error(exc)
+
+    def writer(request: Request) -> None:
+        if read_only:
+            raise HTTPException(403, "this server is read-only (started with --read-only); writes are refused")
+        if api_key is not None:
+            given = request.headers.get("x-api-key") or ""
+            auth = request.headers.get("authorization") or ""
+            if auth.lower().startswith("bearer "):
+                given = auth[7:].strip()
+            if not given or not hmac.compare_digest(given.encode(), api_key.encode()):
+                raise HTTPException(401, "writes need the API key: send 'Authorization: Bearer KEY' or "
+                                         "'X-API-Key: KEY'", headers={"WWW-Authenticate": "Bearer"})
+
+    @contextmanager
+    def searching() -> Iterator[Any]:
+        with flight_lock:
+            in_flight[0] += 1
+        try:
+            with holder.use() as engine:
+                yield engine
+        finally:
+            with flight_lock:
+                in_flight[0] -= 1
+
+    def run_search(queries: list[str], options: SearchOptions) -> tuple[list[SearchResult], str] | JSONResponse:
+        t = time.perf_counter()
+        try:
+            with searching() as engine:
+                if options.where:
+                    unknown = sorted(set(options.where) - engine.metadata_fields())
+                    if unknown:
+                        known = ", ".join(sorted(engine.metadata_fields())) or "none"
+                        return _error(400, f"where: no document has the field(s) {', '.join(unknown)} "
+                                           f"(metadata fields: {known})")
+                results = engine.search_batch(queries, options.k, where=options.where,
+                                              k_retrieve=options.k_retrieve, first_stage=options.first_stage,
+                                              rerank=options.rerank)
+                version = engine.version
+        except TwostageError as exc:
+            return _twostage_error(exc)
+        except Exception as exc:
+            return _server_error(exc)
+        request_ms = (time.perf_counter() - t) * 1000 / len(queries)
+        for r in results:
+            stats.record(_ms(dict(r.timings)), request_ms)
+        return results, version
+
+    @app.post("/search", response_model=SearchOut, summary="the k best documents for a query")
+    def search(body: SearchRequest) -> Any:
+        out = run_search([body.query], body)
+        if isinstance(out, JSONResponse):
+            return out
+        results, version = out
+        return _search_out(results[0], version, body.full_text)
+
+    @app.post("/search/batch", response_model=BatchSearchOut, summary="/search for many queries in one call")
+    def search_batch(body: BatchSearchRequest) -> Any:
+        out = run_search(list(body.queries), body)
+        if isinstance(out, JSONResponse):
+            return out
+        results, version = out
+        return BatchSearchOut(version=version, results=[_search_out(r, version, body.full_text) for r in results])
+
+    def write(change: Any) -> Any:
+        try:
+            with write_lock, holder.use() as engine:
+                new = change(engine)
+            holder.swap(new)
+        except TwostageError as exc:
+            return _twostage_error(exc)
+        except Exception as exc:
+            return _server_error(exc)
+        return new
+
+    @app.post("/documents", response_model=WriteOut, dependencies=[Depends(writer)],
+              summary="add documents (or replace them: upsert) in one atomic version")
+    def add_documents(body: DocumentsRequest) -> Any:
+        ids = [d.id for d in body.documents]
+        if len(set(ids)) != len(ids):
+            dup = next(i for i in ids if ids.count(i) > 1)
+            return _error(422, f"documents: the id {dup!r} appears twice in this request")
+        try:
+            docs = [Document(d.id, d.text, d.title, d.metadata) for d in body.documents]
+        except DataError as exc:
+            return _error(422, f"documents: {exc}")
+        new = write(lambda engine: engine.upsert(docs) if body.upsert else engine.add(docs))
+        return new if isinstance(new, JSONResponse) else WriteOut(version=new.version, documents=len(new),
+                                                                   changed=len(docs))
+
+    @app.delete("/documents", response_model=WriteOut, dependencies=[Depends(writer)],
+                summary="delete documents by id in one atomic version")
+    def delete_documents(body: DeleteRequest) -> Any:
+        new = write(lambda engine: engine.delete(body.ids))
+        return new if isinstance(new, JSONResponse) else WriteOut(version=new.version, documents=len(new),
+                                                                   changed=len(body.ids))
+
+    @app.get("/health", summary="whether the server answers, and the engine version it serves")
+    def health() -> dict[str, Any]:
+        engine = holder.engine
+        return {"status": "ok", "version": engine.version, "documents": len(engine)}
+
+    @app.get("/stats", summary="engine version, document count, latency percentiles per stage, requests")
+    def get_stats() -> dict[str, Any]:
+        engine = holder.engine
+        s = engine.settings
+        return {"engine": {"path": str(engine.root), "version": engine.version, "documents": len(engine),
+                           "first_stage": s.first_stage, "k_retrieve": s.k_retrieve,
+                           "reranker": engine.manifest.reranker.name if engine.manifest.reranker else None,
+                           "precision": engine.precision},
+                "read_only": read_only, "api_key": api_key is not None,
+                "batching": {b.name: b.stats.to_dict() for b in batchers} if batching else None,
+                **stats.snapshot()}
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def page() -> HTMLResponse:
+        return HTMLResponse(_page())
+
+    return app
+
+
+def _twostage_error(exc: TwostageError) -> JSONResponse:
+    if isinstance(exc, WriterBusyError):
+        return _error(503, f"{exc}; try again later")
+    if isinstance(exc, (ConfigError, DataError)):
+        return _error(400, str(exc))
+    return _server_error(exc)
+
+
+def _server_error(exc: BaseException) -> JSONResponse:
+    ref = uuid.uuid4().hex[:12]
+    logger.error("request %s failed", ref, exc_info=exc)
+    return _error(500, f"internal server error (reference {ref}); the server log has the details")
+
+
+def _page() -> str:
+    return resources.files("twostage.app").joinpath("static/search.html").read_text(encoding="utf-8")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("twostage-search")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree
+        return "0"
+
+
+def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, **options: Any) -> None:
+    """Run the app with uvicorn until interrupted (``options`` as for :func:`create_app`)."""
+    try:
+        import uvicorn
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise MissingDependencyError("twostage serve needs uvicorn: pip install 'twostage-search[serve]'") from exc
+    app = create_app(engine_dir, **options)
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

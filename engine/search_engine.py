@@ -1,0 +1,419 @@
+"""The search engine: one directory, one object, from a query to reranked hits.
+
+>>> engine = SearchEngine.build("corpus.jsonl", "engines/docs", retriever="all-MiniLM-L6-v2", reranker="models/ce")
+>>> result = engine.search("why do cats purr", k=10)
+>>> result.hits[0].id, result.hits[0].title, result.hits[0].stage_scores, result.timings
+>>> engine = SearchEngine.load("engines/docs").add(new_docs).delete(["doc-17"])
+
+A version of the directory (:mod:`twostage.indexer.engine_dir`) holds the documents, the dense ANN index and the
+BM25 index over the same live documents, and names the two models by path and weights sha256. Every change
+(add, upsert, delete, compact) writes the next version beside the current one under the writer lock and switches
+to it atomically: a crash leaves all three parts old or all three new. An open engine keeps reading its version
+while others commit; :meth:`SearchEngine.refresh` moves to the newest.
+
+Memory: nothing an engine does holds the corpus's texts. The build encodes and indexes a chunk at a time; a search
+reads only the parquet row groups of the documents it returns or reranks (:mod:`twostage.indexer.docstore`); an
+update copies BM25's stored postings of the documents it keeps and analyses only the new ones (a BM25 saved without
+postings is rebuilt from the documents streamed a row group at a time), and a compaction copies the live rows one
+bounded segment at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from twostage.engine.search import Models, TwoStageSearch, Where
+from twostage.indexer.build import (
+    check_out_dir,
+    chunk_documents,
+    encode_chunks,
+    start_build,
+    streamed_change,
+)
+from twostage.indexer.codec import to_json_dict
+from twostage.indexer.corpus import CorpusSource, iter_documents
+from twostage.indexer.engine_dir import (
+    EngineManifest,
+    EngineSettings,
+    ModelRef,
+    engine_files,
+    read_engine_manifest,
+)
+from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
+from twostage.indexer.index import Index, IndexChange, link_or_copy, write_index_files
+from twostage.indexer.manifest import library_versions, verify_files
+from twostage.indexer.records import Document, RankedList
+from twostage.indexer.topk import top_k
+from twostage.indexer.vectors import BackendConfig
+from twostage.indexer.versions import Lease, commit, current_version, open_current, writer_lock
+from twostage.retriever.bm25 import BM25Retriever
+from twostage.retriever.bm25_stats import CorpusStats
+from twostage.retriever.precision import resolve_precisions
+
+logger = logging.getLogger(__name__)
+WHAT = "a search engine directory (build one with `twostage build`)"
+_SLICE = 1 << 20  # ids compared at a time when an engine opens
+
+
+def model_ref(name: str | Path) -> ModelRef:
+    """Resolve a model name or directory and record it with the sha256 of its weights."""
+    from twostage.retriever.weights import resolve_model, sha256_of_weights
+
+    path = resolve_model(name)
+    return ModelRef(str(name), str(Path(path).resolve()), sha256_of_weights(path))
+
+
+class SearchEngine(TwoStageSearch):
+    """A saved two-stage search engine. Build with :meth:`build`, open with :meth:`load`."""
+
+    def __init__(self, root: Path, version_dir: Path, manifest: EngineManifest, index: Index, bm25: BM25Retriever,
+                 lease: Lease | None = None, models: Models | None = None) -> None:
+        self.root, self.version_dir, self.manifest = root, version_dir, manifest
+        self.index, self.bm25 = index, bm25
+        self._lease = lease
+        self._models = models or Models()
+        live_rows = np.flatnonzero(~index.deleted)
+        if len(bm25.doc_ids) != len(live_rows) or not all(  # compared a slice at a time: no second copy of every id
+                np.array_equal(bm25.doc_ids[s:s + _SLICE], index.doc_ids[live_rows[s:s + _SLICE]])
+                for s in range(0, len(live_rows), _SLICE)):
+            raise IndexFormatError(f"{version_dir}: the BM25 index and the dense index hold different documents; "
+                                   "restore or rebuild the engine")
+        if manifest.documents != len(live_rows):
+            raise IndexFormatError(f"{version_dir / 'manifest.json'}: counts {manifest.documents} documents, the parts "
+                                   f"hold {len(live_rows)}; restore or rebuild the engine")
+        self._bm25_rows = live_rows  # BM25 row i is index row live_rows[i]
+
+    # ---- opening -------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: str | Path, *, verify: bool = True) -> SearchEngine:
+        """Open an engine directory: manifests first, then every file's size and sha256 (``verify``).
+
+        The models load on first search; their weights are checked against the recorded sha256 then.
+        """
+        root = Path(path)
+        if not root.is_dir():
+            raise IndexFormatError(f"{root}: no such engine directory (build one with `twostage build`)")
+        return open_current(root, lambda version_dir, lease: cls._open(root, version_dir, lease, verify), WHAT)
+
+    @classmethod
+    def _open(cls, root: Path, version_dir: Path, lease: Lease | None, verify: bool,
+              models: Models | None = None) -> SearchEngine:
+        if format_of(version_dir) == "twostage.index":
+            raise IndexFormatError(f"{root}: a dense index directory, not a search engine; search it with "
+                                   "`twostage index search`, or build an engine with `twostage build`")
+        manifest = read_engine_manifest(version_dir)
+        for part in ("dense", "bm25"):
+            if not (version_dir / part).is_dir():
+                raise IndexFormatError(f"{version_dir / part}: missing; restore or rebuild the engine")
+        verify_files(version_dir, manifest.files, checksums=verify)
+        index = Index.open_version(root, version_dir / "dense", verify=verify)
+        bm25 = BM25Retriever.load(version_dir / "bm25")
+        return cls(root, version_dir, manifest, index, bm25, lease, models)
+
+    def refresh(self, *, verify: bool = False) -> SearchEngine:
+        """This engine at the newest committed version (``self`` when nothing changed); models are kept."""
+        if current_version(self.root, WHAT) == self.version_dir:
+            return self
+        return open_current(self.root, lambda v, lease: SearchEngine._open(self.root, v, lease, verify, self._models),
+                            WHAT)
+
+    def close(self) -> None:
+        """Release this version (a later commit may then remove it from disk)."""
+        if self._lease is not None:
+            self._lease.release()
+
+    # ---- properties (settings, version, precision, reranker: TwoStageSearch) ----------------------
+    def __len__(self) -> int:
+        return self.manifest.documents
+
+    def __contains__(self, doc_id: object) -> bool:
+        return doc_id in self.index
+
+    @property
+    def encoder(self) -> Any:
+        """The bi-encoder, loaded (and its weights verified) on first use, attached to the dense index."""
+        encoder = self._load_encoder()
+        if self.index.encoder is not encoder:
+            self.index.attach_encoder(encoder)
+        return encoder
+
+    def use_models(self, *, encoder: Any = None, reranker: Any = None) -> None:
+        """Search with these objects in place of the loaded models, e.g. wrappers that batch across requests
+        (:mod:`twostage.app.batching`). They must score exactly like the models they wrap; the engines that
+        :meth:`refresh` and the updates return share them."""
+        with self._models.lock:
+            if encoder is not None:
+                self._models.encoder = encoder
+            if reranker is not None:
+                self._models.reranker = reranker
+
+    def info(self) -> dict[str, Any]:
+        m = self.manifest
+        return {"path": str(self.root), "version": self.version, "documents": m.documents,
+                "settings": to_json_dict(m.settings), "retriever": asdict(m.retriever),
+                "reranker": asdict(m.reranker) if m.reranker else None, "dense": self.index.info(),
+                "bm25": {"documents": len(self.bm25), "config": to_json_dict(self.bm25.config)},
+                "metadata_fields": sorted(self.index.metadata_fields()), "versions": m.versions}
+
+    def documents(self, ids: Iterable[str]) -> list[Document]:
+        """The stored documents with these ids (a KeyError names an unknown one)."""
+        return self.index.documents(ids)
+
+    def metadata_fields(self) -> set[str]:
+        return self.index.metadata_fields()
+
+    # ---- searching (TwoStageSearch does the rest) -------------------------------------------------
+    def candidates(self, queries: list[str], vectors: np.ndarray | None, first_stage: str, n: int, where: Where,
+                   timings: dict[str, float]) -> dict[str, list[RankedList]]:
+        """Each first stage's top ``n`` for every query ("dense" from the query vectors, "bm25")."""
+        allowed = self.index.allowed(where)
+        lists: dict[str, list[RankedList]] = {}
+        if first_stage in ("dense", "hybrid"):
+            t = time.perf_counter()
+            lists["dense"] = self.index.search_batch(vectors, n, where=where)
+            timings["dense_s"] = time.perf_counter() - t
+        if first_stage in ("bm25", "hybrid"):
+            t = time.perf_counter()
+            mask = allowed[self._bm25_rows]
+            lists["bm25"] = [self._bm25_search(q, n, mask) for q in queries]
+            timings["bm25_s"] = time.perf_counter() - t
+        return lists
+
+    def _bm25_search(self, query: str, k: int, mask: np.ndarray) -> RankedList:
+        scores = self.bm25.scores(query)
+        if not mask.all():
+            scores = np.where(mask, scores, 0.0)
+        rows, values = top_k(scores, k, positive_only=True)
+        return RankedList(self.bm25.doc_ids[rows], values)
+
+    # ---- building ------------------------------------------------------------------------------
+    @classmethod
+    def build(cls, corpus: CorpusSource, path: str | Path, *, retriever: str | Path = "all-MiniLM-L6-v2",
+              reranker: str | Path | None = None, settings: EngineSettings | None = None, chunk_size: int = 4096,
+              resume: bool = True, show_progress: bool = False, **overrides: Any) -> SearchEngine:
+        """Read ``corpus`` (BEIR dir, jsonl, parquet, CSV, DataFrame or Documents), encode it, index it for BM25
+        and dense search, and save the engine at ``path`` (a new version when an engine is already there).
+
+        ``overrides`` set fields of :class:`EngineSettings` (``first_stage="dense"``, ``backend="flat"``, ...).
+        An interrupted build resumes from the chunks already encoded when run again.
+        """
+        settings = with_overrides(settings or EngineSettings(), overrides)
+        if chunk_size <= 0:
+            raise ConfigError(f"chunk_size must be positive, got {chunk_size}")
+        out = Path(path)
+        check_out_dir(out, WHAT)
+        if (out / "CURRENT").is_file() and format_of(current_version(out, WHAT)) != "twostage.engine":
+            raise ConfigError(f"{out}: holds something other than a search engine; choose another --out")
+        prepared = encode_corpus(corpus, out, settings, retriever, reranker, chunk_size, resume, show_progress)
+        write_streamed(out, prepared, settings)
+        prepared.discard()
+        return open_current(out, lambda v, lease: cls._open(out, v, lease, False, prepared.models), WHAT)
+
+    # ---- updating ------------------------------------------------------------------------------
+    def add(self, documents: CorpusSource, *, show_progress: bool = False) -> SearchEngine:
+        """Add documents (new ids only) to documents, BM25 and the dense index in one version; returns it."""
+        docs = list(iter_documents(documents))
+        vectors = self._encode(docs, show_progress)
+        return self.commit_change(lambda base: (base.index.change_add(docs, vectors), docs))
+
+    def upsert(self, documents: CorpusSource, *, show_progress: bool = False) -> SearchEngine:
+        """Replace the documents with these ids and add the new ones, in one version."""
+        docs = list(iter_documents(documents))
+        vectors = self._encode(docs, show_progress)
+        return self.commit_change(lambda base: (base.index.change_add(docs, vectors, replace=True), docs))
+
+    def delete(self, ids: Iterable[str]) -> SearchEngine:
+        """Delete documents by id (an unknown id is an error naming it), in one version."""
+        ids = list(ids)
+        if not ids:
+            raise ConfigError("no ids to delete")
+        return self.commit_change(lambda base: (base.index.change_delete(ids), []))
+
+    def compact(self) -> SearchEngine:
+        """Rewrite the dense part without deleted rows (BM25 already holds only live documents)."""
+        return self.commit_change(lambda base: (base.index.change_compact(), None))
+
+    def configure(self, settings: EngineSettings | None = None, **changes: Any) -> SearchEngine:
+        """A new version with other search settings (first stage, depths, blend, rerank, precision); the documents
+        and indexes are carried over as they are. Index-shape settings (backend, metric) need a rebuild."""
+        new = with_overrides(settings or self.settings, changes)
+        for fixed in ("backend", "metric"):
+            if getattr(new, fixed) != getattr(self.index.manifest, fixed):
+                raise ConfigError(f"{fixed} is the shape of the dense index; rebuild the engine to change it")
+        engine = self.commit_change(lambda base: (base.index.change_unchanged(), None), settings=new)
+        if resolve_precisions(new.precision) != resolve_precisions(self.settings.precision):
+            engine._models = Models()  # the models load again in the new precision
+        return engine
+
+    def _encode(self, docs: list[Document], show_progress: bool) -> np.ndarray:
+        self.encoder  # loads and attaches the verified encoder  # noqa: B018
+        return self.index.encode_documents(docs, batch_size=self.settings.batch_size)
+
+    def commit_change(self, make: Callable[[SearchEngine], tuple[IndexChange, list[Document] | None]],
+                      settings: EngineSettings | None = None, *, bm25: BM25Retriever | None = None,
+                      pinned: bool = False) -> SearchEngine:
+        """Lock, re-open the version current now, apply ``make`` to it, write every part, commit, return it.
+
+        ``pinned``: start from this object's version, not CURRENT's (a shard, whose committed version is the one
+        its sharded engine names); ``bm25``: the BM25 index over the live documents after the change, built by the
+        caller (a shard's, with the whole corpus's statistics); by default it is built here.
+        """
+        with writer_lock(self.root):
+            base = self if pinned else self.refresh()
+            change, new_docs = make(base)
+            with commit(self.root) as version:
+                base.index.write(version.tmp / "dense", change)
+                if new_docs is None:  # compact or configure: the same live documents in the same order
+                    (version.tmp / "bm25").mkdir()
+                    for f in (base.version_dir / "bm25").iterdir():
+                        link_or_copy(f, version.tmp / "bm25" / f.name)
+                    bm25, count = None, len(base)
+                else:
+                    if bm25 is None and base.bm25.postings is not None:  # only the new documents are analysed
+                        bm25 = base.bm25.updated(_kept_bm25_rows(base, change), new_docs)
+                    elif bm25 is None:  # an index saved without postings: rebuilt from the stored documents
+                        bm25 = BM25Retriever.build_chunked(live_chunks(base.index, change, new_docs),
+                                                           base.bm25.config)
+                    count = len(bm25)
+                _write_engine(version.tmp, bm25, replace(base.manifest, documents=count,
+                                                         settings=settings or base.manifest.settings))
+            return open_current(self.root, lambda v, lease: SearchEngine._open(self.root, v, lease, False,
+                                                                               self._models), WHAT)
+
+
+def with_overrides(settings: EngineSettings, overrides: dict[str, Any]) -> EngineSettings:
+    unknown = sorted(set(overrides) - set(EngineSettings.__dataclass_fields__))
+    if unknown:
+        raise ConfigError(f"unknown engine setting(s) {', '.join(unknown)}; known: "
+                          f"{', '.join(EngineSettings.__dataclass_fields__)}")
+    return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def format_of(version_dir: Path) -> str | None:
+    import json
+
+    try:
+        data = json.loads((version_dir / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data.get("format") if isinstance(data, dict) else None
+
+
+def _kept_bm25_rows(engine: SearchEngine, change: IndexChange) -> np.ndarray:
+    """Which of ``engine``'s BM25 rows (its live documents) are still live after ``change``."""
+    return ~_deleted_after(engine.index, change)[engine._bm25_rows]
+
+
+def _deleted_after(index: Index, change: IndexChange) -> np.ndarray:
+    """A mask over ``index``'s rows: deleted in the version ``change`` makes."""
+    gone = np.asarray(change.deleted, dtype=np.int64)
+    deleted = np.zeros(index.manifest.rows, dtype=bool)
+    deleted[gone[gone < len(deleted)]] = True
+    return deleted
+
+
+def live_chunks(index: Index, change: IndexChange, new_docs: list[Document]) -> Callable[[], Iterator[list[Document]]]:
+    """The live documents of the version ``change`` makes, in row order, as a source of chunks: the kept rows a
+    parquet row group at a time, then ``new_docs``. Nothing holds every document."""
+    kept = np.flatnonzero(~_deleted_after(index, change))
+
+    def chunks() -> Iterator[list[Document]]:
+        for _, docs in index.store.document_chunks(kept):
+            yield docs
+        if new_docs:
+            yield list(new_docs)
+
+    return chunks
+
+
+def _write_engine(directory: Path, bm25: BM25Retriever | None, manifest: EngineManifest) -> None:
+    """Write the BM25 part (unless already linked in) and the engine manifest of a version being committed."""
+    if bm25 is not None:
+        (directory / "bm25").mkdir()
+        bm25.write_files(directory / "bm25")
+    final = replace(manifest, files=engine_files(directory), versions=library_versions())
+    if final.documents == 0:
+        raise DataError("the engine would hold no documents; build a new one instead")
+    (directory / "manifest.json").write_text(final.to_json(), encoding="utf-8")
+
+
+@dataclass
+class _Encoded:
+    """A corpus read and encoded for a build, in resumable chunks under ``work`` (``done`` lists them): the models
+    and their references, and the work directory to remove once the build is committed."""
+
+    work: Path
+    done: list[dict[str, Any]]
+    info: Any
+    retriever: ModelRef
+    reranker: ModelRef | None
+    models: Models
+
+    def discard(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+def encode_corpus(corpus: CorpusSource, out: Path, settings: EngineSettings, retriever: str | Path,
+                   reranker: str | Path | None, chunk_size: int, resume: bool, show_progress: bool) -> _Encoded:
+    """Load (and check) the models, then encode the corpus in resumable chunks next to ``out``."""
+    from twostage.retriever.biencoder import BiEncoder
+
+    BackendConfig(settings.backend, settings.metric)  # a bad backend or metric fails before any encoding
+    precision = resolve_precisions(settings.precision)
+    retriever_ref = model_ref(retriever)
+    reranker_ref = model_ref(reranker) if reranker is not None else None
+    calibration = calibration_texts(corpus, "openvino-int8" in precision.values())
+    models = Models(encoder=BiEncoder.load(retriever_ref.path, precision=precision["retriever"],
+                                            calibration=calibration))
+    if reranker_ref is not None:
+        from twostage.reranker.cross_encoder import CrossEncoder, calibration_pairs
+
+        models.reranker = CrossEncoder.load(reranker_ref.path, precision=precision["reranker"],
+                                            calibration=calibration_pairs(calibration) if calibration else None)
+        if not models.reranker.head_trained:
+            raise ConfigError(f"reranker {str(reranker)!r}: its classification head was never trained; train one "
+                              "with `twostage train-reranker` or build without --reranker")
+    info = models.encoder.info()
+    plan = {"encoder": asdict(info), "metric": settings.metric, "chunk_size": chunk_size}
+    work, done = start_build(out, plan, resume)
+    encode_chunks(corpus, models.encoder, work, plan, done, metric=settings.metric, dim=info.dim,
+                  chunk_size=chunk_size, batch_size=settings.batch_size, show_progress=show_progress)
+    return _Encoded(work, done, info, retriever_ref, reranker_ref, models)
+
+
+def calibration_texts(corpus: CorpusSource, int8: bool) -> list[str] | None:
+    """When a model runs in ``openvino-int8``: texts spread over the corpus's first 3,000 documents, which its int8
+    scales are measured on when it has no export yet. None otherwise, and for a one-shot iterator (it cannot be
+    read twice; the bundled sample stands in)."""
+    import itertools
+    from collections.abc import Sequence
+
+    import pandas as pd
+
+    from twostage.retriever.runtime import spread
+
+    if not int8 or not isinstance(corpus, (str, Path, pd.DataFrame, Sequence)):
+        return None
+    return spread([d.full_text for d in itertools.islice(iter_documents(corpus), 3000)]) or None
+
+
+def write_streamed(out: Path, enc: _Encoded, settings: EngineSettings, stats: CorpusStats | None = None) -> None:
+    """Commit the first version of ``out`` from the encoded chunks without holding the corpus: the chunks become
+    the dense part's segments (hard links; the ANN index built from their memory maps) and BM25 reads them a
+    chunk at a time (:meth:`BM25Retriever.build_chunked`), with ``stats`` when given (a shard: the whole corpus's
+    statistics)."""
+    backend = BackendConfig(settings.backend, settings.metric)
+    change, params, enc.info = streamed_change(enc.work, enc.done, backend, enc.info)
+    bm25 = BM25Retriever.build_chunked(lambda: chunk_documents(enc.work, enc.done), stats=stats)
+    with writer_lock(out), commit(out) as version:
+        write_index_files(version.tmp / "dense", enc.work, change, enc.info, backend.metric, backend.name, params)
+        _write_engine(version.tmp, bm25, EngineManifest(settings, enc.retriever, enc.reranker, len(bm25)))
