@@ -95,6 +95,7 @@ def _quiet_libraries() -> None:
 
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # read when transformers is first imported
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' own bars follow this too
+    logging.getLogger("pypdf").setLevel(logging.ERROR)  # a broken PDF is our one line, not pypdf's warnings
     if "transformers" in sys.modules:  # already imported (main called from Python)
         from transformers.utils import logging as hf_logging
 

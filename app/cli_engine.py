@@ -16,24 +16,44 @@ from twostage.indexer.vectors import BACKENDS
 BATCH = 32  # queries searched together when reading them from a file
 
 
+_COMPARISONS = (("!=", "$ne"), (">=", "$gte"), ("<=", "$lte"), (">", "$gt"), ("<", "$lt"), ("=", "$eq"))
+
+
 def parse_where(items: list[str] | None) -> dict[str, Any] | None:
-    """``KEY=VALUE`` filters; a value is read as a JSON scalar (``year=1951`` an integer, ``year="1951"`` a
-    string, ``ok=true`` a boolean), anything that is not JSON as a plain string."""
+    """``--where`` flags as one filter (several flags: all must hold).
+
+    A flag is a JSON filter object (``'{"year": {"$gte": 2020}}'``, the language of
+    :mod:`twostage.indexer.filters`) or one comparison ``KEY OP VALUE`` with OP one of ``= != > >= < <=``; VALUE
+    is read as JSON when it is (``year>=2015`` a number, ``ok=true`` a boolean), else as a plain string
+    (``published>2021-06-01`` a date, ``lang=en``).
+    """
     if not items:
         return None
-    where: dict[str, Any] = {}
+    parts: list[dict[str, Any]] = []
     for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--where {item!r}: expected KEY=VALUE, e.g. --where year=2020")
+        if item.lstrip().startswith("{"):
+            try:
+                obj = json.loads(item)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"--where {item[:60]!r}: not JSON ({exc.msg} at column {exc.colno})") from None
+            parts.append(obj)
+            continue
+        at = min(((item.find(sym), -len(sym), sym, op) for sym, op in _COMPARISONS if item.find(sym) > 0),
+                 default=None)
+        if at is None:
+            raise ConfigError(f"--where {item!r}: expected KEY=VALUE (or != > >= < <=, or a JSON filter), e.g. "
+                              "--where year>=2020")
+        pos, _, sym, op = at
+        key, raw = item[:pos].strip(), item[pos + len(sym):]
         try:
             value = json.loads(raw)
         except ValueError:
             value = raw
         if isinstance(value, (dict, list)):
-            raise ConfigError(f"--where {item!r}: the value must be a number, string, true, false or null")
-        where[key.strip()] = value
-    return where
+            raise ConfigError(f"--where {item!r}: the value must be a number, string, true, false or null; for "
+                              "$in and the rest write a JSON filter")
+        parts.append({key: value if op == "$eq" else {op: value}})
+    return parts[0] if len(parts) == 1 else {"$and": parts}
 
 
 def add_field_flags(parser: argparse.ArgumentParser) -> None:
@@ -43,9 +63,13 @@ def add_field_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def corpus_of(args: argparse.Namespace) -> Any:
-    """The corpus path, wrapped with the column names the flags give."""
+    """The corpus path, wrapped with the column names the flags give; a folder of files (no corpus.jsonl) as a
+    FolderCorpus."""
     from twostage.indexer.corpus import CorpusFields
+    from twostage.indexer.files import FolderCorpus, is_folder_corpus
 
+    if is_folder_corpus(Path(args.corpus)):
+        return FolderCorpus(Path(args.corpus), strict=getattr(args, "strict", False), show_progress=not args.quiet)
     if args.id_field or args.text_field or args.title_field:
         return CorpusFields(args.corpus, args.id_field, args.text_field, args.title_field)
     return args.corpus
@@ -55,6 +79,8 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
     defaults = EngineSettings()
     return EngineSettings(first_stage=args.first_stage, k_retrieve=args.k_retrieve, precision=args.precision,
                           backend=args.backend, batch_size=args.batch_size, depth=defaults.depth,
+                          passage_words=args.passage_words, passage_stride=args.passage_stride,
+                          passage_title=not args.no_passage_title,
                           interpolation=defaults.interpolation,
                           fusion=args.fusion if args.fusion is not None else defaults.fusion,
                           dense_weight=args.dense_weight if args.dense_weight is not None else defaults.dense_weight)
@@ -81,16 +107,30 @@ def _build(args: argparse.Namespace) -> int:
               "chunk_size": args.chunk_size, "show_progress": not args.quiet}
     if args.shards is not None and args.shards < 1:
         raise ConfigError(f"--shards must be a positive integer, got {args.shards}")
+    corpus = corpus_of(args)
+    engine: Any
     if args.shards:
-        engine = ShardedEngine.build(corpus_of(args), args.out, shards=args.shards, **common)
+        engine = ShardedEngine.build(corpus, args.out, shards=args.shards, **common)
     else:
-        engine = SearchEngine.build(corpus_of(args), args.out, **common)
+        engine = SearchEngine.build(corpus, args.out, **common)
     s = engine.settings
     shards = f" in {args.shards} shards" if args.shards else ""
     print(f"built {args.out}: {len(engine)} documents{shards}, version {engine.version}; first stage {s.first_stage}, "
           f"reranker {engine.manifest.reranker.name if engine.manifest.reranker else 'none'} "
           f"(top {s.k_retrieve}), {s.backend} index")
+    _print_reading(engine, corpus)
     return 0
+
+
+def _print_reading(engine: Any, corpus: Any) -> None:
+    """What the engine did with long documents, and the files a folder corpus skipped."""
+    from twostage.indexer.files import FolderCorpus
+
+    reading = engine.reading() if hasattr(engine, "reading") else None
+    if reading is not None:
+        print(f"long documents: {reading['summary']}")
+    if isinstance(corpus, FolderCorpus):
+        print(f"files: {corpus.summary()}")
 
 
 def _queries(args: argparse.Namespace) -> Iterator[str]:
@@ -121,7 +161,27 @@ def _print_result(result: Any, as_json: bool) -> None:
     for hit in result.hits:
         label = hit.title or hit.text[:80].replace("\n", " ")
         print(f"{hit.rank:3d}. [{hit.score:.4f}] {hit.id}: {label}")
+        if hit.passage is not None:
+            print(f"       {passage_line(hit.passage)}")
     print("    " + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in result.timings.items()), flush=True)
+    if result.next_page:
+        print(f"    next page: --page-token {result.next_page}", flush=True)
+
+
+def passage_line(passage: Any, width: int = 200) -> str:
+    """A hit's best passage on one line, about ``width`` characters around its first query term, the terms in
+    [brackets]."""
+    text, spans = passage.text, list(passage.spans)
+    lo = max(0, (spans[0][0] if spans else 0) - width // 3)
+    hi = min(len(text), lo + width)
+    out, at = [], lo
+    for start, end in spans:
+        if start >= at and end <= hi:
+            out += [text[at:start], "[", text[start:end], "]"]
+            at = end
+    out.append(text[at:hi])
+    line = " ".join("".join(out).split())
+    return ("... " if lo else "") + line + (" ..." if hi < len(text) else "")
 
 
 def _search(args: argparse.Namespace) -> int:
@@ -130,14 +190,19 @@ def _search(args: argparse.Namespace) -> int:
     where = parse_where(args.where)
     if args.k <= 0:
         raise ConfigError(f"--k must be a positive integer, got {args.k}")
+    if args.offset < 0:
+        raise ConfigError(f"--offset must be an integer >= 0, got {args.offset}")
+    if args.page_token is not None and (args.queries is not None or args.offset):
+        raise ConfigError("--page-token continues one query: give the query, not --queries or --offset")
     engine = open_engine(args.engine, verify=not args.fast, ray=args.ray)
-    if where:
-        unknown = sorted(set(where) - engine.metadata_fields())
-        if unknown:
-            known = ", ".join(sorted(engine.metadata_fields())) or "none"
-            print(f"twostage: no document has the field(s) {', '.join(unknown)} (metadata fields: {known}); "
-                  "0 hits", file=sys.stderr)
-    kw = {"where": where, "k_retrieve": args.k_retrieve, "first_stage": args.first_stage, "rerank": not args.no_rerank}
+    kw = {"where": where, "k_retrieve": args.k_retrieve, "first_stage": args.first_stage,
+          "rerank": False if args.no_rerank else None, "fusion": args.fusion, "dense_weight": args.dense_weight,
+          "k_rrf": args.k_rrf, "depth": args.depth}
+    if args.page_token is not None:
+        query = next(_queries(args))
+        _print_result(engine.search(query, args.k, page_token=args.page_token, **kw), args.json)
+        return 0
+    kw["offset"] = args.offset
     batch: list[str] = []
     found = 0
     for query in _queries(args):
@@ -164,8 +229,10 @@ def _add(args: argparse.Namespace) -> int:
 
     engine = open_engine(args.engine, verify=False)
     before = len(engine)
-    new = (engine.upsert if args.upsert else engine.add)(corpus_of(args), show_progress=not args.quiet)
+    corpus = corpus_of(args)
+    new = (engine.upsert if args.upsert else engine.add)(corpus, show_progress=not args.quiet)
     print(f"{'upserted' if args.upsert else 'added'}: {len(new)} documents (was {before}), version {new.version}")
+    _print_reading(new, corpus)
     return 0
 
 
@@ -242,7 +309,9 @@ def _serve(args: argparse.Namespace) -> int:
 def add_commands(sub: Any) -> None:
     d = EngineSettings()
     b = sub.add_parser("build", help="build a search engine directory from a corpus")
-    b.add_argument("--corpus", required=True, type=Path, help="BEIR directory, .jsonl, .parquet, .csv or .tsv")
+    b.add_argument("--corpus", required=True, type=Path,
+                   help="BEIR directory, .jsonl, .parquet, .csv, .tsv, or a folder of .txt, .md, .html and .pdf files "
+                        "(id: the path in the folder; the pdf extra reads PDFs)")
     b.add_argument("--out", required=True, type=Path, help="the engine directory")
     b.add_argument("--retriever", default="all-MiniLM-L6-v2", help="bi-encoder name or directory")
     b.add_argument("--reranker", default=None, help="cross-encoder directory (trained by twostage train-reranker)")
@@ -262,6 +331,14 @@ def add_commands(sub: Any) -> None:
     b.add_argument("--backend", default=d.backend, help=", ".join(BACKENDS))
     b.add_argument("--batch-size", type=int, default=d.batch_size)
     b.add_argument("--chunk-size", type=int, default=4096, help="documents encoded per resumable chunk")
+    b.add_argument("--passage-words", type=int, default=d.passage_words,
+                   help=f"search documents as passages of this many words (default {d.passage_words}; 0: whole "
+                        "documents, read only as far as each model reads)")
+    b.add_argument("--passage-stride", type=int, default=d.passage_stride,
+                   help=f"a new passage every this many words (default {d.passage_stride}: passages overlap by half)")
+    b.add_argument("--no-passage-title", action="store_true", help="the title in front of the first passage only")
+    b.add_argument("--strict", action="store_true",
+                   help="a folder corpus: stop at the first file that cannot be read (default: skip it, say so)")
     b.add_argument("--shards", type=int, default=None,
                    help="split the engine into N shards searched as one (BM25 with the whole corpus's statistics)")
     add_field_flags(b)
@@ -275,7 +352,15 @@ def add_commands(sub: Any) -> None:
     s.add_argument("--k-retrieve", type=int, default=None, help="candidates reranked (default: the engine's)")
     s.add_argument("--first-stage", default=None, choices=FIRST_STAGES, help="default: the engine's")
     s.add_argument("--no-rerank", action="store_true", help="the first stage only")
-    s.add_argument("--where", action="append", help="metadata filter KEY=VALUE, VALUE read as JSON (repeatable)")
+    s.add_argument("--where", action="append", metavar="FILTER",
+                   help="metadata filter: KEY=VALUE, KEY!=VALUE, KEY>=VALUE (> < <= too) or a JSON filter such as "
+                        "'{\"tags\": {\"$in\": [\"a\", \"b\"]}}' (repeatable: all must hold; docs/filters.md)")
+    s.add_argument("--offset", type=int, default=0, help="skip this many hits (a page: --offset 10 --k 10)")
+    s.add_argument("--page-token", default=None, help="the next page of one query (printed as 'next page')")
+    s.add_argument("--fusion", default=None, choices=FUSIONS, help="hybrid fusion for this search")
+    s.add_argument("--dense-weight", type=float, default=None, help="blend fusion: dense's weight in [0, 1]")
+    s.add_argument("--k-rrf", type=float, default=None, help="rrf fusion: the k of 1 / (k + rank)")
+    s.add_argument("--depth", type=int, default=None, help="candidates each first stage gives the fusion")
     s.add_argument("--json", action="store_true", help="one JSON object per query, one per line")
     s.add_argument("--fast", action="store_true", help="check file sizes only, not checksums")
     s.add_argument("--ray", action="store_true", help="a sharded engine: serve each shard from a local Ray actor")
@@ -284,7 +369,9 @@ def add_commands(sub: Any) -> None:
     for name, upsert in (("add", False), ("upsert", True)):
         a = sub.add_parser(name, help=f"{name} documents from a corpus file" + (" (replacing same ids)" if upsert else ""))
         a.add_argument("engine", type=Path)
-        a.add_argument("corpus", type=Path, help="BEIR directory, .jsonl, .parquet, .csv or .tsv")
+        a.add_argument("corpus", type=Path, help="BEIR directory, .jsonl, .parquet, .csv, .tsv or a folder of "
+                       ".txt, .md, .html and .pdf files")
+        a.add_argument("--strict", action="store_true", help="a folder: stop at a file that cannot be read")
         add_field_flags(a)
         a.set_defaults(func=_add, upsert=upsert)
     de = sub.add_parser("delete", help="delete documents by id")

@@ -158,6 +158,7 @@ def add_commands(sub: Any) -> None:
     s = isub.add_parser("search", help="search a bare dense index directory (a sharded engine: twostage search)")
     s.add_argument("--index", required=True, type=Path, help="an index directory")
     s.add_argument("--k", type=int, default=10)
-    s.add_argument("--where", action="append", help="metadata filter KEY=VALUE (repeatable)")
+    s.add_argument("--where", action="append", metavar="FILTER", help="metadata filter: KEY=VALUE, KEY>=VALUE ... or "
+                   "a JSON filter (repeatable: all must hold; docs/filters.md)")
     s.add_argument("query")
     s.set_defaults(func=_search)

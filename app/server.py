@@ -26,7 +26,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from twostage.indexer.errors import ConfigError, DataError, MissingDependencyError, TwostageError
+from twostage.engine.search import decode_page_token
+from twostage.indexer.errors import ConfigError, DataError, MissingDependencyError, PageExpiredError, TwostageError
 from twostage.indexer.records import Document, SearchResult
 from twostage.indexer.versions import WriterBusyError
 
@@ -36,7 +37,7 @@ try:
     from fastapi import Depends, FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import HTMLResponse, JSONResponse
-    from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
+    from pydantic import BaseModel, ConfigDict, Field, field_validator
     from starlette.exceptions import HTTPException
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingDependencyError("twostage serve needs FastAPI and uvicorn: "
@@ -46,8 +47,6 @@ MAX_K = 1000
 MAX_BATCH = 256
 MAX_DOCUMENTS = 10_000
 MAX_BODY_BYTES = 16 * 1024 * 1024
-SNIPPET_CHARS = 300
-Scalar = StrictStr | StrictInt | StrictFloat | StrictBool | None
 
 
 # ---- requests and responses ------------------------------------------------------------------------
@@ -57,15 +56,27 @@ class _Strict(BaseModel):
 
 class SearchOptions(_Strict):
     k: int = Field(10, ge=1, le=MAX_K, description="hits to return")
-    where: dict[str, Scalar] | None = Field(None, description="keep documents whose metadata has these values")
+    where: dict[str, Any] | None = Field(None, description="a filter on the metadata, e.g. {\"year\": {\"$gte\": "
+                                                           "2020}} (docs/filters.md)")
+    offset: int = Field(0, ge=0, le=MAX_K, description="skip this many hits (a page)")
     k_retrieve: int | None = Field(None, ge=1, le=MAX_K, description="candidates reranked (default: the engine's)")
     first_stage: Literal["hybrid", "dense", "bm25"] | None = None
     rerank: bool | None = Field(None, description="false: the first stage only")
+    fusion: Literal["rrf", "blend"] | None = Field(None, description="hybrid fusion (default: the engine's)")
+    dense_weight: float | None = Field(None, ge=0, le=1, description="blend fusion: dense's weight")
+    k_rrf: float | None = Field(None, ge=0, le=10_000, description="rrf fusion: the k of 1 / (k + rank)")
+    depth: int | None = Field(None, ge=1, le=MAX_K, description="candidates each first stage gives the fusion")
     full_text: bool = Field(False, description="return each hit's whole text, not only a snippet")
+
+    def knobs(self) -> dict[str, Any]:
+        return {"k_retrieve": self.k_retrieve, "first_stage": self.first_stage, "rerank": self.rerank,
+                "fusion": self.fusion, "dense_weight": self.dense_weight, "k_rrf": self.k_rrf, "depth": self.depth}
 
 
 class SearchRequest(SearchOptions):
     query: str = Field(..., min_length=1, max_length=10_000)
+    page_token: str | None = Field(None, max_length=200, description="a result's next_page: its next k hits, "
+                                                                      "from the same engine version")
 
     @field_validator("query")
     @classmethod
@@ -103,12 +114,19 @@ class DeleteRequest(_Strict):
     ids: list[str] = Field(..., min_length=1, max_length=MAX_DOCUMENTS)
 
 
+class PassageOut(BaseModel):
+    text: str = Field(..., description="the part of the document that scored best")
+    start: int = Field(..., description="where it starts in the document's text")
+    end: int
+    spans: list[tuple[int, int]] = Field(..., description="the query's terms in text: [start, end) pairs")
+
+
 class HitOut(BaseModel):
     id: str
     rank: int
     score: float
     title: str
-    snippet: str
+    passage: PassageOut
     text: str | None = None
     metadata: dict[str, Any]
     stage_scores: dict[str, float]
@@ -119,6 +137,7 @@ class SearchOut(BaseModel):
     version: str
     hits: list[HitOut]
     timings_ms: dict[str, float]
+    next_page: str | None = None
 
 
 class BatchSearchOut(BaseModel):
@@ -305,8 +324,10 @@ def _validation_message(errors: list[dict[str, Any]]) -> tuple[int, str]:
 
 def _hit_out(hit: Any, full_text: bool) -> HitOut:
     text = hit.text or ""
-    snippet = text if len(text) <= SNIPPET_CHARS else text[:SNIPPET_CHARS].rsplit(" ", 1)[0] + " ..."
-    return HitOut(id=hit.id, rank=hit.rank, score=hit.score, title=hit.title, snippet=snippet,
+    p = hit.passage
+    passage = PassageOut(text=p.text, start=p.start, end=p.end, spans=list(p.spans)) if p is not None else \
+        PassageOut(text=text, start=0, end=len(text), spans=[])
+    return HitOut(id=hit.id, rank=hit.rank, score=hit.score, title=hit.title, passage=passage,
                   text=text if full_text else None, metadata=dict(hit.metadata), stage_scores=dict(hit.stage_scores))
 
 
@@ -316,7 +337,7 @@ def _ms(timings: dict[str, float]) -> dict[str, float]:
 
 def _search_out(result: SearchResult, version: str, full_text: bool) -> SearchOut:
     return SearchOut(query=result.query, version=version, hits=[_hit_out(h, full_text) for h in result.hits],
-                     timings_ms=_ms(dict(result.timings)))
+                     timings_ms=_ms(dict(result.timings)), next_page=result.next_page)
 
 
 def create_app(source: str | Path | Any, *, api_key: str | None = None, read_only: bool = False,
@@ -412,16 +433,15 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
         t = time.perf_counter()
         try:
             with searching() as engine:
-                if options.where:
-                    unknown = sorted(set(options.where) - engine.metadata_fields())
-                    if unknown:
-                        known = ", ".join(sorted(engine.metadata_fields())) or "none"
-                        return _error(400, f"where: no document has the field(s) {', '.join(unknown)} "
-                                           f"(metadata fields: {known})")
-                results = engine.search_batch(queries, options.k, where=options.where,
-                                              k_retrieve=options.k_retrieve, first_stage=options.first_stage,
-                                              rerank=options.rerank)
-                version = engine.version
+                token = getattr(options, "page_token", None)
+                if token is not None:
+                    version = decode_page_token(token).version
+                    results = [engine.search(queries[0], options.k, where=options.where, offset=options.offset,
+                                             page_token=token, **options.knobs())]
+                else:
+                    results = engine.search_batch(queries, options.k, where=options.where, offset=options.offset,
+                                                  **options.knobs())
+                    version = engine.version
         except TwostageError as exc:
             return _twostage_error(exc)
         except Exception as exc:
@@ -507,6 +527,8 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
 def _twostage_error(exc: TwostageError) -> JSONResponse:
     if isinstance(exc, WriterBusyError):
         return _error(503, f"{exc}; try again later")
+    if isinstance(exc, PageExpiredError):
+        return _error(410, str(exc))
     if isinstance(exc, (ConfigError, DataError)):
         return _error(400, str(exc))
     return _server_error(exc)

@@ -1,13 +1,15 @@
 """Crash test of the search engine: add, upsert, delete and compact killed with SIGKILL at random moments.
 
-Usage (from the repository root): python benchmarks/engine_crash.py [--rounds 24] [--seed 0]
+Usage (from the repository root): python benchmarks/engine_crash.py [--rounds 24] [--seed 0] [--passages WORDS]
 
 Each round picks an operation, runs it to the end on a copy (in a subprocess, as the real one) to learn the
 answers of the new state, then runs it on the real engine in a subprocess and kills it after a random delay
 within the operation's duration. Afterwards the engine must load with every checksum verified, its document
 store, BM25 index and dense index must hold the same documents, and it must answer a fixed set of BM25 and dense
 queries exactly as the old state or exactly as the new state: never a mix. The encoder is a tiny random BERT
-built on the spot (no download); the parts are what is tested, not the model.
+built on the spot (no download); the parts are what is tested, not the model. ``--passages WORDS`` builds a
+passage engine that cuts documents into passages of that many words (a new one every half of it), so that an
+update writes several rows per document and an upsert changes how many (0: whole documents, one row each).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 QUERIES = ["rain and snow", "cats purr", "cook rice", "piano music", "garden roses", "the stars at night"]
@@ -34,8 +37,9 @@ def answers(path: Path) -> list:
     from twostage.engine.search_engine import SearchEngine
 
     engine = SearchEngine.load(path, verify=True)  # checksums; the constructor checks the parts agree
-    live = sorted(str(i) for i in engine.index.doc_ids[~engine.index.deleted])
-    out: list = [live]
+    rows = sorted(str(i) for i in engine.index.doc_ids[~engine.index.deleted])
+    live = live_documents(engine)
+    out: list = [rows, [(d.id, d.text) for d in engine.documents(live)]]
     for first_stage in ("bm25", "dense"):
         for r in engine.search_batch(QUERIES, k=5, first_stage=first_stage, rerank=False):
             out.append([(h.id, round(h.score, 4)) for h in r.hits])
@@ -48,7 +52,7 @@ def apply(path: Path, op: dict) -> None:
     from twostage.indexer.records import Document
 
     engine = SearchEngine.load(path, verify=False)
-    live = sorted(str(i) for i in engine.index.doc_ids[~engine.index.deleted])
+    live = live_documents(engine)
     rng = random.Random(op["seed"])
     if op["kind"] == "add":
         engine.add([Document(f"{op['tag']}-{i}", t) for i, t in enumerate(op["texts"])])
@@ -59,6 +63,16 @@ def apply(path: Path, op: dict) -> None:
         engine.upsert([Document(i, t) for i, t in zip(ids, op["texts"])])
     elif op["kind"] == "compact":
         engine.compact()
+
+
+def live_documents(engine: Any) -> list[str]:
+    """The ids of the engine's live documents (of their first passages, in a passage engine), sorted."""
+    from twostage.indexer.passages import split_id
+
+    rows = [str(i) for i in engine.index.doc_ids[~engine.index.deleted]]
+    if not engine.settings.passage_words:
+        return sorted(rows)
+    return sorted(d for d, n in map(split_id, rows) if n == 0)
 
 
 def random_op(rng: random.Random, n: int) -> dict:
@@ -85,19 +99,20 @@ def worker(path: Path, op: dict, kill_after: float | None = None) -> float:
     return kill_after
 
 
-def make_engine(workdir: Path) -> Path:
+def make_engine(workdir: Path, passages: int = 0) -> Path:
     sys.path.insert(0, str(ROOT))
     from tests.conftest import build_tiny_bert
     from twostage.engine.search_engine import SearchEngine
 
     model = build_tiny_bert(workdir / "tiny-bert")
-    SearchEngine.build(ROOT / "data" / "sample", workdir / "engine", retriever=model, precision="fp32").close()
+    SearchEngine.build(ROOT / "data" / "sample", workdir / "engine", retriever=model, precision="fp32",
+                       passage_words=passages, passage_stride=max(1, passages // 2)).close()
     return workdir / "engine"
 
 
-def run(rounds: int, seed: int, workdir: Path) -> dict:
+def run(rounds: int, seed: int, workdir: Path, passages: int = 0) -> dict:
     rng = random.Random(seed)
-    engine = make_engine(workdir)
+    engine = make_engine(workdir, passages)
     outcomes = {"old": 0, "new": 0}
     ops: dict[str, int] = {}
     for n in range(rounds):
@@ -124,6 +139,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=24)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--passages", type=int, default=0, help="words per passage (0: whole documents)")
     parser.add_argument("--worker", nargs=2, metavar=("ENGINE", "OP"), help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "engine_crash.md")
     args = parser.parse_args()
@@ -139,8 +155,8 @@ def main() -> None:
         return
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        result = run(args.rounds, args.seed, Path(tmp))
-    text = (f"# Engine crash test\n\nCommand: `python benchmarks/engine_crash.py --rounds {args.rounds} --seed {args.seed}` "
+        result = run(args.rounds, args.seed, Path(tmp), args.passages)
+    text = (f"# Engine crash test\n\nCommand: `python benchmarks/engine_crash.py --rounds {args.rounds} --seed {args.seed} --passages {args.passages}` "
             f"({time.perf_counter() - t0:.0f} s)\n\n"
             f"{result['rounds']} engine updates killed with SIGKILL at a random moment "
             f"({', '.join(f'{k}: {v}' for k, v in sorted(result['operations'].items()))}). After every kill the engine "

@@ -9,10 +9,14 @@ are filled in from the document store.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +27,17 @@ from twostage.indexer.engine_dir import (
     EngineSettings,
     ModelRef,
 )
-from twostage.indexer.errors import ConfigError
+from twostage.indexer.errors import ConfigError, PageExpiredError
+from twostage.indexer.filters import CheckedFilter, Where, check_filter, parse_filter
+from twostage.indexer.passages import by_document, split_id
 from twostage.indexer.records import Document, Hit, RankedList, SearchResult
 from twostage.indexer.topk import check_k
+from twostage.indexer.versions import VERSION
 from twostage.reranker.interpolation import blend_for, reorders
 from twostage.reranker.pipeline import rerank_lists
 from twostage.retriever.hybrid import dense_weights, fuse
 from twostage.retriever.precision import resolve_precision, resolve_precisions
 
-Where = Mapping[str, Any] | Callable[[Document], bool] | None
 StageScores = dict[str, dict[str, float]]
 
 
@@ -110,92 +116,166 @@ class TwoStageSearch:
     def documents(self, ids: Iterable[str]) -> list[Document]:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def documents_with_passages(self, ids: Iterable[str]) -> list[tuple[Document, list[Document], list[int]]]:
+        """Each document with its passages and where each starts in its text (here: whole documents)."""
+        return [(d, [d], [0]) for d in self.documents(ids)]
+
+    def passages(self, pids: Iterable[str]) -> list[Document]:  # pragma: no cover - passage engines only
+        raise NotImplementedError
+
+    def analyzer(self) -> Any:
+        """The analyzer that marks query terms in a hit's passage (the engine's BM25 analyzer)."""
+        from twostage.retriever.analyzer import Analyzer
+
+        return Analyzer()
+
     def candidates(self, queries: list[str], vectors: np.ndarray | None, first_stage: str, n: int, where: Where,
                    timings: dict[str, float]) -> dict[str, list[RankedList]]:  # pragma: no cover - abstract
         """Each first stage's ("dense", "bm25") top ``n`` for every query, best first; adds its seconds to
         ``timings``."""
         raise NotImplementedError
 
-    def search(self, query: str, k: int = 10, *, where: Where = None, k_retrieve: int | None = None,
-               first_stage: str | None = None, rerank: bool | None = None) -> SearchResult:
+    def metadata_kinds(self) -> dict[str, str]:  # pragma: no cover - abstract
+        """Each metadata field's type (:data:`twostage.indexer.filters.KINDS`)."""
+        raise NotImplementedError
+
+    def search(self, query: str, k: int = 10, *, where: Where = None, offset: int = 0, page_token: str | None = None,
+               **knobs: Any) -> SearchResult:
         """The ``k`` best documents for ``query``: first stage, then the reranker on the top ``k_retrieve``.
 
         Hits carry id, title, text, metadata, the final score and each stage's score; ``timings`` the seconds
-        of each stage. ``where`` keeps documents whose metadata has the given values (or passes a function).
+        of each stage. ``where`` is a filter (:mod:`twostage.indexer.filters`: a JSON object such as
+        ``{"year": {"$gte": 2020}}``, or a function of a Document). ``offset`` skips the first hits (a page);
+        ``page_token`` is the result's ``next_page`` from the call before: the next ``k`` hits of the same query,
+        filter and knobs, from the same engine version. ``knobs`` are :data:`KNOBS` for this call only.
         """
-        return self.search_batch([query], k, where=where, k_retrieve=k_retrieve, first_stage=first_stage,
-                                 rerank=rerank)[0]
+        if page_token is not None:
+            if offset:
+                raise ConfigError("give offset or page_token, not both (the token holds its offset)")
+            token = decode_page_token(page_token)
+            if token.fingerprint != fingerprint(query, where, knobs):
+                raise ConfigError("page_token: it was given for another query, filter or settings; search again "
+                                  "without it for the first page")
+            with self.at_version(token.version) as pinned:
+                return pinned.search_batch([query], k, where=where, offset=token.offset, **knobs)[0]
+        return self.search_batch([query], k, where=where, offset=offset, **knobs)[0]
 
-    def search_batch(self, queries: Sequence[str], k: int = 10, *, where: Where = None, k_retrieve: int | None = None,
-                     first_stage: str | None = None, rerank: bool | None = None) -> list[SearchResult]:
+    def at_version(self, version: str) -> AbstractContextManager[TwoStageSearch]:
+        """This engine as it was at ``version`` (for page tokens). Here: only the version it has open."""
+        if version != self.version:
+            raise PageExpiredError(f"page_token: it belongs to version {version}, the engine is now at "
+                                   f"{self.version}; search again for the first page")
+        return nullcontext(self)
+
+    def search_batch(self, queries: Sequence[str], k: int = 10, *, where: Where = None, offset: int = 0,
+                     **knobs: Any) -> list[SearchResult]:
         """:meth:`search` for many queries: encoded in one pass, their pairs reranked in shared batches.
 
         Each result's ``timings`` are the batch's seconds per stage divided by the number of queries.
         """
+        from twostage.engine.highlight import hit_passage
+
         queries = check_queries(queries)
-        ranked, stage_scores, timings = self._ranked(queries, k, where, k_retrieve, first_stage, rerank)
+        ranked, stage_scores, timings, chosen = self._ranked(queries, k, where, knobs, offset)
         t = time.perf_counter()
         ids = sorted({str(d) for r in ranked for d in r.ids})
-        docs = dict(zip(ids, self.documents(ids)))
+        docs = {entry[0].id: entry for entry in self.documents_with_passages(ids)}
+        analyzer = self.analyzer()
         timings["fetch_s"] = time.perf_counter() - t
         n = len(queries)
         per_query = {name: seconds / n for name, seconds in timings.items()}
         per_query["total_s"] = sum(per_query.values())
         out = []
-        for query, r, scores in zip(queries, ranked, stage_scores):
+        for q, (query, r, scores) in enumerate(zip(queries, ranked, stage_scores)):
             hits = []
-            for rank, (d, s) in enumerate(zip(r.ids, r.scores), 1):
-                doc = docs[str(d)]
+            for rank, (d, s) in enumerate(zip(r.ids, r.scores), offset + 1):
+                doc, passages, starts = docs[str(d)]
                 stages = {name: table[str(d)] for name, table in scores.items() if str(d) in table}
+                best = split_id(chosen[q][str(d)])[1] if chosen is not None else None
                 hits.append(Hit(doc.id, float(s), rank, stages.get("first_stage"), doc.text, doc.title,
-                                dict(doc.metadata), stages))
-            out.append(SearchResult(query, tuple(hits), per_query))
+                                dict(doc.metadata), stages, hit_passage(query, doc, passages, starts, best, analyzer)))
+            following = None
+            if len(hits) == k and offset + k < self.window(knobs) and not callable_where(where):
+                following = encode_page_token(PageToken(self.version, offset + k, k, fingerprint(query, where, knobs)))
+            out.append(SearchResult(query, tuple(hits), per_query, following))
         return out
 
-    def ranked(self, query: str, k: int = 10, **kw: Any) -> RankedList:
+    def ranked(self, query: str, k: int = 10, *, where: Where = None, offset: int = 0, **knobs: Any) -> RankedList:
         """Ids and final scores only (the retriever contract: ``search(query, k) -> RankedList``)."""
-        return self._ranked(check_queries([query]), k, kw.get("where"), kw.get("k_retrieve"),
-                            kw.get("first_stage"), kw.get("rerank"))[0][0]
+        return self._ranked(check_queries([query]), k, where, knobs, offset)[0][0]
 
     def as_retriever(self, *, first_stage: str | None = None, rerank: bool | None = None,
                      k_retrieve: int | None = None) -> EngineRetriever:
         """This engine as a plain retriever (``search`` / ``search_batch`` -> RankedList), e.g. for the harness."""
         return EngineRetriever(self, first_stage, rerank, k_retrieve)
 
-    def _ranked(self, queries: list[str], k: int, where: Where, k_retrieve: int | None, first_stage: str | None,
-                rerank: bool | None) -> tuple[list[RankedList], list[StageScores], dict[str, float]]:
-        s = self.settings
-        rerank = s.rerank if rerank is None else rerank
+    def window(self, knobs: Mapping[str, Any]) -> int:
+        """How many hits one query ranks, and so how deep pages go: the depth (or k_retrieve, when larger and
+        reranking)."""
+        s, rerank = settings_for(self.settings, knobs)
+        return max(s.depth, s.k_retrieve) if rerank and self.manifest.reranker is not None else s.depth
+
+    def check_where(self, where: Where) -> Where:
+        """A JSON filter parsed and checked against the metadata's fields and types (every shard's); a function
+        or None as it is."""
+        if where is None or callable_where(where):
+            return where
+        f = parse_filter(where)
+        check_filter(f, self.metadata_kinds())
+        return CheckedFilter(f)
+
+    def _ranked(self, queries: list[str], k: int, where: Where, knobs: Mapping[str, Any],
+                offset: int = 0) -> tuple[list[RankedList], list[StageScores], dict[str, float],
+                                          list[dict[str, str]] | None]:
+        """Each query's page of final ids and scores, each stage's scores, the seconds of each stage, and in a passage
+        engine each query's chosen passage id by document (the one the reranker read)."""
+        s, rerank = settings_for(self.settings, knobs)
         k = check_k(k)
-        k_retrieve = check_k(s.k_retrieve if k_retrieve is None else k_retrieve)
-        first_stage = first_stage or s.first_stage
-        if first_stage not in ("hybrid", "dense", "bm25"):
-            raise ConfigError(f"first_stage must be hybrid, dense or bm25, got {first_stage!r}")
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ConfigError(f"offset must be an integer >= 0, got {offset!r}")
+        where = self.check_where(where)
         reranker = self.reranker if rerank else None
-        n_first = max(k, k_retrieve) if reranker is not None else k
-        n = max(s.depth, n_first) if first_stage == "hybrid" else n_first
+        window = max(s.depth, s.k_retrieve) if reranker is not None else s.depth
+        if offset >= window:
+            raise ConfigError(f"offset {offset} is past the {window} hits one query ranks (the engine's depth); "
+                              "raise depth (a knob), or narrow the query with a filter")
+        # pages (offset > 0) read one fixed list of `window` hits, so consecutive pages never overlap or skip;
+        # a first page asking for more than the window ranks deeper
+        end = min(offset + k, window) if offset else k
+        n_first = max(end, s.k_retrieve) if reranker is not None else end
+        n = max(window, n_first)
         timings: dict[str, float] = {}
         vectors = None
-        if first_stage in ("dense", "hybrid"):
+        if s.first_stage in ("dense", "hybrid"):
             t = time.perf_counter()
             vectors = self.encoder.encode(queries, kind="query", batch_size=s.batch_size)
             timings["encode_s"] = time.perf_counter() - t
-        lists = self.candidates(queries, vectors, first_stage, n, where, timings)
+        lists = self.candidates(queries, vectors, s.first_stage, n, where, timings)
+        chosen = None
+        if s.passages.enabled:  # each stage's best passages -> documents, and which passage each one is read by
+            lists, chosen = by_document(lists)
         t = time.perf_counter()
-        if first_stage == "hybrid":
+        if s.first_stage == "hybrid":
             weights = dense_weights(s.dense_weight)
-            firsts = [fuse([b, d], s.fusion, k_rrf=s.k_rrf, weights=weights).truncate(n_first)
+            firsts = [fuse([b, d], s.fusion, k_rrf=s.k_rrf, weights=weights).truncate(n)
                       for b, d in zip(lists["bm25"], lists["dense"])]
         else:
-            firsts = lists[first_stage]
+            firsts = lists[s.first_stage]
         timings["fuse_s"] = time.perf_counter() - t
         t = time.perf_counter()
-        alpha = s.interpolation if s.interpolation != "auto" else blend_for(reranker, first_stage)
+        alpha = s.interpolation if s.interpolation != "auto" else blend_for(reranker, s.first_stage)
         scored = reranker is not None and reorders(alpha)
-        heads = sorted({str(d) for f in firsts for d in f.ids[:k_retrieve]}) if scored else []
-        texts = {d.id: d.full_text for d in self.documents(heads)}  # one read for every query's candidates
-        reranked = rerank_lists(reranker, queries, firsts, texts.__getitem__, k=k, k_retrieve=k_retrieve,
-                                interpolation=None if alpha is None else float(alpha), batch_size=s.batch_size)
+        heads = sorted({str(d) for f in firsts for d in f.ids[:s.k_retrieve]}) if scored else []
+        per_query = None
+        if chosen is None:
+            texts = {d.id: d.full_text for d in self.documents(heads)}  # one read for every query's candidates
+        else:  # each document is read by its chosen passage (title in front, as the first stages read it)
+            pids = sorted({c[str(d)] for c, f in zip(chosen, firsts) for d in f.ids[:s.k_retrieve]}) if scored else []
+            texts = {p.id: p.full_text for p in self.passages(pids)}
+            per_query = [lambda d, c=c: texts[c[d]] for c in chosen]
+        reranked = rerank_lists(reranker, queries, firsts, texts.__getitem__, k=end, k_retrieve=s.k_retrieve,
+                                interpolation=None if alpha is None else float(alpha), batch_size=s.batch_size,
+                                per_query=per_query)
         if scored:
             timings["rerank_s"] = time.perf_counter() - t
         stage_scores = []
@@ -206,7 +286,73 @@ class TwoStageSearch:
             if res.rerank_scores:
                 scores["rerank"] = dict(res.rerank_scores)
             stage_scores.append(scores)
-        return [r.ranked for r in reranked], stage_scores, timings
+        pages = [RankedList(r.ranked.ids[offset:end], r.ranked.scores[offset:end]) for r in reranked]
+        return pages, stage_scores, timings, chosen
+
+
+KNOBS = ("first_stage", "k_retrieve", "rerank", "fusion", "dense_weight", "k_rrf", "depth")
+
+
+def settings_for(settings: EngineSettings, knobs: Mapping[str, Any]) -> tuple[EngineSettings, bool]:
+    """The engine's settings with one call's knobs (None: the engine's), checked; and whether to rerank."""
+    unknown = sorted(set(knobs) - set(KNOBS))
+    if unknown:
+        raise ConfigError(f"unknown search option(s) {', '.join(unknown)}; known: {', '.join(KNOBS)}")
+    given = {name: value for name, value in knobs.items() if value is not None}
+    rerank = given.pop("rerank", settings.rerank)
+    if not isinstance(rerank, bool):
+        raise ConfigError(f"rerank must be true or false, got {rerank!r}")
+    if "first_stage" in given and given["first_stage"] not in ("hybrid", "dense", "bm25"):
+        raise ConfigError(f"first_stage must be hybrid, dense or bm25, got {given['first_stage']!r}")
+    for name in ("k_retrieve", "depth"):
+        if name in given:
+            given[name] = check_k(given[name])
+    return (replace(settings, **given) if given else settings), rerank
+
+
+# ---- pages -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PageToken:
+    """What a ``next_page`` token holds: the version it pins, the next offset, k, and the request it belongs to."""
+
+    version: str
+    offset: int
+    k: int
+    fingerprint: str
+
+
+def callable_where(where: Where) -> bool:
+    return callable(where) and not isinstance(where, (CheckedFilter, str, Mapping))
+
+
+def fingerprint(query: str, where: Where, knobs: Mapping[str, Any]) -> str:
+    """A digest of what a page token may only be used with: the query, the filter and the knobs."""
+    if isinstance(where, CheckedFilter):
+        where = where.filter
+    text = where if isinstance(where, str) else repr(where) if not isinstance(where, Mapping) else \
+        json.dumps(where, sort_keys=True, default=str)
+    parts = json.dumps([query, text, {k: v for k, v in sorted(knobs.items()) if v is not None}], default=str)
+    return hashlib.sha256(parts.encode("utf-8")).hexdigest()[:16]
+
+
+def encode_page_token(token: PageToken) -> str:
+    raw = json.dumps([token.version, token.offset, token.k, token.fingerprint], separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode("utf-8")).decode("ascii").rstrip("=")
+
+
+def decode_page_token(text: str) -> PageToken:
+    """The token a result's ``next_page`` gave (anything else: one ConfigError)."""
+    bad = ConfigError("page_token: not a token this engine gave (pass a result's next_page unchanged)")
+    if not isinstance(text, str) or len(text) > 200:
+        raise bad
+    try:
+        version, offset, k, digest = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+    except (ValueError, TypeError):
+        raise bad from None
+    if not (isinstance(version, str) and VERSION.match(version) and isinstance(offset, int) and offset >= 0
+            and isinstance(k, int) and k > 0 and isinstance(digest, str)):
+        raise bad
+    return PageToken(version, offset, k, digest)
 
 
 class EngineRetriever:
@@ -220,8 +366,8 @@ class EngineRetriever:
         return self.search_batch([query], k)[0]
 
     def search_batch(self, queries: Sequence[str], k: int = 10) -> list[RankedList]:
-        return self.engine._ranked(check_queries(queries), k, None, self.k_retrieve, self.first_stage,
-                                   self.rerank)[0]
+        knobs = {"first_stage": self.first_stage, "rerank": self.rerank, "k_retrieve": self.k_retrieve}
+        return self.engine._ranked(check_queries(queries), k, None, knobs)[0]
 
 
 def check_queries(queries: Sequence[str]) -> list[str]:

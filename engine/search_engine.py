@@ -23,13 +23,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from twostage.engine.search import Models, TwoStageSearch, Where
+from twostage.engine.search import Models, TwoStageSearch
 from twostage.indexer.build import (
     check_out_dir,
     chunk_documents,
@@ -46,13 +47,15 @@ from twostage.indexer.engine_dir import (
     engine_files,
     read_engine_manifest,
 )
-from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
+from twostage.indexer.errors import ConfigError, DataError, IndexFormatError, PageExpiredError
+from twostage.indexer.filters import Where
 from twostage.indexer.index import Index, IndexChange, link_or_copy, write_index_files
 from twostage.indexer.manifest import library_versions, verify_files
+from twostage.indexer.passages import best_per_document, group_starts, join, passage_id, split_all
 from twostage.indexer.records import Document, RankedList
 from twostage.indexer.topk import top_k
 from twostage.indexer.vectors import BackendConfig
-from twostage.indexer.versions import Lease, commit, current_version, open_current, writer_lock
+from twostage.indexer.versions import VERSION, Lease, commit, current_version, open_current, writer_lock
 from twostage.retriever.bm25 import BM25Retriever
 from twostage.retriever.bm25_stats import CorpusStats
 from twostage.retriever.precision import resolve_precisions
@@ -85,9 +88,15 @@ class SearchEngine(TwoStageSearch):
                 for s in range(0, len(live_rows), _SLICE)):
             raise IndexFormatError(f"{version_dir}: the BM25 index and the dense index hold different documents; "
                                    "restore or rebuild the engine")
-        if manifest.documents != len(live_rows):
+        self.shape = manifest.settings.passages
+        # a passage engine: BM25 row groups[j] is the first passage of the j-th live document (its passages follow)
+        self._groups = group_starts(bm25.doc_ids.arrow) if self.shape.enabled else np.zeros(0, dtype=np.int64)
+        documents, rows = (len(self._groups), manifest.passages) if self.shape.enabled else (len(live_rows), None)
+        if manifest.documents != documents or (rows is not None and (rows != len(live_rows) or (
+                len(live_rows) and (not len(self._groups) or self._groups[0] != 0)))):
             raise IndexFormatError(f"{version_dir / 'manifest.json'}: counts {manifest.documents} documents, the parts "
-                                   f"hold {len(live_rows)}; restore or rebuild the engine")
+                                   f"hold {documents}{'' if rows is None else f' in {len(live_rows)} passages'}; "
+                                   "restore or rebuild the engine")
         self._bm25_rows = live_rows  # BM25 row i is index row live_rows[i]
 
     # ---- opening -------------------------------------------------------------------------------
@@ -124,6 +133,27 @@ class SearchEngine(TwoStageSearch):
         return open_current(self.root, lambda v, lease: SearchEngine._open(self.root, v, lease, verify, self._models),
                             WHAT)
 
+    @contextmanager
+    def at_version(self, version: str) -> Iterator[SearchEngine]:
+        """This engine as it was at ``version``, while that version is still on disk (page tokens pin one)."""
+        if version == self.version:
+            yield self
+            return
+        gone = PageExpiredError(f"page_token: it belongs to version {version}, which is no longer on disk (the "
+                                f"engine is at {self.version}); search again for the first page")
+        version_dir = self.root / version
+        if not VERSION.match(version) or not (version_dir / "manifest.json").is_file():
+            raise gone
+        try:
+            lease = Lease(version_dir)
+            engine = SearchEngine._open(self.root, version_dir, lease, False, self._models)
+        except (OSError, IndexFormatError):
+            raise gone from None
+        try:
+            yield engine
+        finally:
+            engine.close()
+
     def close(self) -> None:
         """Release this version (a later commit may then remove it from disk)."""
         if self._lease is not None:
@@ -134,6 +164,8 @@ class SearchEngine(TwoStageSearch):
         return self.manifest.documents
 
     def __contains__(self, doc_id: object) -> bool:
+        if self.shape.enabled:
+            return isinstance(doc_id, str) and passage_id(doc_id, 0) in self.index
         return doc_id in self.index
 
     @property
@@ -154,20 +186,90 @@ class SearchEngine(TwoStageSearch):
             if reranker is not None:
                 self._models.reranker = reranker
 
+    def analyzer(self) -> Any:
+        return self.bm25.analyzer
+
+    def reading(self) -> dict[str, Any]:
+        """How the engine reads long documents: in passages (how many, how many documents were cut), or whole, with
+        how many documents were longer than the retriever reads (counted as they were added)."""
+        m, s = self.manifest, self.settings
+        reads = self.index.manifest.encoder.max_length
+        if self.shape.enabled:
+            sizes = np.diff(np.append(self._groups, len(self._bm25_rows)))
+            cut = int((sizes > 1).sum())
+            return {"passages": m.passages, "passage_words": s.passage_words, "passage_stride": s.passage_stride,
+                    "passage_title": s.passage_title, "documents_cut": cut,
+                    "most_passages": int(sizes.max()) if len(sizes) else 0,
+                    "summary": f"{cut} of {m.documents} documents are longer than {s.passage_words} words and are "
+                               f"searched as overlapping passages ({m.passages} in all; the retriever reads every word)"}
+        return {"passages": 0, "documents_truncated": m.truncated,
+                "summary": f"{m.truncated} of {m.documents} documents were longer than the retriever reads "
+                           f"({reads} tokens) when added: only their beginning is searched by the dense stage; "
+                           "build with passage_words > 0 to search all of them"}
+
     def info(self) -> dict[str, Any]:
         m = self.manifest
         return {"path": str(self.root), "version": self.version, "documents": m.documents,
+                "reading": self.reading(),
                 "settings": to_json_dict(m.settings), "retriever": asdict(m.retriever),
                 "reranker": asdict(m.reranker) if m.reranker else None, "dense": self.index.info(),
                 "bm25": {"documents": len(self.bm25), "config": to_json_dict(self.bm25.config)},
-                "metadata_fields": sorted(self.index.metadata_fields()), "versions": m.versions}
+                "metadata_fields": sorted(self.index.metadata_fields()), "metadata_kinds": self.index.metadata_kinds(),
+                "versions": m.versions}
 
     def documents(self, ids: Iterable[str]) -> list[Document]:
         """The stored documents with these ids (a KeyError names an unknown one)."""
-        return self.index.documents(ids)
+        if not self.shape.enabled:
+            return self.index.documents(ids)
+        return [doc for doc, _, _ in self.documents_with_passages(ids)]
+
+    def documents_with_passages(self, ids: Iterable[str]) -> list[tuple[Document, list[Document], list[int]]]:
+        """Each document with its passages and where each starts in its text (a whole-document engine: the document
+        as its one passage)."""
+        ids = list(ids)
+        if not self.shape.enabled:
+            return [(d, [d], [0]) for d in self.index.documents(ids)]
+        groups = self._passage_rows(ids)
+        stored = self.index.store.documents_at(np.concatenate(groups)) if groups else []
+        out, at = [], 0
+        for rows in groups:
+            passages = stored[at:at + len(rows)]
+            at += len(rows)
+            doc, starts = join(passages, self.shape)
+            out.append((doc, passages, starts))
+        return out
+
+    def passages(self, pids: Iterable[str]) -> list[Document]:
+        """Stored passages by passage id (``doc_id + SEP + n``, :mod:`twostage.indexer.passages`)."""
+        return self.index.documents(pids)
+
+    def _passage_rows(self, ids: list[str]) -> list[np.ndarray]:
+        """The index rows of each document's passages (a KeyError names an unknown document)."""
+        firsts = self.index.doc_ids.live_rows([passage_id(d, 0) for d in ids], self.index.deleted)
+        out = []
+        for doc_id, row in zip(ids, firsts):
+            if row is None:
+                raise KeyError(f"document id {doc_id!r} is not in the engine")
+            b = int(np.searchsorted(self._bm25_rows, row))
+            g = int(np.searchsorted(self._groups, b))
+            end = int(self._groups[g + 1]) if g + 1 < len(self._groups) else len(self._bm25_rows)
+            out.append(self._bm25_rows[b:end])
+        return out
+
+    def _passage_ids(self, ids: list[str]) -> list[str]:
+        """Every passage id of these documents (an unknown document is a DataError naming it)."""
+        try:
+            rows = self._passage_rows(ids)
+        except KeyError as exc:
+            raise DataError(f"cannot delete unknown id: {exc.args[0]}; nothing was changed") from None
+        return [str(p) for r in rows for p in self.index.doc_ids[r]]
 
     def metadata_fields(self) -> set[str]:
         return self.index.metadata_fields()
+
+    def metadata_kinds(self) -> dict[str, str]:
+        """Each metadata field's type (number, date, string, ...: :mod:`twostage.indexer.filters`)."""
+        return self.index.metadata_kinds()
 
     # ---- searching (TwoStageSearch does the rest) -------------------------------------------------
     def candidates(self, queries: list[str], vectors: np.ndarray | None, first_stage: str, n: int, where: Where,
@@ -177,7 +279,7 @@ class SearchEngine(TwoStageSearch):
         lists: dict[str, list[RankedList]] = {}
         if first_stage in ("dense", "hybrid"):
             t = time.perf_counter()
-            lists["dense"] = self.index.search_batch(vectors, n, where=where)
+            lists["dense"] = self._dense_search(vectors, n, where, int(allowed.sum()))
             timings["dense_s"] = time.perf_counter() - t
         if first_stage in ("bm25", "hybrid"):
             t = time.perf_counter()
@@ -186,10 +288,39 @@ class SearchEngine(TwoStageSearch):
             timings["bm25_s"] = time.perf_counter() - t
         return lists
 
+    def _dense_search(self, vectors: np.ndarray | None, n: int, where: Where, allowed: int) -> list[RankedList]:
+        """The dense top ``n``: documents, or in a passage engine each document once by its best passage (ids are
+        then passage ids), the passage list widened until ``n`` documents are found or every allowed row is."""
+        assert vectors is not None
+        if not self.shape.enabled:
+            return self.index.search_batch(vectors, n, where=where)
+        out: list[RankedList | None] = [None] * len(vectors)
+        todo = np.arange(len(vectors))
+        fetch = min(allowed, n * 4)
+        while len(todo):
+            lists = self.index.search_batch(vectors[todo], max(fetch, 1), where=where)
+            short = []
+            for i, ranked in zip(todo, lists):
+                best = best_per_document(ranked, n)
+                if len(best) < n and len(ranked) == fetch and fetch < allowed:
+                    short.append(i)
+                else:
+                    out[i] = best
+            todo = np.array(short, dtype=np.int64)
+            fetch = min(allowed, fetch * 4)
+        return out  # type: ignore[return-value]
+
     def _bm25_search(self, query: str, k: int, mask: np.ndarray) -> RankedList:
         scores = self.bm25.scores(query)
         if not mask.all():
             scores = np.where(mask, scores, 0.0)
+        if self.shape.enabled and len(scores):  # a document scores its best passage
+            best = np.maximum.reduceat(scores, self._groups)
+            groups, values = top_k(best, k, positive_only=True)
+            ends = np.append(self._groups[1:], len(scores))
+            rows = np.array([int(self._groups[g]) + int(np.argmax(scores[self._groups[g]:ends[g]])) for g in groups],
+                            dtype=np.int64)
+            return RankedList(self.bm25.doc_ids[rows], values)
         rows, values = top_k(scores, k, positive_only=True)
         return RankedList(self.bm25.doc_ids[rows], values)
 
@@ -218,23 +349,47 @@ class SearchEngine(TwoStageSearch):
 
     # ---- updating ------------------------------------------------------------------------------
     def add(self, documents: CorpusSource, *, show_progress: bool = False) -> SearchEngine:
-        """Add documents (new ids only) to documents, BM25 and the dense index in one version; returns it."""
+        """Add documents (new ids only) to documents, BM25 and the dense index in one version; returns it. A
+        passage engine adds every passage of each document in that version."""
         docs = list(iter_documents(documents))
-        vectors = self._encode(docs, show_progress)
-        return self.commit_change(lambda base: (base.index.change_add(docs, vectors), docs))
+        rows = split_all(docs, self.shape) if self.shape.enabled else docs
+        vectors, truncated = self._encode(rows, show_progress)
+
+        def make(base: SearchEngine) -> tuple[IndexChange, list[Document]]:
+            if base.shape.enabled:
+                present = next((d.id for d in docs if d.id in base), None)
+                if present is not None:
+                    raise DataError(f"document id {present!r} is already in the engine; use upsert to replace it")
+            return base.index.change_add(rows, vectors), rows
+
+        return self.commit_change(make, truncated=truncated)
 
     def upsert(self, documents: CorpusSource, *, show_progress: bool = False) -> SearchEngine:
-        """Replace the documents with these ids and add the new ones, in one version."""
+        """Replace the documents with these ids and add the new ones, in one version (a passage engine replaces
+        all of a document's passages)."""
         docs = list(iter_documents(documents))
-        vectors = self._encode(docs, show_progress)
-        return self.commit_change(lambda base: (base.index.change_add(docs, vectors, replace=True), docs))
+        rows = split_all(docs, self.shape) if self.shape.enabled else docs
+        vectors, truncated = self._encode(rows, show_progress)
+
+        def make(base: SearchEngine) -> tuple[IndexChange, list[Document]]:
+            old = base._passage_ids([d.id for d in docs if d.id in base]) if base.shape.enabled else []
+            return base.index.change_add(rows, vectors, replace=True, drop=old), rows
+
+        return self.commit_change(make, truncated=truncated)
 
     def delete(self, ids: Iterable[str]) -> SearchEngine:
-        """Delete documents by id (an unknown id is an error naming it), in one version."""
+        """Delete documents by id (an unknown id is an error naming it), in one version; a passage engine deletes
+        every passage of each."""
         ids = list(ids)
         if not ids:
             raise ConfigError("no ids to delete")
-        return self.commit_change(lambda base: (base.index.change_delete(ids), []))
+        if any(not isinstance(i, str) for i in ids):
+            raise ConfigError("document ids to delete must be strings")
+
+        def make(base: SearchEngine) -> tuple[IndexChange, list[Document]]:
+            return base.index.change_delete(base._passage_ids(ids) if base.shape.enabled else ids), []
+
+        return self.commit_change(make)
 
     def compact(self) -> SearchEngine:
         """Rewrite the dense part without deleted rows (BM25 already holds only live documents)."""
@@ -247,23 +402,30 @@ class SearchEngine(TwoStageSearch):
         for fixed in ("backend", "metric"):
             if getattr(new, fixed) != getattr(self.index.manifest, fixed):
                 raise ConfigError(f"{fixed} is the shape of the dense index; rebuild the engine to change it")
+        for fixed in ("passage_words", "passage_stride", "passage_title"):
+            if getattr(new, fixed) != getattr(self.settings, fixed):
+                raise ConfigError(f"{fixed} is how the documents were cut into passages; rebuild the engine to "
+                                  "change it")
         engine = self.commit_change(lambda base: (base.index.change_unchanged(), None), settings=new)
         if resolve_precisions(new.precision) != resolve_precisions(self.settings.precision):
             engine._models = Models()  # the models load again in the new precision
         return engine
 
-    def _encode(self, docs: list[Document], show_progress: bool) -> np.ndarray:
-        self.encoder  # loads and attaches the verified encoder  # noqa: B018
-        return self.index.encode_documents(docs, batch_size=self.settings.batch_size)
+    def _encode(self, docs: list[Document], show_progress: bool) -> tuple[np.ndarray, int]:
+        """The vectors of these rows (documents or passages), and how many were longer than the encoder reads."""
+        encoder = self.encoder  # loads and attaches the verified encoder
+        vectors = self.index.encode_documents(docs, batch_size=self.settings.batch_size)
+        return vectors, int(getattr(encoder, "truncated", 0) or 0)
 
     def commit_change(self, make: Callable[[SearchEngine], tuple[IndexChange, list[Document] | None]],
                       settings: EngineSettings | None = None, *, bm25: BM25Retriever | None = None,
-                      pinned: bool = False) -> SearchEngine:
+                      pinned: bool = False, truncated: int = 0) -> SearchEngine:
         """Lock, re-open the version current now, apply ``make`` to it, write every part, commit, return it.
 
         ``pinned``: start from this object's version, not CURRENT's (a shard, whose committed version is the one
         its sharded engine names); ``bm25``: the BM25 index over the live documents after the change, built by the
-        caller (a shard's, with the whole corpus's statistics); by default it is built here.
+        caller (a shard's, with the whole corpus's statistics); by default it is built here. ``truncated``: how many
+        of the new rows were longer than the retriever reads (a whole-document engine counts them).
         """
         with writer_lock(self.root):
             base = self if pinned else self.refresh()
@@ -274,18 +436,27 @@ class SearchEngine(TwoStageSearch):
                     (version.tmp / "bm25").mkdir()
                     for f in (base.version_dir / "bm25").iterdir():
                         link_or_copy(f, version.tmp / "bm25" / f.name)
-                    bm25, count = None, len(base)
+                    bm25, count, rows = None, len(base), base.manifest.passages
                 else:
                     if bm25 is None and base.bm25.postings is not None:  # only the new documents are analysed
                         bm25 = base.bm25.updated(_kept_bm25_rows(base, change), new_docs)
                     elif bm25 is None:  # an index saved without postings: rebuilt from the stored documents
                         bm25 = BM25Retriever.build_chunked(live_chunks(base.index, change, new_docs),
                                                            base.bm25.config)
-                    count = len(bm25)
-                _write_engine(version.tmp, bm25, replace(base.manifest, documents=count,
+                    count, rows = counts(bm25, base.shape.enabled)
+                _write_engine(version.tmp, bm25, replace(base.manifest, documents=count, passages=rows,
+                                                         truncated=base.manifest.truncated + (
+                                                             0 if base.shape.enabled else truncated),
                                                          settings=settings or base.manifest.settings))
             return open_current(self.root, lambda v, lease: SearchEngine._open(self.root, v, lease, False,
                                                                                self._models), WHAT)
+
+
+def counts(bm25: BM25Retriever, passages: bool) -> tuple[int, int]:
+    """How many documents and passages (0 in a whole-document engine) a version's BM25 rows are."""
+    if not passages:
+        return len(bm25), 0
+    return len(group_starts(bm25.doc_ids.arrow)), len(bm25)
 
 
 def with_overrides(settings: EngineSettings, overrides: dict[str, Any]) -> EngineSettings:
@@ -383,11 +554,22 @@ def encode_corpus(corpus: CorpusSource, out: Path, settings: EngineSettings, ret
             raise ConfigError(f"reranker {str(reranker)!r}: its classification head was never trained; train one "
                               "with `twostage train-reranker` or build without --reranker")
     info = models.encoder.info()
-    plan = {"encoder": asdict(info), "metric": settings.metric, "chunk_size": chunk_size}
+    plan = {"encoder": asdict(info), "metric": settings.metric, "chunk_size": chunk_size,
+            "passages": asdict(settings.passages)}
     work, done = start_build(out, plan, resume)
-    encode_chunks(corpus, models.encoder, work, plan, done, metric=settings.metric, dim=info.dim,
-                  chunk_size=chunk_size, batch_size=settings.batch_size, show_progress=show_progress)
+    rows = passages_of(corpus, settings) if settings.passages.enabled else corpus
+    encode_chunks(rows, models.encoder, work, plan, done, metric=settings.metric, dim=info.dim,
+                  chunk_size=chunk_size, batch_size=settings.batch_size, show_progress=show_progress,
+                  unit="passage" if settings.passages.enabled else "doc")
     return _Encoded(work, done, info, retriever_ref, reranker_ref, models)
+
+
+def passages_of(corpus: CorpusSource, settings: EngineSettings) -> Iterator[Document]:
+    """The corpus's documents (read and checked one at a time) cut into passages, in order."""
+    from twostage.indexer.passages import split
+
+    for doc in iter_documents(corpus):
+        yield from split(doc, settings.passages)
 
 
 def calibration_texts(corpus: CorpusSource, int8: bool) -> list[str] | None:
@@ -414,6 +596,9 @@ def write_streamed(out: Path, enc: _Encoded, settings: EngineSettings, stats: Co
     backend = BackendConfig(settings.backend, settings.metric)
     change, params, enc.info = streamed_change(enc.work, enc.done, backend, enc.info)
     bm25 = BM25Retriever.build_chunked(lambda: chunk_documents(enc.work, enc.done), stats=stats)
+    documents, passages = counts(bm25, settings.passages.enabled)
+    truncated = 0 if settings.passages.enabled else sum(int(c.get("truncated", 0)) for c in enc.done)
     with writer_lock(out), commit(out) as version:
         write_index_files(version.tmp / "dense", enc.work, change, enc.info, backend.metric, backend.name, params)
-        _write_engine(version.tmp, bm25, EngineManifest(settings, enc.retriever, enc.reranker, len(bm25)))
+        _write_engine(version.tmp, bm25, EngineManifest(settings, enc.retriever, enc.reranker, documents,
+                                                        passages=passages, truncated=truncated))

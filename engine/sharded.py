@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from twostage.engine.search import Models, TwoStageSearch, Where
+from twostage.engine.search import Models, TwoStageSearch
 from twostage.engine.search_engine import (
     SearchEngine,
     encode_corpus,
@@ -50,6 +50,8 @@ from twostage.indexer.build import check_unique_ids, chunk_documents, slice_chun
 from twostage.indexer.corpus import CorpusSource, iter_documents
 from twostage.indexer.engine_dir import EngineSettings
 from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
+from twostage.indexer.filters import Where
+from twostage.indexer.filters import merge_kinds
 from twostage.indexer.index import IndexChange
 from twostage.indexer.manifest import check_file_name, manifest_text, read_manifest_json
 from twostage.indexer.records import Document, RankedList
@@ -104,6 +106,9 @@ class _Shard:
 
     def size(self) -> int:
         return len(self.engine)
+
+    def metadata_kinds(self) -> dict[str, str]:
+        return self.engine.metadata_kinds()
 
     def manifest(self) -> Any:
         return self.engine.manifest
@@ -211,7 +216,14 @@ class ShardedEngine(TwoStageSearch):
         sizes = self._call("size")
         return {"path": str(self.root), "version": self.version, "documents": self._size,
                 "shards": [{"name": n, "version": v, "documents": c} for (n, v), c in zip(self.names, sizes)],
-                "remote": self._ray is not None}
+                "metadata_kinds": self.metadata_kinds(), "remote": self._ray is not None}
+
+    def metadata_kinds(self) -> dict[str, str]:
+        """Each metadata field's type over every shard (a field typed differently in two shards is ``mixed``)."""
+        return merge_kinds(self._call("metadata_kinds"))
+
+    def metadata_fields(self) -> set[str]:
+        return set(self.metadata_kinds())
 
     def _call(self, method: str, *args: Any) -> list[Any]:
         if self._ray is not None:
@@ -260,7 +272,14 @@ class ShardedEngine(TwoStageSearch):
         root = Path(path)
         if root.exists() and any(p.name != "LOCK" for p in root.iterdir()):
             raise ConfigError(f"{root}: exists and is not empty; choose another --out (add documents with add)")
+        if overrides.get("passage_words"):
+            raise ConfigError("a sharded engine holds whole documents (passage_words 0); build one engine for "
+                              "passages, or leave passage_words out")
+        # shards are contiguous slices of rows, which would cut a document's passages apart: whole documents
         settings = with_overrides(settings or EngineSettings(), overrides)
+        if settings.passage_words:
+            logger.info("a sharded engine holds whole documents: passage_words %d set to 0", settings.passage_words)
+            settings = replace(settings, passage_words=0)
         enc = encode_corpus(corpus, root, settings, retriever, reranker, chunk_size, resume, show_progress)
         total = sum(int(c["rows"]) for c in enc.done)
         bounds = contiguous_bounds(total, shards)
@@ -335,7 +354,7 @@ class ShardedEngine(TwoStageSearch):
                 for s in shards:
                     s._models = models
                 # encoded in one pass, as one engine would (a document's vector depends on its batch's padding)
-                encoded = shards[0]._encode(docs, False) if docs else None
+                encoded = shards[0]._encode(docs, False)[0] if docs else None
                 vectors = [encoded[target == s] if route[s] else None for s in range(n)]
                 bm25_of, stats = _bm25_updates(shards, route, gone, replace_docs)
                 names = []

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 __all__ = [
     # records and errors
-    "Document", "Query", "Hit", "RankedList", "Judgment", "Qrels",
+    "Document", "Query", "Hit", "Passage", "RankedList", "Judgment", "Qrels",
     "TwostageError", "DataError", "DataNotFoundError", "ConfigError", "IndexFormatError", "MissingDependencyError",
-    "WriterBusyError", "ModelNotFoundError", "UntrainedHeadError",
+    "WriterBusyError", "ModelNotFoundError", "UntrainedHeadError", "FilterError", "PageExpiredError",
     # corpora and data sets
     "Corpus", "load_corpus", "iter_documents", "BeirDataset",
     # first stages, index, second stage
@@ -32,11 +32,12 @@ __all__ = [
 ]
 
 _WHERE = {
-    "Document": "indexer.records", "Query": "indexer.records", "Hit": "indexer.records",
+    "Document": "indexer.records", "Query": "indexer.records", "Hit": "indexer.records", "Passage": "indexer.records",
     "RankedList": "indexer.records", "Judgment": "indexer.records", "Qrels": "indexer.records",
     "TwostageError": "indexer.errors", "DataError": "indexer.errors", "DataNotFoundError": "indexer.errors",
     "ConfigError": "indexer.errors", "IndexFormatError": "indexer.errors", "MissingDependencyError": "indexer.errors",
     "WriterBusyError": "indexer.errors", "ModelNotFoundError": "indexer.errors", "UntrainedHeadError": "indexer.errors",
+    "FilterError": "indexer.errors", "PageExpiredError": "indexer.errors",
     "Corpus": "indexer.corpus", "load_corpus": "indexer.corpus", "iter_documents": "indexer.corpus",
     "BeirDataset": "indexer.beir",
     "BM25Config": "retriever.bm25", "BM25Retriever": "retriever.bm25", "BiEncoder": "retriever.biencoder",
@@ -65,15 +66,17 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         ConfigError,
         DataError,
         DataNotFoundError,
+        FilterError,
         IndexFormatError,
         MissingDependencyError,
         ModelNotFoundError,
+        PageExpiredError,
         TwostageError,
         UntrainedHeadError,
         WriterBusyError,
     )
     from twostage.indexer.index import Index
-    from twostage.indexer.records import Document, Hit, Judgment, Qrels, Query, RankedList, SearchResult
+    from twostage.indexer.records import Document, Hit, Judgment, Passage, Qrels, Query, RankedList, SearchResult
     from twostage.reranker.cross_encoder import CrossEncoder
     from twostage.reranker.pipeline import Pipeline
     from twostage.reranker.training import RerankerConfig, train_reranker_on

@@ -73,8 +73,9 @@ def start_build(out: Path, plan: dict[str, Any], resume: bool) -> tuple[Path, li
 
 
 def write_chunk(work: Path, plan: dict[str, Any], done: list[dict[str, Any]], vectors: np.ndarray,
-                docs: list[Document]) -> None:
-    """Write chunk number ``len(done)`` (vectors + documents), then record it in the build state."""
+                docs: list[Document], truncated: int = 0) -> None:
+    """Write chunk number ``len(done)`` (vectors + documents), then record it in the build state (with how many of
+    its texts were longer than the encoder reads)."""
     name = f"{len(done):06d}"
     tmp = work / f".{name}.tmp"
     write_segment(tmp, name, vectors, docs)
@@ -82,7 +83,7 @@ def write_chunk(work: Path, plan: dict[str, Any], done: list[dict[str, Any]], ve
     for ext in (".npy", ".parquet"):
         os.replace(tmp / "segments" / f"{name}{ext}", work / "segments" / f"{name}{ext}")
     shutil.rmtree(tmp, ignore_errors=True)
-    done.append({"name": name, "rows": len(docs), "ids": _ids_hash(docs)})
+    done.append({"name": name, "rows": len(docs), "ids": _ids_hash(docs), "truncated": truncated})
     state_tmp = work / "state.json.tmp"
     state_tmp.write_text(json.dumps({"plan": plan, "chunks": done}))
     os.replace(state_tmp, work / "state.json")
@@ -97,15 +98,17 @@ def check_out_dir(out: Path, what: str = "an index directory") -> None:
 
 
 def encode_chunks(corpus: CorpusSource, encoder: Any, work: Path, plan: dict[str, Any], done: list[dict[str, Any]], *,
-                  metric: str, dim: int | None, chunk_size: int, batch_size: int, show_progress: bool) -> None:
-    """Encode the corpus ``chunk_size`` documents at a time into ``work``, skipping chunks already done."""
+                  metric: str, dim: int | None, chunk_size: int, batch_size: int, show_progress: bool,
+                  unit: str = "doc") -> None:
+    """Encode the corpus ``chunk_size`` rows (documents, or ``unit``) at a time into ``work``, skipping chunks
+    already done."""
     from tqdm.auto import tqdm
 
     bar = None
     try:
         for i, docs in enumerate(_chunks(corpus, chunk_size)):
             if bar is None:  # created after the first read, so that a bad file shows only its error
-                bar = tqdm(desc="encode corpus", unit="doc", disable=not show_progress)
+                bar = tqdm(desc="encode corpus", unit=unit, disable=not show_progress)
             if i < len(done) and done[i]["ids"] == _ids_hash(docs) and \
                     (work / "segments" / f"{done[i]['name']}.npy").is_file():
                 bar.update(len(docs))
@@ -115,7 +118,7 @@ def encode_chunks(corpus: CorpusSource, encoder: Any, work: Path, plan: dict[str
                                      allow_empty=True)
             vectors = prepare(vectors, metric, dim, f"document vectors (chunk {i})")
             dim = vectors.shape[1]
-            write_chunk(work, plan, done, vectors, docs)
+            write_chunk(work, plan, done, vectors, docs, truncated=int(getattr(encoder, "truncated", 0) or 0))
             bar.update(len(docs))
     except BaseException:
         if bar is not None:  # clear the bar's line so that the error is the one line the user reads

@@ -83,6 +83,11 @@ def _iter_source(source: CorpusSource) -> Iterator[tuple[str, Any]]:
         return
     if isinstance(source, (str, Path)):
         path = Path(source)
+        from twostage.indexer.files import FolderCorpus, is_folder_corpus
+
+        if is_folder_corpus(path):  # a folder of .txt, .md, .html and .pdf files
+            yield from ((doc.id, doc) for doc in FolderCorpus(path))
+            return
         if path.is_dir():
             path = path / "corpus.jsonl"
         if not path.exists():

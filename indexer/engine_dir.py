@@ -20,6 +20,7 @@ from typing import Any
 
 from twostage.indexer.codec import from_json_dict, to_json_dict
 from twostage.indexer.errors import ConfigError, IndexFormatError
+from twostage.indexer.passages import PassageShape
 from twostage.indexer.manifest import check_file_entries, describe_files, manifest_text, read_manifest_json
 
 FORMAT = "twostage.engine"
@@ -50,6 +51,13 @@ class EngineSettings:
     batch_size: int = 32
     backend: str = "hnswlib"
     metric: str = "cosine"
+    passage_words: int = 100  # documents are searched as passages of this many words (0: whole documents)
+    passage_stride: int = 50  # a new passage every this many words (passages overlap by words - stride)
+    passage_title: bool = True  # the title in front of every passage (False: the first passage only)
+
+    @property
+    def passages(self) -> PassageShape:
+        return PassageShape(self.passage_words, self.passage_stride, self.passage_title)
 
     def __post_init__(self) -> None:
         if self.first_stage not in FIRST_STAGES:
@@ -73,6 +81,9 @@ class EngineSettings:
             raise ConfigError(f"rerank must be true or false, got {self.rerank!r}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if not isinstance(self.passage_title, bool):
+            raise ConfigError(f"passage_title must be true or false, got {self.passage_title!r}")
+        self.passages  # noqa: B018 - checks passage_words and passage_stride
 
 
 @dataclass(frozen=True)
@@ -98,12 +109,15 @@ class EngineManifest:
     documents: int
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
+    passages: int = 0  # rows of the dense index and BM25: the documents' passages (0: whole documents, one row each)
+    truncated: int = 0  # whole-document engines: documents added that were longer than the retriever reads
 
     def to_json(self) -> str:
+        counts = {"documents": self.documents, "passages": self.passages, "truncated": self.truncated}
         return manifest_text(
             FORMAT, FORMAT_VERSION, self.files, self.versions, settings=to_json_dict(self.settings),
             retriever=asdict(self.retriever), reranker=asdict(self.reranker) if self.reranker else None,
-            counts={"documents": self.documents})
+            counts=counts)
 
 
 def read_engine_manifest(version_dir: Path) -> EngineManifest:
@@ -111,7 +125,10 @@ def read_engine_manifest(version_dir: Path) -> EngineManifest:
     path = version_dir / "manifest.json"
     data = read_manifest_json(version_dir, FORMAT, FORMAT_VERSION, "a search engine directory", "`twostage build`")
     try:
-        settings = from_json_dict(EngineSettings, data["settings"], f"{path}: settings")
+        saved = data["settings"]
+        if isinstance(saved, dict) and "passage_words" not in saved:  # an engine from before passages
+            saved = {**saved, "passage_words": 0}
+        settings = from_json_dict(EngineSettings, saved, f"{path}: settings")
     except ConfigError as exc:
         raise IndexFormatError(f"{exc}; restore or rebuild the engine") from None
     except KeyError:
@@ -120,12 +137,17 @@ def read_engine_manifest(version_dir: Path) -> EngineManifest:
     if not isinstance(counts, dict) or isinstance(counts.get("documents"), bool) \
             or not isinstance(counts.get("documents"), int) or counts["documents"] < 0:
         raise IndexFormatError(f"{path}: counts.documents must be a non-negative integer; restore or rebuild the engine")
+    for name in ("passages", "truncated"):
+        value = counts.get(name, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise IndexFormatError(f"{path}: counts.{name} must be a non-negative integer; restore or rebuild the engine")
     check_file_entries(path, files)
     reranker = data.get("reranker")
     versions: dict[str, str] = data["versions"] if isinstance(data.get("versions"), dict) else {}
     return EngineManifest(settings, ModelRef.from_dict(data.get("retriever"), f"{path}: retriever"),
                           None if reranker is None else ModelRef.from_dict(reranker, f"{path}: reranker"),
-                          counts["documents"], dict(files or {}), dict(versions))
+                          counts["documents"], dict(files or {}), dict(versions), counts.get("passages", 0),
+                          counts.get("truncated", 0))
 
 
 def engine_files(version_dir: Path) -> dict[str, dict[str, Any]]:

@@ -47,3 +47,11 @@ class ModelNotFoundError(TwostageError, FileNotFoundError):
 
 class UntrainedHeadError(TwostageError, RuntimeError):
     """The classification head is randomly initialised: its scores would be noise."""
+
+
+class FilterError(ConfigError):
+    """A metadata filter is malformed, names a field no document has, or compares a field with the wrong type."""
+
+
+class PageExpiredError(ConfigError):
+    """A page token names an engine version that is no longer on disk; search again for the first page."""

@@ -72,6 +72,11 @@ class IdMap:
     def __len__(self) -> int:
         return len(self._ids)
 
+    @property
+    def arrow(self) -> Any:
+        """The ids as one Arrow large_string array (no copy)."""
+        return self._ids
+
     def __getitem__(self, rows: Any) -> Any:
         """The ids at these rows (an int array or list, a boolean mask over every row, or a slice) as an object array;
         one row number gives one ``str``."""

@@ -29,6 +29,7 @@ import numpy as np
 
 from twostage.indexer.docstore import DocStore, read_ids, write_documents
 from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
+from twostage.indexer.filters import CheckedFilter, MetadataTable, Where, parse_filter
 from twostage.indexer.ids import IdMap
 from twostage.indexer.manifest import (
     EncoderInfo,
@@ -109,7 +110,7 @@ class Index:
             self.deleted[rows] = True
         self._ann = self._open_ann()
         self.store = DocStore(version_dir / "segments", manifest.segments)
-        self._metadata: list[dict[str, Any]] | None = None
+        self._metadata: MetadataTable | None = None
         self.encoder = None
         if encoder is not None:
             self.attach_encoder(encoder)
@@ -201,15 +202,23 @@ class Index:
             raise KeyError(f"document id {missing!r} is not in the index")
         return self.store.documents_at(rows)
 
-    def _metadata_mask(self, where: Mapping[str, Any] | Callable[[Document], bool]) -> np.ndarray:
+    def metadata_table(self) -> MetadataTable:
+        """The live documents' metadata as typed Arrow columns (the metadata column alone, read once)."""
+        if self._metadata is None:
+            live = ~self.deleted
+            rows = [json.loads(m) if live[i] else {} for i, m in enumerate(self.store.column("metadata"))]
+            self._metadata = MetadataTable(rows)
+        return self._metadata
+
+    def _metadata_mask(self, where: Where) -> np.ndarray:
+        if isinstance(where, CheckedFilter):  # checked by the engine against every shard's fields
+            return self.metadata_table().mask(where.filter, checked=True)
         if callable(where):  # every live document streamed through the function, a row group at a time
             return self.store.mask(where, np.flatnonzero(~self.deleted))
-        if self._metadata is None:  # the metadata column alone, parsed once
-            self._metadata = [json.loads(m) for m in self.store.column("metadata")]
-        return np.array([all(m.get(k) == v for k, v in where.items()) for m in self._metadata], dtype=bool)
+        return self.metadata_table().mask(parse_filter(where))
 
     def search(self, query: str | np.ndarray, k: int = 10, *,
-               where: Mapping[str, Any] | Callable[[Document], bool] | None = None,
+               where: Where = None,
                ef_search: int | None = None, nprobe: int | None = None) -> RankedList:
         """The ``k`` best live documents for one query (a text, which needs the attached encoder, or a vector).
 
@@ -225,7 +234,7 @@ class Index:
         return self.search_batch(query, k, where=where, ef_search=ef_search, nprobe=nprobe)[0]
 
     def search_batch(self, queries: Sequence[str] | np.ndarray, k: int = 10, *,
-                     where: Mapping[str, Any] | Callable[[Document], bool] | None = None,
+                     where: Where = None,
                      ef_search: int | None = None, nprobe: int | None = None) -> list[RankedList]:
         """:meth:`search` for many queries (texts encoded in one pass, or an (n, dim) array of vectors).
 
@@ -253,30 +262,47 @@ class Index:
         if self._ann is None or (where is not None and n_allowed <= EXACT_BELOW):
             return self._exact(q, k, allowed)
         rescore = int(params.get("rescore", 0))
-        fetch = min(len(allowed), max(k, k * rescore) + excluded)
-        with self._lock:
-            labels, scores = self._ann.search(q, fetch, params)
-        out = []
-        for i, (lab, sc) in enumerate(zip(labels, scores)):
-            keep = (lab >= 0) & allowed[np.clip(lab, 0, None)]
-            lab, sc = lab[keep], sc[keep]
-            if len(lab) < k:  # the graph missed some: fall back to exact search for this query
-                out.extend(self._exact(q[i:i + 1], k, allowed))
-                continue
-            if rescore:  # compressed codes found the candidates; the exact vectors order them
-                sc = similarity(q[i:i + 1], self.rows(lab), self.manifest.metric)[0].astype(np.float32)
-            order = np.lexsort((lab, -sc))[:k]
-            out.append(RankedList(self.doc_ids[lab[order]], sc[order].astype(np.float32)))
-        return out
+        want = max(k, k * rescore)
+        out: list[RankedList | None] = [None] * len(q)
+        todo = np.arange(len(q))
+        # A filter (or tombstones) hides part of the graph: ask it for enough neighbours that k allowed ones are
+        # expected among them (twice the share they hide), four times more for the queries still short, then
+        # exact search for any query the graph still leaves short.
+        fetch = min(len(allowed), int(np.ceil(want * len(allowed) / n_allowed * (2 if excluded else 1))))
+        for _ in range(2):
+            with self._lock:
+                labels, scores = self._ann.search(q[todo], fetch, params)
+            short = []
+            for i, lab, sc in zip(todo, labels, scores):
+                keep = (lab >= 0) & allowed[np.clip(lab, 0, None)]
+                lab, sc = lab[keep], sc[keep]
+                if len(lab) < k:
+                    short.append(i)
+                    continue
+                if rescore:  # compressed codes found the candidates; the exact vectors order them
+                    sc = similarity(q[i:i + 1], self.rows(lab), self.manifest.metric)[0].astype(np.float32)
+                order = np.lexsort((lab, -sc))[:k]
+                out[i] = RankedList(self.doc_ids[lab[order]], sc[order].astype(np.float32))
+            todo = np.array(short, dtype=np.int64)
+            if not len(todo) or fetch >= len(allowed):
+                break
+            fetch = min(len(allowed), fetch * 4)
+        if len(todo):  # the graph missed some: exact search for these queries
+            for i, r in zip(todo, self._exact(q[todo], k, allowed)):
+                out[i] = r
+        return out  # type: ignore[return-value]
 
-    def allowed(self, where: Mapping[str, Any] | Callable[[Document], bool] | None = None) -> np.ndarray:
+    def allowed(self, where: Where = None) -> np.ndarray:
         """A boolean mask over rows: live and (when given) passing ``where``."""
         return ~self.deleted if where is None else (~self.deleted & self._metadata_mask(where))
 
     def metadata_fields(self) -> set[str]:
         """Every metadata key some live document has."""
-        self._metadata_mask({})
-        return {k for i, m in enumerate(self._metadata or []) if not self.deleted[i] for k in m}
+        return set(self.metadata_table().kinds)
+
+    def metadata_kinds(self) -> dict[str, str]:
+        """Each metadata field's type (:data:`twostage.indexer.filters.KINDS`), over the live documents."""
+        return dict(self.metadata_table().kinds)
 
     def _exact(self, q: np.ndarray, k: int, allowed: np.ndarray) -> list[RankedList]:
         rows = np.flatnonzero(allowed)
@@ -306,10 +332,14 @@ class Index:
         vectors = enc.encode([d.full_text for d in docs], kind="document", batch_size=batch_size, allow_empty=True)
         return prepare(vectors, self.manifest.metric, self.dim, "document vectors")
 
-    def change_add(self, docs: Sequence[Document], vectors: np.ndarray, *, replace: bool = False) -> IndexChange:
-        """The change that appends ``docs`` (new ids only, unless ``replace`` tombstones the old rows first)."""
+    def change_add(self, docs: Sequence[Document], vectors: np.ndarray, *, replace: bool = False,
+                   drop: Sequence[str] = ()) -> IndexChange:
+        """The change that appends ``docs`` (new ids only, unless ``replace`` tombstones the old rows first) and
+        tombstones the live rows of the ids ``drop`` (a replaced document's passages that are no more)."""
         deleted = self.deleted.copy()
         live = self.doc_ids.live_rows([d.id for d in docs], self.deleted)
+        if drop:
+            deleted[[r for r in self.doc_ids.live_rows(list(drop), self.deleted) if r is not None]] = True
         if replace:
             deleted[[r for r in live if r is not None]] = True
         else:

@@ -52,11 +52,26 @@ class Query:
 
 
 @dataclass(frozen=True)
+class Passage:
+    """The part of a hit's document that scored best: its text, where it sits in the document's text
+    (``text == document.text[start:end]``), and the spans (start, end) of the query's terms inside ``text``."""
+
+    text: str
+    start: int
+    end: int
+    spans: tuple[tuple[int, int], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"text": self.text, "start": self.start, "end": self.end, "spans": [list(s) for s in self.spans]}
+
+
+@dataclass(frozen=True)
 class Hit:
     """One result shown to a user: higher ``score`` is better, ``rank`` starts at 1.
 
     ``stage_scores`` holds each stage's own score of the document (``bm25``, ``dense``, ``first_stage`` (the
     fused score when the first stage is hybrid), ``rerank``); a stage that did not find the document is absent.
+    ``passage`` is the best-scoring part of the document with the query's terms marked (the engine's hits).
     """
 
     doc_id: str
@@ -67,15 +82,17 @@ class Hit:
     title: str = ""
     metadata: Mapping[str, Any] = field(default_factory=dict)
     stage_scores: Mapping[str, float] = field(default_factory=dict)
+    passage: Passage | None = None
 
     @property
     def id(self) -> str:
         return self.doc_id
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: id, score, rank, title, text, metadata, stage_scores."""
+        """JSON-ready: id, score, rank, title, text, metadata, stage_scores, passage (or None)."""
         return {"id": self.doc_id, "score": self.score, "rank": self.rank, "title": self.title, "text": self.text,
-                "metadata": dict(self.metadata), "stage_scores": dict(self.stage_scores)}
+                "metadata": dict(self.metadata), "stage_scores": dict(self.stage_scores),
+                "passage": self.passage.to_dict() if self.passage is not None else None}
 
 
 @dataclass(frozen=True)
@@ -85,6 +102,7 @@ class SearchResult:
     query: str
     hits: tuple[Hit, ...]
     timings: Mapping[str, float]
+    next_page: str | None = None  # pass as page_token for the next k hits (None: no further page)
 
     def __len__(self) -> int:
         return len(self.hits)
@@ -94,8 +112,9 @@ class SearchResult:
         return [h.doc_id for h in self.hits]
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: ``{"query", "hits": [...], "timings": {...}}``."""
-        return {"query": self.query, "hits": [h.to_dict() for h in self.hits], "timings": dict(self.timings)}
+        """JSON-ready: ``{"query", "hits": [...], "timings": {...}, "next_page"}``."""
+        return {"query": self.query, "hits": [h.to_dict() for h in self.hits], "timings": dict(self.timings),
+                "next_page": self.next_page}
 
 
 @dataclass(frozen=True)

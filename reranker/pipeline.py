@@ -96,8 +96,12 @@ class Reranked:
 
 
 def rerank_lists(reranker: Any, queries: Sequence[str], firsts: Sequence[RankedList], text_of: Callable[[str], str], *,
-                 k: int, k_retrieve: int, interpolation: float | None, batch_size: int = 32) -> list[Reranked]:
+                 k: int, k_retrieve: int, interpolation: float | None, batch_size: int = 32,
+                 per_query: Sequence[Callable[[str], str]] | None = None) -> list[Reranked]:
     """Rerank the top ``k_retrieve`` of each first-stage list; the rest of its top ``k`` follows in first-stage order.
+
+    ``text_of`` gives the text the reranker reads for a document id; ``per_query``, one such function per query,
+    when that text depends on the query (a passage engine reads each document by its best passage for the query).
 
     Every query's (query, document) pairs are scored in one call, so batches are shared across queries. With no
     reranker, or a blend of 0 (:func:`reorders`), the first stage's top ``k`` comes back unchanged, nothing scored.
@@ -105,14 +109,15 @@ def rerank_lists(reranker: Any, queries: Sequence[str], firsts: Sequence[RankedL
     if reranker is None or not reorders(interpolation):
         return [Reranked(first.truncate(k), {}) for first in firsts]
     heads = [first.truncate(k_retrieve) for first in firsts]
-    pairs = [(q, text_of(str(d))) for q, head in zip(queries, heads) for d in head.ids]
+    readers = list(per_query) if per_query is not None else [text_of] * len(queries)
+    pairs = [(q, read(str(d))) for q, head, read in zip(queries, heads, readers) for d in head.ids]
     if not pairs:
         scores = np.zeros(0, dtype=np.float32)
     elif hasattr(reranker, "predict"):  # a CrossEncoder: every query's pairs in shared, length-sorted batches
         scores = np.asarray(reranker.predict(pairs, batch_size=batch_size), dtype=np.float32)
     else:  # any object with score(query, texts), one query at a time
-        scores = np.concatenate([np.asarray(reranker.score(q, [text_of(str(d)) for d in head.ids]), dtype=np.float32)
-                                 for q, head in zip(queries, heads) if len(head)])
+        scores = np.concatenate([np.asarray(reranker.score(q, [read(str(d)) for d in head.ids]), dtype=np.float32)
+                                 for q, head, read in zip(queries, heads, readers) if len(head)])
     out, at = [], 0
     for first, head in zip(firsts, heads):
         ce = scores[at:at + len(head)]

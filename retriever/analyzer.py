@@ -70,5 +70,20 @@ class Analyzer:
         tokens = [t for t in self._pattern.findall(text) if t not in self._stopwords]
         return self._stem(tokens) if self._stem is not None else tokens
 
+    def term_spans(self, text: str, query: str) -> list[tuple[int, int]]:
+        """Where the query's terms occur in ``text``: (start, end) of every token of ``text`` that analyses to one
+        of the query's terms (so "running" marks "runs" when stemming), in order."""
+        terms = set(self(query))
+        if not terms or not text:
+            return []
+        lowered = text.lower() if self.config.lowercase else text
+        source = lowered if len(lowered) == len(text) else text  # offsets must be the original text's
+        matches = [(m.start(), m.end(), m.group().lower() if self.config.lowercase else m.group())
+                   for m in self._pattern.finditer(source)]
+        matches = [m for m in matches if m[2] not in self._stopwords]
+        tokens = [m[2] for m in matches]
+        stems = self._stem(tokens) if self._stem is not None else tokens
+        return [(start, end) for (start, end, _), stem in zip(matches, stems) if stem in terms]
+
     def analyze_many(self, texts: Iterable[str]) -> list[list[str]]:
         return [self(t) for t in texts]

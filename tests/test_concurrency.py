@@ -17,7 +17,7 @@ def _module():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["index", "engine"])
+@pytest.mark.parametrize("kind", ["index", "engine", "passages"])
 def test_concurrent_writers_lose_no_update(tmp_path, kind):
     result = _module().writers(kind, trials=3, workdir=tmp_path)  # >= 10 trials: benchmarks/concurrency.py
     assert result["runs"] >= 12
@@ -25,7 +25,7 @@ def test_concurrent_writers_lose_no_update(tmp_path, kind):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["index", "engine"])
+@pytest.mark.parametrize("kind", ["index", "engine", "passages"])
 def test_readers_never_fail_while_a_writer_commits(tmp_path, kind):
     # 8 threads and 20 commits: benchmarks/concurrency.py (8 threads starve the index's writer for minutes here)
     result = _module().readers(kind, commits=6, workdir=tmp_path, threads=2)

@@ -13,6 +13,8 @@ import pytest
 
 from twostage import ConfigError, DataError, Document, IndexFormatError, SearchEngine
 from twostage.app.cli import main
+from twostage.indexer.errors import FilterError
+from twostage.indexer.passages import doc_id_of, split_id
 from twostage.indexer.versions import current_version
 
 
@@ -25,9 +27,16 @@ def built(tmp_path_factory, models):
 
 
 def parts_agree(engine: SearchEngine) -> list[str]:
-    """The live ids of the document store, BM25 and the dense index, checked to be the same."""
+    """The live document ids of the document store, BM25 and the dense index (whose rows are passages in a passage
+    engine, each document's together and numbered from 0), checked to be the same."""
     live = [str(i) for i in engine.index.doc_ids[~engine.index.deleted]]
     assert [str(i) for i in engine.bm25.doc_ids] == live
+    if engine.settings.passage_words:
+        parts = [split_id(p) for p in live]
+        assert all(n == (0 if i == 0 or parts[i - 1][0] != d else parts[i - 1][1] + 1)
+                   for i, (d, n) in enumerate(parts))
+        assert engine.manifest.passages == len(live)
+        live = [d for d, n in parts if n == 0]
     assert engine.manifest.documents == len(live) == len(engine)
     return live
 
@@ -57,8 +66,8 @@ def test_first_stages_and_rerank_switch(built):
         assert len(plain.hits) == (5 if first_stage == "bm25" else 10) and "rerank" not in plain.hits[0].stage_scores
         assert "rerank_s" not in plain.timings
     bm25 = built.search("snow and rain", k=10, first_stage="bm25", rerank=False)
-    want = built.bm25.search("snow and rain", 10)
-    assert bm25.ids == list(want.ids)
+    want = built.bm25.search("snow and rain", 10)  # the sample's documents are one passage each
+    assert bm25.ids == [doc_id_of(str(i)) for i in want.ids]
 
 
 def test_search_batch_equals_one_at_a_time(built):
@@ -85,9 +94,9 @@ def test_stop_words_only_query_returns_dense_hits(built):
     assert all("dense" in h.stage_scores for h in result.hits)
 
 
-def test_where_filters(built):
-    result = built.search("rain", k=5, where={"no_such_field": 1})
-    assert result.hits == ()
+def test_where_names_an_unknown_field(built):
+    with pytest.raises(FilterError, match="no document has the field 'no_such_field'"):
+        built.search("rain", k=5, where={"no_such_field": 1})
     assert "no_such_field" not in built.metadata_fields()
 
 
@@ -121,7 +130,7 @@ def test_colliding_ids_on_add_change_nothing(built, tmp_path):
     engine = SearchEngine.build([Document(f"d{i}", f"text {i}") for i in range(10)], tmp_path / "e",
                                 retriever=built.manifest.retriever.path)
     before = snapshot(tmp_path / "e")
-    with pytest.raises(DataError, match="'d3' is already in the index; use upsert"):
+    with pytest.raises(DataError, match="'d3' is already in the engine; use upsert"):
         engine.add([Document("new", "x"), Document("d3", "y")])
     with pytest.raises(DataError, match="unknown id"):
         engine.delete(["nope"])
@@ -230,10 +239,11 @@ def test_cli_build_search_update(tmp_path, sample_dir, models, capsys):
     assert main(["search", str(eng), "--queries", str(queries), "--json", "--k", "2"]) == 0
     assert [json.loads(x)["query"] for x in capsys.readouterr().out.splitlines()] == \
         ["why do cats purr", "snow and rain", "how to cook rice"]
-    assert main(["search", str(eng), "snow", "--where", "nofield=1"]) == 0
-    captured = capsys.readouterr()
-    assert "no document has the field(s) nofield" in captured.err and "(no hits)" in captured.out
-    for bad, message in ((["--k", "0"], "--k must be a positive integer"), (["--where", "oops"], "expected KEY=VALUE")):
+    for bad, message in ((["--k", "0"], "--k must be a positive integer"), (["--where", "oops"], "expected KEY=VALUE"),
+                         (["--where", "nofield=1"], "no document has the field 'nofield'"),
+                         (["--where", "topic>3"], "'topic' holds strings; got a number"),
+                         (["--where", '{"topic": {"$in": 3}}'], "where.topic.$in: takes a list"),
+                         (["--offset", "-1"], "--offset must be"), (["--dense-weight", "2"], "dense_weight must be")):
         assert main(["search", str(eng), "snow", *bad]) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1
@@ -242,7 +252,7 @@ def test_cli_build_search_update(tmp_path, sample_dir, models, capsys):
     assert main(["add", str(eng), str(extra)]) == 0 and "206 documents" in capsys.readouterr().out
     before = snapshot(eng)
     assert main(["add", str(eng), str(extra)]) == 2
-    assert "'n1' is already in the index; use upsert" in capsys.readouterr().err and snapshot(eng) == before
+    assert "'n1' is already in the engine; use upsert" in capsys.readouterr().err and snapshot(eng) == before
     assert main(["upsert", str(eng), str(extra)]) == 0 and "206 documents" in capsys.readouterr().out
     assert main(["delete", str(eng), "n1", "cook-01"]) == 0 and "204 documents" in capsys.readouterr().out
     assert main(["compact", str(eng)]) == 0
@@ -288,7 +298,7 @@ def test_queries_longer_than_the_reranker_max_length(built, sample_dir, tmp_path
     assert len(reranker.tokenizer(words)["input_ids"]) > reranker.max_length * times
     result = built.search(words, k=5)
     assert len(result.hits) == 5 and "rerank" in result.hits[0].stage_scores
-    pipe = Pipeline(built.bm25, reranker=reranker, texts=lambda i: built.documents([i])[0].full_text, k_retrieve=10, k=5)
+    pipe = Pipeline(built.bm25, reranker=reranker, texts=lambda i: built.passages([i])[0].full_text, k_retrieve=10, k=5)
     assert len(pipe.search(words).hits) == 5
     data = tmp_path / "long"
     shutil.copytree(sample_dir, data)

@@ -151,5 +151,6 @@ def test_typed_where_filters(engine_dir, capsys):
     assert main(["search", eng, "rain", "--where", "year=1951", "--json", "--no-rerank"]) == 0
     hits = json.loads(capsys.readouterr().out)["hits"]
     assert [h["id"] for h in hits] == ["d1"] and hits[0]["metadata"]["year"] == 1951
-    assert main(["search", eng, "rain", "--where", 'year="1951"', "--json"]) == 0  # a string is not the number
-    assert json.loads(capsys.readouterr().out)["hits"] == []
+    assert main(["search", eng, "rain", "--where", 'year="1951"', "--json"]) == 2  # a string is not the number
+    err = capsys.readouterr().err
+    assert "year" in err and "numbers" in err and len(err.strip().splitlines()) == 1

@@ -18,9 +18,10 @@ def test_killed_operations_leave_a_loadable_index(tmp_path):
 
 
 @pytest.mark.slow
-def test_killed_engine_updates_leave_every_part_in_step(tmp_path):
+@pytest.mark.parametrize("passages", [0, 6])  # whole documents; passages of 6 words (several rows a document)
+def test_killed_engine_updates_leave_every_part_in_step(tmp_path, passages):
     spec = importlib.util.spec_from_file_location("engine_crash", ROOT / "benchmarks" / "engine_crash.py")
     crash = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(crash)
-    result = crash.run(rounds=4, seed=3, workdir=tmp_path)  # raises on any other outcome
+    result = crash.run(rounds=4, seed=3, workdir=tmp_path, passages=passages)  # raises on any other outcome
     assert sum(result["outcomes"].values()) == 4

@@ -55,13 +55,15 @@ def test_search_returns_hits_with_stage_scores_and_timings(engine_dir):
         body = r.json()
         assert [h["id"] for h in body["hits"]] == direct.ids
         hit = body["hits"][0]
-        assert set(hit) >= {"id", "rank", "score", "title", "snippet", "metadata", "stage_scores"}
-        assert hit["text"] is None and len(hit["snippet"]) <= 304
+        assert set(hit) >= {"id", "rank", "score", "title", "passage", "metadata", "stage_scores"}
+        assert hit["text"] is None and set(hit["passage"]) == {"text", "start", "end", "spans"}
         assert {"first_stage", "rerank"} <= set(hit["stage_scores"])
         assert {"encode", "bm25", "dense", "rerank", "fetch", "total"} <= set(body["timings_ms"])
         assert body["version"] == SearchEngine.load(engine_dir).version
         full = client.post("/search", json={"query": "cats purring", "k": 2, "full_text": True}).json()
-        assert full["hits"][0]["text"].startswith(full["hits"][0]["snippet"].removesuffix(" ..."))
+        p = full["hits"][0]["passage"]
+        assert full["hits"][0]["text"][p["start"]:p["end"]] == p["text"]
+        assert all(0 <= a < b <= len(p["text"]) for a, b in p["spans"])
         first = client.post("/search", json={"query": "cats purring", "k": 3, "rerank": False,
                                              "first_stage": "bm25"}).json()
         assert "rerank" not in first["hits"][0]["stage_scores"]
@@ -88,8 +90,16 @@ def test_batch_equals_one_at_a_time(engine_dir):
     ({"query": "cats", "k_retrieve": 0}, 422, "k_retrieve"),
     ({"query": "cats", "colour": "red"}, 422, "colour"),
     ({"query": "cats", "first_stage": "magic"}, 422, "first_stage"),
-    ({"query": "cats", "where": {"year": {"gt": 3}}}, 422, "where"),
+    ({"query": "cats", "where": {"topic": {"gt": 3}}}, 400, "where.topic: takes a number"),
+    ({"query": "cats", "where": {"topic": {"$gt": 3}}}, 400, "'topic' holds strings"),
+    ({"query": "cats", "where": {"topic": {"$regex": "a"}}}, 400, "unknown operator '$regex'"),
     ({"query": "cats", "where": {"no_such_field": 1}}, 400, "no_such_field"),
+    ({"query": "cats", "where": [1]}, 422, "where"),
+    ({"query": "cats", "offset": -1}, 422, "offset"),
+    ({"query": "cats", "offset": 500}, 400, "offset 500 is past"),
+    ({"query": "cats", "dense_weight": 2}, 422, "dense_weight"),
+    ({"query": "cats", "fusion": "max"}, 422, "fusion"),
+    ({"query": "cats", "page_token": "garbage"}, 400, "page_token"),
     ({"k": 3}, 422, "query"),
     ([1, 2], 422, "body"),
 ])

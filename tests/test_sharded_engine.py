@@ -45,7 +45,8 @@ def bm25_exact(a, b) -> None:
 def engines(tmp_path_factory, models):
     retriever, reranker = models
     root = tmp_path_factory.mktemp("sharded")
-    single = SearchEngine.build(SAMPLE, root / "single", retriever=retriever, reranker=reranker, backend="flat")
+    single = SearchEngine.build(SAMPLE, root / "single", retriever=retriever, reranker=reranker, backend="flat",
+                                passage_words=0)  # a sharded engine holds whole documents
     two = ShardedEngine.build(SAMPLE, root / "two", shards=2, retriever=retriever, reranker=reranker, backend="flat")
     four = ShardedEngine.build(SAMPLE, root / "four", shards=4, retriever=retriever, reranker=reranker,
                                backend="flat")
@@ -100,7 +101,7 @@ def test_each_shard_is_a_normal_engine_directory(engines):
 
 def test_updates_route_by_hash_and_stay_exact(tmp_path, models):
     retriever, _ = models
-    single = SearchEngine.build(SAMPLE, tmp_path / "single", retriever=retriever, backend="flat")
+    single = SearchEngine.build(SAMPLE, tmp_path / "single", retriever=retriever, backend="flat", passage_words=0)
     sharded = ShardedEngine.build(SAMPLE, tmp_path / "sharded", shards=3, retriever=retriever, backend="flat")
     # distinct lengths: no two new documents tie exactly (tied documents added later may come in another order)
     new = [Document(f"new-{i}", "fresh bread dough rises with yeast " + "and steam " * i) for i in range(12)]

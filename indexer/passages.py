@@ -1,0 +1,156 @@
+"""Passages: a long document cut into overlapping windows of words, and put back together.
+
+A passage engine stores each document as consecutive rows of its dense index and BM25, one per passage, with the
+ids ``DOC_ID + SEP + n`` (n = 0, 1, ...). Passage ``n`` starts at word ``n * stride`` and holds ``words`` words;
+its text is the document's text from the start of its first word to the start of the word after its last (so it
+keeps the whitespace after it; the first passage also keeps any whitespace before the first word). Consecutive
+passages overlap by ``words - stride`` words, and :func:`join` rebuilds the document's text exactly from them.
+A document of at most ``words`` words is one passage, the whole text.
+
+The title is stored with every passage (and so read by both first stages in front of each passage) when
+``title_in_front``; otherwise only with the first.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from twostage.indexer.errors import ConfigError, DataError
+from twostage.indexer.records import Document, RankedList
+
+SEP = "\x1f"  # the ASCII unit separator: between a document's id and its passage number
+WORD = re.compile(r"\S+")
+
+
+@dataclass(frozen=True)
+class PassageShape:
+    """How documents are cut: ``words`` per passage (0: whole documents), a new passage every ``stride`` words."""
+
+    words: int
+    stride: int
+    title_in_front: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("words", "stride"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"passage_{name} must be an integer >= 0, got {value!r}")
+        if self.words and not 0 < self.stride <= self.words:
+            raise ConfigError(f"passage_stride must be between 1 and passage_words ({self.words}), got {self.stride}; "
+                              "a larger stride would skip words")
+
+    @property
+    def enabled(self) -> bool:
+        return self.words > 0
+
+
+def passage_id(doc_id: str, n: int) -> str:
+    return f"{doc_id}{SEP}{n}"
+
+
+def split_id(pid: str) -> tuple[str, int]:
+    """The document id and the passage number of a passage id."""
+    doc_id, _, n = pid.rpartition(SEP)
+    return doc_id, int(n)
+
+
+def doc_id_of(pid: str) -> str:
+    return pid.rpartition(SEP)[0]
+
+
+def word_starts(text: str) -> list[int]:
+    return [m.start() for m in WORD.finditer(text)]
+
+
+def split(doc: Document, shape: PassageShape) -> list[Document]:
+    """The passages of ``doc`` as Documents (ids ``doc.id + SEP + n``, the document's metadata on each)."""
+    if SEP in doc.id:
+        raise DataError(f"document id {doc.id!r} contains the character U+001F, which passage ids use; "
+                        "remove it from the id")
+    starts = word_starts(doc.text)
+    count = passage_count(len(starts), shape)
+    out = []
+    for n in range(count):
+        first = n * shape.stride
+        begin = 0 if n == 0 else starts[first]
+        after = first + shape.words
+        end = starts[after] if after < len(starts) and n < count - 1 else len(doc.text)
+        title = doc.title if shape.title_in_front or n == 0 else ""
+        out.append(Document(passage_id(doc.id, n), doc.text[begin:end], title, doc.metadata))
+    return out
+
+
+def passage_count(words: int, shape: PassageShape) -> int:
+    """How many passages a document of ``words`` words becomes (at least one)."""
+    if words <= shape.words:
+        return 1
+    return 1 + -(-(words - shape.words) // shape.stride)
+
+
+def split_all(docs: Iterable[Document], shape: PassageShape) -> list[Document]:
+    return [p for d in docs for p in split(d, shape)]
+
+
+def join(passages: Sequence[Document], shape: PassageShape) -> tuple[Document, list[int]]:
+    """The document the passages (all of one document, in order) were cut from, and where each one starts in
+    its text."""
+    first = passages[0]
+    text, starts = first.text, [0]
+    for prev, p in zip(passages, passages[1:]):
+        in_prev = word_starts(prev.text)
+        step = in_prev[shape.stride] if shape.stride < len(in_prev) else len(prev.text)
+        start = starts[-1] + step
+        starts.append(start)
+        text += p.text[len(text) - start:]
+    return Document(doc_id_of(first.id), text, first.title, first.metadata), starts
+
+
+def group_starts(ids: Sequence[str] | np.ndarray) -> np.ndarray:
+    """Positions in ``ids`` (passage ids, a document's passages consecutive) where a document's first passage is."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    arr = pa.array(ids, pa.string()) if not isinstance(ids, (pa.Array, pa.ChunkedArray)) else ids
+    return np.flatnonzero(np.asarray(pc.ends_with(arr, SEP + "0").to_numpy(zero_copy_only=False), dtype=bool))
+
+
+def best_per_document(ranked: RankedList, n: int) -> RankedList:
+    """The first ``n`` documents of a list of passages, each once by its best (first) passage; ids stay passage
+    ids."""
+    seen: set[str] = set()
+    keep: list[int] = []
+    for i, pid in enumerate(ranked.ids):
+        doc_id = doc_id_of(str(pid))
+        if doc_id not in seen:
+            seen.add(doc_id)
+            keep.append(i)
+            if len(keep) == n:
+                break
+    at = np.array(keep, dtype=np.int64)
+    return RankedList(ranked.ids[at], ranked.scores[at])
+
+
+def by_document(lists: dict[str, list[RankedList]]) -> tuple[dict[str, list[RankedList]], list[dict[str, str]]]:
+    """Each stage's lists of best passages (one per document) as lists of documents, and for each query the
+    passage chosen for each document: the one of the stage that ranked the document highest."""
+    out: dict[str, list[RankedList]] = {}
+    chosen: list[dict[str, str]] = []
+    rank_of: list[dict[str, int]] = []
+    for stage, ranked_lists in lists.items():
+        out[stage] = []
+        for q, ranked in enumerate(ranked_lists):
+            if q == len(chosen):
+                chosen.append({})
+                rank_of.append({})
+            pids = [str(p) for p in ranked.ids]
+            docs = [doc_id_of(p) for p in pids]
+            out[stage].append(RankedList(np.array(docs, dtype=object), ranked.scores))
+            for pos, (d, p) in enumerate(zip(docs, pids)):
+                if pos < rank_of[q].get(d, len(pids) + 1):
+                    rank_of[q][d] = pos
+                    chosen[q][d] = p
+    return out, chosen

@@ -1,0 +1,269 @@
+"""Long documents: passages inside the engine, the matching passage in every hit, folders of files as a corpus."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from twostage import ConfigError, DataError, Document, SearchEngine
+from twostage.app.cli import main
+from twostage.engine.highlight import hit_passage
+from twostage.indexer.files import FolderCorpus
+from twostage.indexer.passages import PassageShape, by_document, join, passage_count, split, split_id
+from twostage.indexer.records import RankedList
+from twostage.retriever.analyzer import Analyzer
+
+WORDS = ("cat", "dog", "rain", "snow", "cook", "rice", "garden", "piano", "music", "star", "water", "sleep")
+
+
+# ---- cutting and joining -----------------------------------------------------------------------------
+def random_text(rng: random.Random, words: int) -> str:
+    seps = [" ", "  ", "\n", "\n\n", "\t", " , "]
+    return rng.choice(["", " ", "\n"]) + "".join(rng.choice(WORDS) + rng.choice(seps) for _ in range(words))
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_passages_join_back_to_the_document_exactly(seed):
+    rng = random.Random(seed)
+    words = rng.randint(1, 12)
+    shape = PassageShape(words, rng.randint(1, words), rng.random() < 0.5)
+    doc = Document("d", random_text(rng, rng.randint(0, 60)), "A title", {"year": 2020})
+    passages = split(doc, shape)
+    n_words = len(doc.text.split())
+    assert len(passages) == passage_count(n_words, shape)
+    assert [split_id(p.id) for p in passages] == [("d", i) for i in range(len(passages))]
+    back, starts = join(passages, shape)
+    assert back.text == doc.text and back.id == "d" and back.title == "A title" and back.metadata == doc.metadata
+    for p, start in zip(passages, starts):
+        assert doc.text[start:start + len(p.text)] == p.text
+        assert len(p.text.split()) <= shape.words and p.metadata == doc.metadata
+        assert p.title == ("A title" if shape.title_in_front or start == 0 else "")
+    covered = [w for p in passages for w in p.text.split()]  # every word is in some passage
+    assert set(doc.text.split()) <= set(covered)
+
+
+def test_a_short_document_is_one_passage_and_bad_shapes_are_refused():
+    doc = Document("x", "three little words")
+    assert [p.text for p in split(doc, PassageShape(3, 2))] == ["three little words"]
+    assert [p.text for p in split(doc, PassageShape(2, 1))] == ["three little ", "little words"]
+    for words, stride in ((5, 0), (5, 6), (-1, 1)):
+        with pytest.raises(ConfigError, match="passage_"):
+            PassageShape(words, stride)
+    with pytest.raises(DataError, match="U\\+001F"):
+        split(Document("a\x1fb", "text"), PassageShape(3, 2))
+
+
+def test_by_document_keeps_each_stage_order_and_picks_the_better_ranked_passage():
+    import numpy as np
+
+    dense = [RankedList(np.array(["a\x1f2", "b\x1f0"], dtype=object), np.array([0.9, 0.8], dtype=np.float32))]
+    bm25 = [RankedList(np.array(["b\x1f1", "a\x1f0"], dtype=object), np.array([7.0, 3.0], dtype=np.float32))]
+    lists, chosen = by_document({"dense": dense, "bm25": bm25})
+    assert list(lists["dense"][0].ids) == ["a", "b"] and list(lists["bm25"][0].ids) == ["b", "a"]
+    assert chosen == [{"a": "a\x1f2", "b": "b\x1f1"}]  # each by the stage that ranked it first
+    _, tied = by_document({"dense": dense, "bm25": [RankedList(bm25[0].ids[::-1], bm25[0].scores)]})
+    assert tied == [{"a": "a\x1f2", "b": "b\x1f0"}]  # the same rank in both: the first stage listed wins
+
+
+def test_term_spans_and_the_window_a_whole_document_shows():
+    analyzer = Analyzer()
+    text = "The Runner was running. Runs are fun; the end."
+    spans = analyzer.term_spans(text, "run")
+    assert [text[a:b] for a, b in spans] == ["Runner", "running", "Runs"][1:] or \
+        [text[a:b] for a, b in spans] == ["running", "Runs"]
+    assert analyzer.term_spans(text, "the") == []  # a stopword marks nothing
+    long = " ".join(["filler"] * 200) + " zebra crossing here " + " ".join(["tail"] * 200)
+    p = hit_passage("zebra crossing", Document("d", long), [Document("d", long)], [0], None, analyzer)
+    assert "zebra crossing" in p.text and long[p.start:p.end] == p.text and len(p.text.split()) <= 60
+    assert [p.text[a:b] for a, b in p.spans] == ["zebra", "crossing"]
+
+
+# ---- the engine with passages -------------------------------------------------------------------------
+def long_corpus() -> list[Document]:
+    rng = random.Random(0)
+    docs = [Document(f"d{i}", " ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 90))), f"Doc {i}",
+                     {"n": i}) for i in range(40)]
+    needle = " ".join(["filler"] * 150) + " the zebra crossing is striped " + " ".join(["tail"] * 150)
+    return docs + [Document("needle", needle, "Long one", {"n": 99})]
+
+
+@pytest.fixture(scope="module")
+def chunked(tmp_path_factory, models):
+    retriever, reranker = models
+    path = tmp_path_factory.mktemp("chunked") / "eng"
+    return SearchEngine.build(long_corpus(), path, retriever=retriever, reranker=reranker, passage_words=20,
+                              passage_stride=10)
+
+
+def test_a_passage_engine_returns_documents_once_with_their_best_passage(chunked):
+    assert len(chunked) == 41 and chunked.manifest.passages > 41
+    assert chunked.reading()["documents_cut"] >= 30 and "passages" in chunked.info()["reading"]["summary"]
+    for first_stage in ("bm25", "dense", "hybrid"):
+        for rerank in (False, True):
+            r = chunked.search("zebra crossing", k=20, first_stage=first_stage, rerank=rerank)
+            assert len(set(r.ids)) == len(r.ids) and all("\x1f" not in i for i in r.ids)
+            for hit in r.hits:
+                assert hit.text[hit.passage.start:hit.passage.end] == hit.passage.text
+                assert all(0 <= a < b <= len(hit.passage.text) for a, b in hit.passage.spans)
+    bm25 = chunked.search("zebra crossing", k=3, first_stage="bm25", rerank=False)
+    top = bm25.hits[0]
+    assert top.id == "needle" and "zebra crossing" in top.passage.text  # BM25 reads page three
+    assert [top.passage.text[a:b] for a, b in top.passage.spans] == ["zebra", "crossing"]
+    assert top.text == long_corpus()[-1].text  # the whole document comes back, joined from its passages
+    assert json.loads(json.dumps(bm25.to_dict()))["hits"][0]["passage"]["text"] == top.passage.text
+
+
+def test_passage_engine_filters_pages_and_batches(chunked):
+    r = chunked.search("rain snow", k=5, where={"n": {"$lt": 10}}, rerank=False)
+    assert r.ids and all(h.metadata["n"] < 10 for h in r.hits) and len(set(r.ids)) == len(r.ids)
+    whole = chunked.search("rain snow", k=20).ids
+    pages = chunked.search("rain snow", k=10).ids + chunked.search("rain snow", k=10, offset=10).ids
+    assert pages == whole
+    batch = chunked.search_batch(["rain snow", "zebra"], k=5)
+    assert [b.ids for b in batch] == [chunked.search(q, k=5).ids for q in ("rain snow", "zebra")]
+
+
+def test_updates_act_on_whole_documents(chunked, tmp_path):
+    import shutil
+
+    shutil.copytree(chunked.root, tmp_path / "e")
+    engine = SearchEngine.load(tmp_path / "e")
+    rows = engine.manifest.passages
+    with pytest.raises(DataError, match="'needle' is already in the engine"):
+        engine.add([Document("needle", "again")])
+    shorter = engine.upsert([Document("needle", "now only a few words about zebras", "Short")])
+    assert len(shorter) == 41 and shorter.manifest.passages < rows
+    assert shorter.documents(["needle"])[0].text == "now only a few words about zebras"
+    live = [str(i) for i in shorter.index.doc_ids[~shorter.index.deleted]]
+    assert sum(i.startswith("needle\x1f") for i in live) == 1 and [str(i) for i in shorter.bm25.doc_ids] == live
+    gone = shorter.delete(["needle", "d3"])
+    assert len(gone) == 39 and "needle" not in gone and "d3" not in gone
+    assert not any(str(i).startswith(("needle\x1f", "d3\x1f")) for i in gone.bm25.doc_ids)
+    with pytest.raises(DataError, match="'nope'"):
+        gone.delete(["nope"])
+    with pytest.raises(ConfigError, match="passage_words is how the documents were cut"):
+        gone.configure(passage_words=50)
+    assert SearchEngine.load(tmp_path / "e").manifest.passages == gone.manifest.passages  # all committed
+
+
+def test_an_engine_from_before_passages_opens_as_whole_documents(tmp_path, models):
+    retriever, _ = models
+    engine = SearchEngine.build(long_corpus()[:5], tmp_path / "old", retriever=retriever, passage_words=0)
+    manifest = engine.version_dir / "manifest.json"
+    data = json.loads(manifest.read_text())
+    del data["settings"]["passage_words"], data["counts"]["passages"]
+    manifest.write_text(json.dumps(data))
+    old = SearchEngine.load(tmp_path / "old", verify=False)
+    assert old.settings.passage_words == 0 and old.search("rain", k=2).hits[0].passage is not None
+
+
+# ---- folders of files ---------------------------------------------------------------------------------
+def pdf_bytes(text: str, title: str) -> bytes:
+    """A one-page PDF with ``text`` in Helvetica and ``title`` in its metadata (written by hand: no PDF library
+    writes text)."""
+    esc = text.replace("\\", "\\\\").replace("(", "\\(").replace(")", "\\)")
+    content = f"BT /F1 12 Tf 72 720 Td ({esc}) Tj ET".encode()
+    objects = [b"<< /Type /Catalog /Pages 2 0 R >>", b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+               b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
+               b"/Resources << /Font << /F1 5 0 R >> >> >>",
+               b"<< /Length %d >>\nstream\n" % len(content) + content + b"\nendstream",
+               b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>", b"<< /Title (%s) >>" % title.encode()]
+    out, offsets = b"%PDF-1.4\n", []
+    for number, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R /Info 6 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
+    return out
+
+
+def make_folder(root: Path, n: int = 200) -> dict[str, str]:
+    """``n`` good files of four kinds in nested folders, plus three bad ones; the words each good file holds."""
+    rng = random.Random(1)
+    words = {}
+    for i in range(n):
+        kind = ("txt", "md", "html", "pdf")[i % 4]
+        body = " ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 40))) + f" token{i}"
+        path = root / f"part{i % 5}" / f"file{i:03d}.{kind}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if kind == "txt":
+            path.write_text(body)
+        elif kind == "md":
+            path.write_text(f"# Note {i}\n\n{body}\n")
+        elif kind == "html":
+            path.write_text(f"<html><head><title>Page {i}</title><style>p{{}}</style></head><body><h1>Page {i}"
+                            f"</h1><p>{body}</p><script>var secret{i} = 1;</script></body></html>")
+        else:
+            path.write_bytes(pdf_bytes(body, f"Paper {i}"))
+        words[path.relative_to(root).as_posix()] = body
+    (root / "broken.pdf").write_bytes(b"%PDF-1.4\n1 0 obj\n<< /Type /Catal")  # a corrupt PDF
+    (root / "binary.txt").write_bytes(bytes(range(256)) * 4)  # a binary file renamed .txt
+    (root / "empty.md").write_text("")
+    (root / "notes.csv").write_text("ignored,file\n")
+    (root / ".hidden.txt").write_text("never read")
+    return words
+
+
+def test_folder_corpus_reads_each_kind_and_names_each_bad_file(tmp_path, caplog):
+    words = make_folder(tmp_path, 8)
+    corpus = FolderCorpus(tmp_path)
+    docs = {d.id: d for d in corpus}
+    assert set(docs) == set(words)
+    assert docs["part1/file001.md"].title == "Note 1" and docs["part2/file002.html"].title == "Page 2"
+    assert docs["part3/file003.pdf"].title == "Paper 3" and docs["part0/file000.txt"].title == ""
+    assert "secret2" not in docs["part2/file002.html"].text and words["part2/file002.html"] in docs[
+        "part2/file002.html"].text
+    assert " ".join(docs["part3/file003.pdf"].text.split()) == words["part3/file003.pdf"]
+    meta = docs["part0/file000.txt"].metadata
+    assert meta["path"] == "part0/file000.txt" and meta["type"] == "text" and meta["modified"].endswith("Z")
+    assert [p for p, _ in corpus.skipped] == ["binary.txt", "broken.pdf", "empty.md"] and corpus.ignored == 1
+    why = dict(corpus.skipped)
+    assert "binary" in why["binary.txt"] and "PDF" in why["broken.pdf"] and "empty" in why["empty.md"]
+    named = [r.getMessage() for r in caplog.records if r.name == "twostage.indexer.files"]
+    assert len(named) == 3 and all("\n" not in m for m in named)
+    with pytest.raises(DataError, match="binary.txt: a binary file"):
+        list(FolderCorpus(tmp_path, strict=True))
+
+
+@pytest.mark.slow
+def test_cli_builds_searches_updates_and_deletes_a_folder_of_200_files(tmp_path, models, capsys, caplog):
+    retriever, reranker = models
+    folder = tmp_path / "docs"
+    words = make_folder(folder, 200)
+    eng = str(tmp_path / "eng")
+    assert main(["-q", "build", "--corpus", str(folder), "--out", eng, "--retriever", str(retriever),
+                 "--reranker", str(reranker), "--passage-words", "12", "--passage-stride", "6"]) == 0
+    out = capsys.readouterr()
+    assert "built" in out.out and "200 documents" in out.out and "long documents:" in out.out
+    assert "files: 200 files read, 3 skipped" in out.out
+    skipped = [r.getMessage() for r in caplog.records if r.getMessage().startswith("skipped")]  # one line each
+    assert len(skipped) == 3 and {"binary.txt", "broken.pdf", "empty.md"} == {
+        next(n for n in ("binary.txt", "broken.pdf", "empty.md") if n in line) for line in skipped}
+    for name in ("part3/file003.pdf", "part2/file042.html", "part1/file101.md", "part0/file140.txt"):
+        token = words[name].split()[-1]
+        assert main(["search", eng, token, "--k", "3", "--json", "--first-stage", "bm25"]) == 0
+        hit = json.loads(capsys.readouterr().out)["hits"][0]
+        assert hit["id"] == name and token in hit["passage"]["text"]
+        assert any(hit["passage"]["text"][a:b] == token for a, b in hit["passage"]["spans"])
+    (folder / "part0" / "file000.txt").write_text("an updated text about zeppelins")
+    os.remove(folder / "binary.txt")
+    assert main(["-q", "upsert", eng, str(folder)]) == 0
+    assert "200 documents" in capsys.readouterr().out
+    assert main(["search", eng, "zeppelins", "--k", "1", "--json", "--first-stage", "bm25"]) == 0
+    assert json.loads(capsys.readouterr().out)["hits"][0]["id"] == "part0/file000.txt"
+    assert main(["-q", "delete", eng, "part0/file000.txt", "part3/file003.pdf"]) == 0
+    assert "198 documents" in capsys.readouterr().out
+    assert main(["search", eng, "zeppelins", "--k", "3", "--json", "--first-stage", "bm25"]) == 0
+    assert "part0/file000.txt" not in [h["id"] for h in json.loads(capsys.readouterr().out)["hits"]]
+    before = sorted(p.name for p in Path(eng).iterdir())
+    assert main(["-q", "build", "--corpus", str(folder), "--out", str(tmp_path / "strict"), "--retriever",
+                 str(retriever), "--strict"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "broken.pdf" in err[0] and "--strict" in err[0]
+    assert not (tmp_path / "strict" / "CURRENT").exists() and sorted(p.name for p in Path(eng).iterdir()) == before
