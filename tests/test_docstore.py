@@ -102,9 +102,11 @@ def test_files_with_one_row_group_and_broken_files(store):
 
 
 def _bm25_equals_fresh(engine) -> None:
-    """The engine's BM25 scores equal, bit for bit, a BM25 built in memory over its live documents."""
+    """The engine's BM25 scores equal, bit for bit, a BM25 built in memory over its live rows (documents, or a
+    passage engine's passages)."""
     ids = [str(i) for i in engine.bm25.doc_ids]
-    fresh = BM25Retriever.build(engine.documents(ids), engine.bm25.config)
+    rows = engine.passages(ids) if engine.shape.enabled else engine.documents(ids)
+    fresh = BM25Retriever.build(rows, engine.bm25.config)
     assert [str(i) for i in fresh.doc_ids] == ids
     for q in ("text of a", "word1 number", "blizzard avalanche", "new document word3"):
         assert np.array_equal(engine.bm25.scores(q), fresh.scores(q))
@@ -152,7 +154,8 @@ def test_updates_stream_the_stored_documents(tmp_path, monkeypatch, models):
         _bm25_equals_fresh(e)
     assert len(e4) == 39 and "a7" not in e4 and e4.documents(["a3"])[0].text == "volcano lava word3"
     assert all(h.id != "snow" for h in e4.search("blizzard avalanche", k=5, first_stage="bm25").hits)
-    one = SearchEngine.build(_docs("a", 40), tmp_path / "one", retriever=retriever, precision="fp32")
+    one = SearchEngine.build(_docs("a", 40), tmp_path / "one", retriever=retriever, precision="fp32",
+                             passage_words=0)  # as the sharded engine
     one = one.add([Document("snow", "blizzard avalanche new document", "Snow")]).delete(["a7"])
     for q in ("blizzard avalanche", "text of a number 17", "word2"):
         assert s2.search(q, k=10, first_stage="bm25").ids == one.search(q, k=10, first_stage="bm25").ids
@@ -169,7 +172,9 @@ def test_an_engine_whose_bm25_has_no_postings_updates_from_the_store(tmp_path, m
 
     monkeypatch.setattr(docstore, "ROW_GROUP", 8)
     retriever, _ = models
-    engine = SearchEngine.build(_docs("a", 40), tmp_path / "e", retriever=retriever, precision="fp32")
+    # an engine of that age holds whole documents
+    engine = SearchEngine.build(_docs("a", 40), tmp_path / "e", retriever=retriever, precision="fp32",
+                                passage_words=0)
     as_format_2(engine.version_dir / "bm25")
     engine_manifest = engine.version_dir / "manifest.json"  # it checksums the part manifests
     data = json.loads(engine_manifest.read_text())
@@ -201,7 +206,8 @@ def test_a_sharded_update_without_postings_streams_the_stores(tmp_path, monkeypa
     s2 = sharded.add([Document("snow", "blizzard avalanche new document", "Snow")]).delete(["a7"])
     assert read  # the fallback read the stores
     monkeypatch.setattr(BM25Retriever, "load", original)
-    one = SearchEngine.build(_docs("a", 30), tmp_path / "one", retriever=retriever, precision="fp32")
+    one = SearchEngine.build(_docs("a", 30), tmp_path / "one", retriever=retriever, precision="fp32",
+                             passage_words=0)  # as the sharded engine
     one = one.add([Document("snow", "blizzard avalanche new document", "Snow")]).delete(["a7"])
     for q in ("blizzard avalanche", "text of a number 17", "word2"):
         got, want = s2.search(q, k=10, first_stage="bm25"), one.search(q, k=10, first_stage="bm25")
