@@ -56,6 +56,11 @@ def parse_where(items: list[str] | None) -> dict[str, Any] | None:
     return parts[0] if len(parts) == 1 else {"$and": parts}
 
 
+def add_device_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="auto", help="where the models run: cpu, cuda, cuda:N or auto (default: "
+                        "a CUDA GPU when torch sees one, else the CPU)")
+
+
 def add_field_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--id-field", default=None, help="the corpus column holding the id (default: _id, id, doc_id)")
     parser.add_argument("--text-field", default=None, help="the column holding the text (default: text, contents, body)")
@@ -80,7 +85,7 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
     return EngineSettings(first_stage=args.first_stage, k_retrieve=args.k_retrieve, precision=args.precision,
                           backend=args.backend, batch_size=args.batch_size, depth=defaults.depth,
                           passage_words=args.passage_words, passage_stride=args.passage_stride,
-                          passage_title=not args.no_passage_title,
+                          passage_title=not args.no_passage_title, passage_whole_up_to=args.passage_whole_up_to,
                           interpolation=defaults.interpolation,
                           fusion=args.fusion if args.fusion is not None else defaults.fusion,
                           dense_weight=args.dense_weight if args.dense_weight is not None else defaults.dense_weight)
@@ -105,6 +110,14 @@ def _build(args: argparse.Namespace) -> int:
             settings = replace(settings, fusion=adapted.settings.fusion, dense_weight=adapted.settings.dense_weight)
     common = {"retriever": retriever, "reranker": reranker, "settings": settings,
               "chunk_size": args.chunk_size, "show_progress": not args.quiet}
+    if args.shards and args.device not in ("auto", "cpu"):
+        raise ConfigError(f"--device {args.device}: a sharded engine encodes on the CPU; leave out --device")
+    if not args.shards:
+        common["device"] = args.device
+    if args.trust_remote_code:
+        if args.shards:
+            raise ConfigError("--trust-remote-code: a sharded engine loads only models without code of their own")
+        common["trust_remote_code"] = True
     if args.shards is not None and args.shards < 1:
         raise ConfigError(f"--shards must be a positive integer, got {args.shards}")
     corpus = corpus_of(args)
@@ -194,7 +207,7 @@ def _search(args: argparse.Namespace) -> int:
         raise ConfigError(f"--offset must be an integer >= 0, got {args.offset}")
     if args.page_token is not None and (args.queries is not None or args.offset):
         raise ConfigError("--page-token continues one query: give the query, not --queries or --offset")
-    engine = open_engine(args.engine, verify=not args.fast, ray=args.ray)
+    engine = open_engine(args.engine, verify=not args.fast, ray=args.ray, device=args.device)
     kw = {"where": where, "k_retrieve": args.k_retrieve, "first_stage": args.first_stage,
           "rerank": False if args.no_rerank else None, "fusion": args.fusion, "dense_weight": args.dense_weight,
           "k_rrf": args.k_rrf, "depth": args.depth}
@@ -292,7 +305,7 @@ def _serve(args: argparse.Namespace) -> int:
     from twostage.app.server import create_app
 
     app = create_app(args.engine, api_key=api_key, read_only=args.read_only, batching=not args.no_batching,
-                     max_wait_ms=args.max_wait_ms, verify=not args.fast)
+                     max_wait_ms=args.max_wait_ms, verify=not args.fast, device=args.device)
     engine = app.state.holder.engine
     mode = "read-only" if args.read_only else ("writes need the API key" if api_key else "writes open to anyone")
     print(f"serving {args.engine} ({len(engine)} documents, version {engine.version}) at "
@@ -337,6 +350,13 @@ def add_commands(sub: Any) -> None:
     b.add_argument("--passage-stride", type=int, default=d.passage_stride,
                    help=f"a new passage every this many words (default {d.passage_stride}: passages overlap by half)")
     b.add_argument("--no-passage-title", action="store_true", help="the title in front of the first passage only")
+    add_device_flag(b)
+    b.add_argument("--trust-remote-code", action="store_true",
+                   help="let the models run Python code shipped with them (only for models you trust; recorded in "
+                        "the engine's manifest; default off)")
+    b.add_argument("--passage-whole-up-to", type=int, default=d.passage_whole_up_to, metavar="WORDS",
+                   help=f"a document of at most this many words stays one passage (default {d.passage_whole_up_to}; "
+                        "0: at most --passage-words)")
     b.add_argument("--strict", action="store_true",
                    help="a folder corpus: stop at the first file that cannot be read (default: skip it, say so)")
     b.add_argument("--shards", type=int, default=None,
@@ -345,6 +365,7 @@ def add_commands(sub: Any) -> None:
     b.set_defaults(func=_build)
 
     s = sub.add_parser("search", help="search an engine: the whole two-stage pipeline")
+    add_device_flag(s)
     s.add_argument("engine", type=Path, help="the engine directory")
     s.add_argument("query", nargs="?", default=None, help="the query (or --queries FILE)")
     s.add_argument("--queries", default=None, help="a file with one query per line, or - for stdin")
@@ -388,6 +409,7 @@ def add_commands(sub: Any) -> None:
     i.set_defaults(func=_info)
 
     sv = sub.add_parser("serve", help="serve an engine over HTTP (search page, JSON API; needs the serve extra)")
+    add_device_flag(sv)
     sv.add_argument("engine", type=Path, help="the engine directory")
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
     sv.add_argument("--port", type=int, default=8000)

@@ -50,7 +50,9 @@ RETRIEVER = COMMON + _flags(
     ("--mini-batch-size", "retriever.train.mini_batch_size", "GradCache mini-batch (0: off)"),
     ("--dev-fraction", "dev_fraction", "train queries held out to pick the best epoch"),
     ("--max-length", "retriever.max_length", "token limit (none: the model's)", int),
-    ("--bf16", "retriever.train.bf16", "bf16 autocast (fp32 weights)"))
+    ("--bf16", "retriever.train.bf16", "bf16 autocast (fp32 weights)"),
+    ("--device", "retriever.train.device", "where it trains: cpu, cuda, cuda:N or auto (a CUDA GPU when there is one)",
+     str))
 RERANKER = COMMON + _flags(
     ("--epochs", "reranker.epochs"), ("--groups-per-batch", "reranker.groups_per_batch"),
     ("--negatives", ("reranker.negatives", "reranker.mining.num_negatives"),
@@ -66,7 +68,8 @@ RERANKER = COMMON + _flags(
     ("--mine-max-ratio", "reranker.mining.max_ratio",
      "false-negative guard: drop candidates scoring above this fraction of the positive's score"),
     ("--title-groups", "reranker.title_groups", "(title, text) weak-supervision groups"),
-    ("--bf16", "reranker.bf16", "bf16 autocast (fp32 weights)"))
+    ("--bf16", "reranker.bf16", "bf16 autocast (fp32 weights)"),
+    ("--device", "reranker.device", "where it trains: cpu, cuda, cuda:N or auto (a CUDA GPU when there is one)", str))
 
 
 def setting_at(record: Any, path: str) -> Any:
@@ -110,6 +113,10 @@ def settings_from_flags(args: argparse.Namespace, flags: tuple[Flag, ...]) -> Tr
             value = tuple(part.strip() for v in value for part in str(v).split(",") if part.strip())
         for path in f.paths:
             settings = _set(settings, path, value)
+    from twostage.retriever.device import resolve_device
+
+    resolve_device(settings.retriever.train.device)  # cuda on a machine without it: one line, before any work
+    resolve_device(settings.reranker.device)
     return settings.aligned()
 
 

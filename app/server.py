@@ -66,7 +66,7 @@ class SearchOptions(_Strict):
     dense_weight: float | None = Field(None, ge=0, le=1, description="blend fusion: dense's weight")
     k_rrf: float | None = Field(None, ge=0, le=10_000, description="rrf fusion: the k of 1 / (k + rank)")
     depth: int | None = Field(None, ge=1, le=MAX_K, description="candidates each first stage gives the fusion")
-    full_text: bool = Field(False, description="return each hit's whole text, not only a snippet")
+    full_text: bool = Field(False, description="return each hit's whole text, not only its best passage")
 
     def knobs(self) -> dict[str, Any]:
         return {"k_retrieve": self.k_retrieve, "first_stage": self.first_stage, "rerank": self.rerank,
@@ -342,8 +342,9 @@ def _search_out(result: SearchResult, version: str, full_text: bool) -> SearchOu
 
 def create_app(source: str | Path | Any, *, api_key: str | None = None, read_only: bool = False,
                batching: bool = True, max_wait_ms: float = 5.0, max_body_bytes: int = MAX_BODY_BYTES,
-               verify: bool = True) -> FastAPI:
-    """The HTTP app over an engine directory (or an open :class:`~twostage.engine.search_engine.SearchEngine`).
+               verify: bool = True, device: str = "auto") -> FastAPI:
+    """The HTTP app over an engine directory (or an open :class:`~twostage.engine.search_engine.SearchEngine`;
+    ``device``: where a directory's models run).
 
     ``api_key``: writes need ``Authorization: Bearer KEY`` (or ``X-API-Key: KEY``); ``read_only`` refuses writes.
     ``batching``: concurrent searches share model calls, a batch waiting at most ``max_wait_ms`` for requests
@@ -355,7 +356,7 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
         raise ConfigError("the API key is empty; set it to a secret string or serve without one")
     if max_wait_ms < 0 or max_body_bytes <= 0:
         raise ConfigError("max_wait_ms must be >= 0 and max_body_bytes positive")
-    opened = source if isinstance(source, SearchEngine) else SearchEngine.load(source, verify=verify)
+    opened = source if isinstance(source, SearchEngine) else SearchEngine.load(source, verify=verify, device=device)
     holder = EngineHolder(opened)
     stats = ServerStats()
     in_flight = [0]

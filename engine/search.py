@@ -35,6 +35,7 @@ from twostage.indexer.topk import check_k
 from twostage.indexer.versions import VERSION
 from twostage.reranker.interpolation import blend_for, reorders
 from twostage.reranker.pipeline import rerank_lists
+from twostage.retriever.device import precision_on
 from twostage.retriever.hybrid import dense_weights, fuse
 from twostage.retriever.precision import resolve_precision, resolve_precisions
 
@@ -60,6 +61,7 @@ class Models:
     encoder: Any = None
     reranker: Any = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    device: str = "cpu"  # where they run (resolved: cpu or cuda[:N]; twostage.retriever.device)
 
 
 class TwoStageSearch:
@@ -80,10 +82,15 @@ class TwoStageSearch:
         return self.version_dir.name
 
     @property
+    def device(self) -> str:
+        """Where the models run (``cpu`` or ``cuda[:N]``), chosen when the engine was opened."""
+        return self._models.device
+
+    @property
     def precision(self) -> str:
         """The precision the models run in (the settings' ``auto`` resolved), e.g. ``openvino-int8``, or
         ``retriever openvino-fp32, reranker openvino-int8`` when the two differ."""
-        by_role = resolve_precisions(self.settings.precision)
+        by_role = resolve_precisions(precision_on(self._models.device, self.settings.precision))
         if len(set(by_role.values())) == 1:
             return by_role["retriever"]
         return ", ".join(f"{role} {precision}" for role, precision in by_role.items())
@@ -94,8 +101,10 @@ class TwoStageSearch:
         if getattr(self._models, slot) is None:
             with self._models.lock:
                 if getattr(self._models, slot) is None:
-                    precision = resolve_precision(self.settings.precision, role)
-                    setattr(self._models, slot, loader(verified_model_dir(ref, role), precision=precision))
+                    device = self._models.device
+                    precision = resolve_precision(precision_on(device, self.settings.precision), role)
+                    setattr(self._models, slot, loader(verified_model_dir(ref, role), precision=precision,
+                                                       device=device, trust_remote_code=ref.trust_remote_code))
         return getattr(self._models, slot)
 
     def _load_encoder(self) -> Any:

@@ -58,6 +58,7 @@ from twostage.indexer.vectors import BackendConfig
 from twostage.indexer.versions import VERSION, Lease, commit, current_version, open_current, writer_lock
 from twostage.retriever.bm25 import BM25Retriever
 from twostage.retriever.bm25_stats import CorpusStats
+from twostage.retriever.device import precision_on, resolve_device
 from twostage.retriever.precision import resolve_precisions
 
 logger = logging.getLogger(__name__)
@@ -65,12 +66,13 @@ WHAT = "a search engine directory (build one with `twostage build`)"
 _SLICE = 1 << 20  # ids compared at a time when an engine opens
 
 
-def model_ref(name: str | Path) -> ModelRef:
-    """Resolve a model name or directory and record it with the sha256 of its weights."""
-    from twostage.retriever.weights import resolve_model, sha256_of_weights
+def model_ref(name: str | Path, trust_remote_code: bool = False) -> ModelRef:
+    """Resolve a model name or directory and record it with the sha256 of its weights (and its hub revision)."""
+    from twostage.retriever.weights import hub_revision, resolve_model, sha256_of_weights
 
     path = resolve_model(name)
-    return ModelRef(str(name), str(Path(path).resolve()), sha256_of_weights(path))
+    return ModelRef(str(name), str(Path(path).resolve()), sha256_of_weights(path), hub_revision(path),
+                    trust_remote_code)
 
 
 class SearchEngine(TwoStageSearch):
@@ -101,15 +103,18 @@ class SearchEngine(TwoStageSearch):
 
     # ---- opening -------------------------------------------------------------------------------
     @classmethod
-    def load(cls, path: str | Path, *, verify: bool = True) -> SearchEngine:
+    def load(cls, path: str | Path, *, verify: bool = True, device: str = "auto") -> SearchEngine:
         """Open an engine directory: manifests first, then every file's size and sha256 (``verify``).
 
-        The models load on first search; their weights are checked against the recorded sha256 then.
+        The models load on first search, on ``device`` (cpu, cuda, cuda:N or auto: a CUDA GPU when there is one);
+        their weights are checked against the recorded sha256 then.
         """
         root = Path(path)
         if not root.is_dir():
             raise IndexFormatError(f"{root}: no such engine directory (build one with `twostage build`)")
-        return open_current(root, lambda version_dir, lease: cls._open(root, version_dir, lease, verify), WHAT)
+        models = Models(device=resolve_device(device))
+        return open_current(root, lambda version_dir, lease: cls._open(root, version_dir, lease, verify, models),
+                            WHAT)
 
     @classmethod
     def _open(cls, root: Path, version_dir: Path, lease: Lease | None, verify: bool,
@@ -200,8 +205,10 @@ class SearchEngine(TwoStageSearch):
             return {"passages": m.passages, "passage_words": s.passage_words, "passage_stride": s.passage_stride,
                     "passage_title": s.passage_title, "documents_cut": cut,
                     "most_passages": int(sizes.max()) if len(sizes) else 0,
-                    "summary": f"{cut} of {m.documents} documents are longer than {s.passage_words} words and are "
-                               f"searched as overlapping passages ({m.passages} in all; the retriever reads every word)"}
+                    "passage_whole_up_to": s.passage_whole_up_to,
+                    "summary": f"{cut} of {m.documents} documents are longer than "
+                               f"{max(s.passage_words, s.passage_whole_up_to)} words and are searched as overlapping "
+                               f"passages ({m.passages} in all; the retriever reads every word)"}
         return {"passages": 0, "documents_truncated": m.truncated,
                 "summary": f"{m.truncated} of {m.documents} documents were longer than the retriever reads "
                            f"({reads} tokens) when added: only their beginning is searched by the dense stage; "
@@ -328,21 +335,27 @@ class SearchEngine(TwoStageSearch):
     @classmethod
     def build(cls, corpus: CorpusSource, path: str | Path, *, retriever: str | Path = "all-MiniLM-L6-v2",
               reranker: str | Path | None = None, settings: EngineSettings | None = None, chunk_size: int = 4096,
-              resume: bool = True, show_progress: bool = False, **overrides: Any) -> SearchEngine:
+              resume: bool = True, show_progress: bool = False, device: str = "auto",
+              trust_remote_code: bool = False, **overrides: Any) -> SearchEngine:
         """Read ``corpus`` (BEIR dir, jsonl, parquet, CSV, DataFrame or Documents), encode it, index it for BM25
         and dense search, and save the engine at ``path`` (a new version when an engine is already there).
 
         ``overrides`` set fields of :class:`EngineSettings` (``first_stage="dense"``, ``backend="flat"``, ...).
-        An interrupted build resumes from the chunks already encoded when run again.
+        An interrupted build resumes from the chunks already encoded when run again. ``device``: where the models
+        encode (cpu, cuda, cuda:N or auto); the engine opens on any device afterwards. ``trust_remote_code`` lets
+        both models run Python code shipped with them (off by default; recorded in the manifest, so the engine
+        loads them the same way later).
         """
         settings = with_overrides(settings or EngineSettings(), overrides)
+        device = resolve_device(device)
         if chunk_size <= 0:
             raise ConfigError(f"chunk_size must be positive, got {chunk_size}")
         out = Path(path)
         check_out_dir(out, WHAT)
         if (out / "CURRENT").is_file() and format_of(current_version(out, WHAT)) != "twostage.engine":
             raise ConfigError(f"{out}: holds something other than a search engine; choose another --out")
-        prepared = encode_corpus(corpus, out, settings, retriever, reranker, chunk_size, resume, show_progress)
+        prepared = encode_corpus(corpus, out, settings, retriever, reranker, chunk_size, resume, show_progress,
+                                 device, trust_remote_code)
         write_streamed(out, prepared, settings)
         prepared.discard()
         return open_current(out, lambda v, lease: cls._open(out, v, lease, False, prepared.models), WHAT)
@@ -402,13 +415,13 @@ class SearchEngine(TwoStageSearch):
         for fixed in ("backend", "metric"):
             if getattr(new, fixed) != getattr(self.index.manifest, fixed):
                 raise ConfigError(f"{fixed} is the shape of the dense index; rebuild the engine to change it")
-        for fixed in ("passage_words", "passage_stride", "passage_title"):
+        for fixed in ("passage_words", "passage_stride", "passage_title", "passage_whole_up_to"):
             if getattr(new, fixed) != getattr(self.settings, fixed):
                 raise ConfigError(f"{fixed} is how the documents were cut into passages; rebuild the engine to "
                                   "change it")
         engine = self.commit_change(lambda base: (base.index.change_unchanged(), None), settings=new)
         if resolve_precisions(new.precision) != resolve_precisions(self.settings.precision):
-            engine._models = Models()  # the models load again in the new precision
+            engine._models = Models(device=self._models.device)  # the models load again in the new precision
         return engine
 
     def _encode(self, docs: list[Document], show_progress: bool) -> tuple[np.ndarray, int]:
@@ -534,21 +547,25 @@ class _Encoded:
 
 
 def encode_corpus(corpus: CorpusSource, out: Path, settings: EngineSettings, retriever: str | Path,
-                   reranker: str | Path | None, chunk_size: int, resume: bool, show_progress: bool) -> _Encoded:
-    """Load (and check) the models, then encode the corpus in resumable chunks next to ``out``."""
+                   reranker: str | Path | None, chunk_size: int, resume: bool, show_progress: bool,
+                   device: str = "cpu", trust_remote_code: bool = False) -> _Encoded:
+    """Load (and check) the models on ``device`` (resolved), then encode the corpus in resumable chunks next to
+    ``out``."""
     from twostage.retriever.biencoder import BiEncoder
 
     BackendConfig(settings.backend, settings.metric)  # a bad backend or metric fails before any encoding
-    precision = resolve_precisions(settings.precision)
-    retriever_ref = model_ref(retriever)
-    reranker_ref = model_ref(reranker) if reranker is not None else None
+    precision = resolve_precisions(precision_on(device, settings.precision))
+    retriever_ref = model_ref(retriever, trust_remote_code)
+    reranker_ref = model_ref(reranker, trust_remote_code) if reranker is not None else None
     calibration = calibration_texts(corpus, "openvino-int8" in precision.values())
     models = Models(encoder=BiEncoder.load(retriever_ref.path, precision=precision["retriever"],
-                                            calibration=calibration))
+                                            calibration=calibration, device=device,
+                                            trust_remote_code=trust_remote_code), device=device)
     if reranker_ref is not None:
         from twostage.reranker.cross_encoder import CrossEncoder, calibration_pairs
 
-        models.reranker = CrossEncoder.load(reranker_ref.path, precision=precision["reranker"],
+        models.reranker = CrossEncoder.load(reranker_ref.path, precision=precision["reranker"], device=device,
+                                            trust_remote_code=trust_remote_code,
                                             calibration=calibration_pairs(calibration) if calibration else None)
         if not models.reranker.head_trained:
             raise ConfigError(f"reranker {str(reranker)!r}: its classification head was never trained; train one "

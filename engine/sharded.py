@@ -50,8 +50,7 @@ from twostage.indexer.build import check_unique_ids, chunk_documents, slice_chun
 from twostage.indexer.corpus import CorpusSource, iter_documents
 from twostage.indexer.engine_dir import EngineSettings
 from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
-from twostage.indexer.filters import Where
-from twostage.indexer.filters import merge_kinds
+from twostage.indexer.filters import Where, merge_kinds
 from twostage.indexer.index import IndexChange
 from twostage.indexer.manifest import check_file_name, manifest_text, read_manifest_json
 from twostage.indexer.records import Document, RankedList
@@ -449,15 +448,21 @@ def read_sharded_manifest(version_dir: Path) -> list[tuple[str, str]]:
     return out
 
 
-def open_engine(path: str | Path, *, verify: bool = True, ray: bool = False) -> SearchEngine | ShardedEngine:
+def open_engine(path: str | Path, *, verify: bool = True, ray: bool = False,
+                device: str = "auto") -> SearchEngine | ShardedEngine:
     """The engine at ``path``: a :class:`ShardedEngine` when its live version is a sharded manifest, else a
-    :class:`SearchEngine` (``ray`` applies to sharded engines only)."""
+    :class:`SearchEngine` (``ray`` applies to sharded engines only; ``device`` to single engines: a sharded one
+    runs its models on the CPU)."""
+    from twostage.retriever.device import resolve_device
+
     root = Path(path)
     if (root / "CURRENT").is_file() and format_of(current_version(root, WHAT)) == FORMAT:
+        if resolve_device(device) != "cpu" and device != "auto":
+            raise ConfigError(f"{root}: a sharded engine runs its models on the CPU; leave out --device {device}")
         return ShardedEngine.load(root, verify=verify, ray=ray)
     if ray:
         raise ConfigError(f"{root}: --ray serves the shards of a sharded engine; this is a single engine")
-    return SearchEngine.load(root, verify=verify)
+    return SearchEngine.load(root, verify=verify, device=device)
 
 
 __all__ = ["ShardedEngine", "open_engine", "read_sharded_manifest", "shard_of"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from twostage.eval.metrics import DEFAULT_METRICS, evaluate, recall_curve
+from twostage.eval.metrics import DEFAULT_METRICS, check_rel_level, evaluate, recall_curve
 from twostage.eval.run import Run
 from twostage.eval.systems import SYSTEMS, SearchSystem, SystemOptions, resolve_systems
 from twostage.indexer.beir import BeirDataset, QrelsCheck, Split
@@ -47,6 +47,7 @@ class BenchResult:
     split: Split
     k: int
     systems: tuple[SystemResult, ...]
+    rel_level: int = 1
 
     @property
     def check(self) -> QrelsCheck:
@@ -63,26 +64,19 @@ class BenchResult:
         return pd.concat(frames, ignore_index=True)[cols]
 
     def recall_curves(self, ks: Sequence[int] = range(1, 101)) -> dict[str, np.ndarray]:
-        return {s.name: recall_curve(self.split.qrels, s.run, ks) for s in self.systems}
+        return {s.name: recall_curve(self.split.qrels, s.run, ks, rel_level=self.rel_level) for s in self.systems}
 
-    def significance(self, baseline: str = "bm25", metrics: Sequence[str] | None = None) -> pd.DataFrame:
-        """Paired two-sided t-test of every system against ``baseline`` over the same queries, per metric."""
-        from scipy.stats import ttest_rel
+    def significance(self, baseline: str = "bm25", metrics: Sequence[str] | None = None, *, test: str = "t",
+                     correction: str = "none") -> pd.DataFrame:
+        """Every system against ``baseline`` over the same queries, per metric
+        (:func:`twostage.eval.significance.compare`: ``test`` t or fisher, ``correction`` none, holm or bonferroni;
+        the mean difference with its 95% interval). Empty when ``baseline`` was not run."""
+        from twostage.eval.significance import COLUMNS, compare
 
-        by_name = {s.name: s for s in self.systems}
+        by_name = {s.name: s.per_query for s in self.systems}
         if baseline not in by_name:
-            return pd.DataFrame(columns=["system", "metric", "baseline", "system_mean", "delta", "p_value"])
-        base = by_name[baseline].per_query
-        rows = []
-        for s in self.systems:
-            if s.name == baseline:
-                continue
-            for m in metrics or list(base.columns):
-                a, b = s.per_query[m].to_numpy(), base[m].to_numpy()
-                p = float(ttest_rel(a, b).pvalue) if not np.allclose(a, b) else 1.0
-                rows.append({"system": s.name, "metric": m, "baseline": float(b.mean()),
-                             "system_mean": float(a.mean()), "delta": float(a.mean() - b.mean()), "p_value": p})
-        return pd.DataFrame(rows)
+            return pd.DataFrame(columns=COLUMNS)
+        return compare(by_name, baseline, list(metrics or by_name[baseline].columns), test=test, correction=correction)
 
 
 def measure_system(
@@ -94,6 +88,7 @@ def measure_system(
     metrics: Sequence[str] = DEFAULT_METRICS,
     build_seconds: float = 0.0,
     ignore_identical_ids: bool = False,
+    rel_level: int = 1,
     show_progress: bool = False,
 ) -> SystemResult:
     """Run every query of ``split`` through ``system`` one at a time (timing each) and score the run."""
@@ -106,7 +101,7 @@ def measure_system(
         lists[query.id] = system.search(query.text, k)
         latency[i] = (time.perf_counter() - t0) * 1000.0
     run = Run(name, lists)
-    per_query = evaluate(split.qrels, run, metrics, ignore_identical_ids=ignore_identical_ids)
+    per_query = evaluate(split.qrels, run, metrics, ignore_identical_ids=ignore_identical_ids, rel_level=rel_level)
     return SystemResult(name, run, per_query, latency, build_seconds)
 
 
@@ -119,13 +114,16 @@ def run_bench(
     metrics: Sequence[str] = DEFAULT_METRICS,
     ignore_identical_ids: bool = False,
     options: SystemOptions | None = None,
+    rel_level: int = 1,
     show_progress: bool = False,
 ) -> BenchResult:
     """Build (or take) each system, run the split's queries, and measure.
 
     ``systems`` is a comma list or sequence of registered names (see :data:`twostage.eval.systems.SYSTEMS`), or a
-    mapping of name -> ready :class:`SearchSystem` for systems built elsewhere.
+    mapping of name -> ready :class:`SearchSystem` for systems built elsewhere. ``rel_level``: the lowest relevant
+    grade (:func:`twostage.eval.metrics.evaluate`).
     """
+    check_rel_level(rel_level)
     k = check_k(k)
     if k < 100 and any(m.endswith("@100") for m in metrics):
         raise ConfigError(f"k={k} is below the depth of a @100 metric; use k >= 100")
@@ -147,6 +145,7 @@ def run_bench(
             system = SYSTEMS[name](corpus, options)
         build = time.perf_counter() - t0
         results.append(measure_system(name, system, the_split, k=k, metrics=metrics, build_seconds=build,
-                                      ignore_identical_ids=ignore_identical_ids, show_progress=show_progress))
+                                      ignore_identical_ids=ignore_identical_ids, rel_level=rel_level,
+                                      show_progress=show_progress))
         logger.info("%s: %s", name, {m: round(v, 4) for m, v in results[-1].summary().items()})
-    return BenchResult(dataset.name, the_split, k, tuple(results))
+    return BenchResult(dataset.name, the_split, k, tuple(results), rel_level)

@@ -39,15 +39,22 @@ def evaluate(
     metrics: Sequence[str] = DEFAULT_METRICS,
     *,
     ignore_identical_ids: bool = False,
+    rel_level: int = 1,
 ) -> pd.DataFrame:
     """Per-query metrics: one row per query of ``qrels`` that has a relevant document, one column per metric.
 
     ``ignore_identical_ids`` drops a retrieved document whose id equals the query id (ArguAna, Quora).
+    ``rel_level``: the lowest grade that counts as relevant (trec_eval's ``-l``; graded qrels such as TREC DL use
+    2): below it a document is not relevant to recall, precision, MAP and MRR, while nDCG keeps every positive grade
+    as its gain, as trec_eval does; a query with no judgment at or above it is left out.
     """
     import ranx
 
-    names = [ranx_name(m) for m in metrics]
-    query_ids = [q for q in qrels.query_ids if qrels.relevant(q)]
+    rel_level = check_rel_level(rel_level)
+    # trec_eval's -l applies to the binary measures; nDCG keeps every positive grade as its gain
+    names = [ranx_name(m) + (f"-l{rel_level}" if rel_level != 1 and not m.lower().startswith("ndcg") else "")
+             for m in metrics]
+    query_ids = [q for q in qrels.query_ids if any(g >= rel_level for g in qrels.grades(q).values())]
     run_dict: dict[str, dict[str, float]] = {}
     for qid in query_ids:
         ranked = run.get(qid)
@@ -67,6 +74,12 @@ def evaluate(
     return table
 
 
+def check_rel_level(rel_level: int) -> int:
+    if isinstance(rel_level, bool) or not isinstance(rel_level, int) or rel_level < 1:
+        raise ConfigError(f"rel_level must be an integer >= 1 (the lowest relevant grade), got {rel_level!r}")
+    return rel_level
+
+
 def ndcg10_by_query(qrels: Qrels, run: Mapping[str, RankedList]) -> np.ndarray:
     """nDCG@10 of each query of ``qrels`` (in its order): the dev metric training selects epochs (by the mean) and
     blends (by the mean and the spread) by."""
@@ -82,8 +95,9 @@ def mean(table: pd.DataFrame) -> dict[str, float]:
     return {m: float(table[m].mean()) for m in table.columns}
 
 
-def recall_curve(qrels: Qrels, run: Mapping[str, RankedList], ks: Iterable[int] = range(1, 101)) -> np.ndarray:
+def recall_curve(qrels: Qrels, run: Mapping[str, RankedList], ks: Iterable[int] = range(1, 101), *,
+                 rel_level: int = 1) -> np.ndarray:
     """Mean recall@k for each k in ``ks``."""
     ks = list(ks)
-    table = evaluate(qrels, run, [f"recall@{k}" for k in ks])
+    table = evaluate(qrels, run, [f"recall@{k}" for k in ks], rel_level=rel_level)
     return table.mean().to_numpy()

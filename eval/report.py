@@ -1,4 +1,5 @@
-"""Writing a benchmark's outputs: metrics.json, report.md, per_query.csv, runs/*.trec, recall_at_k.png."""
+"""Writing a benchmark's outputs: metrics.json, report.md, per_query.csv, significance.csv, runs/*.trec,
+recall_at_k.png."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from twostage.indexer.errors import ConfigError
 
 HIGHER_IS_BETTER = {"latency_ms_p50": False, "latency_ms_p95": False, "build_s": False}
 SIGNIFICANCE_METRICS = ("ndcg@10", "mrr@10", "recall@100")
-_OUR_FILES = {"metrics.json", "report.md", "per_query.csv", "config.json", "recall_at_k.png", "runs"}
+_OUR_FILES = {"metrics.json", "report.md", "per_query.csv", "config.json", "recall_at_k.png", "runs",
+              "significance.csv"}
 
 
 def versions() -> dict[str, str]:
@@ -61,7 +63,14 @@ def markdown_table(table: pd.DataFrame, *, digits: int = 3, mark_best: bool = Tr
     return "\n".join(lines) + "\n"
 
 
-def render_report(result: BenchResult, config: Mapping[str, Any]) -> str:
+def significance_of(result: BenchResult, config: Mapping[str, Any]) -> pd.DataFrame:
+    """The significance table the config asks for (baseline, test, correction; defaults bm25, t, none)."""
+    return result.significance(str(config.get("baseline", "bm25")),
+                               [m for m in SIGNIFICANCE_METRICS if m in result.table().columns],
+                               test=str(config.get("test", "t")), correction=str(config.get("correction", "none")))
+
+
+def render_report(result: BenchResult, config: Mapping[str, Any], sig: pd.DataFrame | None = None) -> str:
     table = result.table()
     parts = [
         f"# {result.dataset} / {result.split.name}: {len(result.split.queries)} queries\n",
@@ -71,18 +80,30 @@ def render_report(result: BenchResult, config: Mapping[str, Any]) -> str:
         "The best value of each column is in bold.\n",
         markdown_table(table),
     ]
-    sig = result.significance("bm25", [m for m in SIGNIFICANCE_METRICS if m in table.columns])
+    baseline = str(config.get("baseline", "bm25"))
+    test, correction = str(config.get("test", "t")), str(config.get("correction", "none"))
+    sig = significance_of(result, config) if sig is None else sig
     if len(sig):
-        parts.append("\n## Against bm25 (paired two-sided t-test over queries)\n")
-        parts.append("`*` marks p < 0.05.\n")
-        lines = ["| system | metric | bm25 | system | delta | p-value |", "|---|---|---|---|---|---|"]
+        names = {"t": "paired two-sided t-test", "fisher": "Fisher's randomization test, 10,000 permutations, seed 42"}
+        adjusted = f", p-values adjusted by {correction} over the systems of each metric" if correction != "none" else ""
+        parts.append(f"\n## Against {baseline} ({names[test]} over queries{adjusted})\n")
+        parts.append("`*` marks p < 0.05" + (" after adjustment" if adjusted else "") +
+                     "; the interval is the 95% confidence interval of the mean difference (paired t).\n")
+        head = f"| system | metric | {baseline} | system | delta | 95% CI | p-value |"
+        head += " adjusted |" if adjusted else ""
+        lines = [head, "|---|---|---|---|---|---|---|" + ("---|" if adjusted else "")]
         for r in sig.itertuples():
-            star = " *" if r.p_value < 0.05 else ""
-            lines.append(f"| {r.system} | {r.metric} | {r.baseline:.3f} | {r.system_mean:.3f} | "
-                         f"{r.delta:+.3f} | {r.p_value:.3g}{star} |")
+            p = r.p_adjusted if adjusted else r.p_value
+            star = " *" if p < 0.05 else ""
+            line = (f"| {r.system} | {r.metric} | {r.baseline:.3f} | {r.system_mean:.3f} | {r.delta:+.3f} | "
+                    f"[{r.ci_low:+.3f}, {r.ci_high:+.3f}] | {r.p_value:.3g}{'' if adjusted else star} |")
+            lines.append(line + (f" {r.p_adjusted:.3g}{star} |" if adjusted else ""))
         parts.append("\n".join(lines) + "\n")
     elif len(result.systems) > 1:
-        parts.append("\nNo significance test: `bm25` is not among the systems.\n")
+        parts.append(f"\nNo significance test: `{baseline}` is not among the systems.\n")
+    if result.rel_level != 1:
+        parts.append(f"\nRelevant means a grade of at least {result.rel_level} (trec_eval -l {result.rel_level}); "
+                     "nDCG keeps every positive grade as its gain.\n")
     if config.get("phase_seconds"):
         parts.append(phase_section(config["phase_seconds"]))
     notes = result.check.lines()
@@ -141,7 +162,10 @@ def write_outputs(result: BenchResult, out: str | Path, config: Mapping[str, Any
     config = {**(config or {}), "versions": versions()}
     table = result.table()
     metrics = {name: {c: float(v) for c, v in row.items()} for name, row in table.iterrows()}
+    sig = significance_of(result, config)
     with atomic_directory(out) as tmp:
+        if len(sig):
+            sig.to_csv(tmp / "significance.csv", index=False, float_format="%.8g")
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
         (tmp / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n", encoding="utf-8")
         result.per_query().to_csv(tmp / "per_query.csv", index=False, float_format="%.6f")
@@ -149,5 +173,5 @@ def write_outputs(result: BenchResult, out: str | Path, config: Mapping[str, Any
         for s in result.systems:
             s.run.to_trec(tmp / "runs" / f"{s.name}.trec")
         plot_recall(result, tmp / "recall_at_k.png")
-        (tmp / "report.md").write_text(render_report(result, config), encoding="utf-8")
+        (tmp / "report.md").write_text(render_report(result, config, sig), encoding="utf-8")
     return out

@@ -13,6 +13,7 @@ from twostage.indexer.errors import ConfigError
 from twostage.indexer.protocols import Retriever as SearchSystem
 from twostage.indexer.records import RankedList
 from twostage.retriever.bm25 import BM25Config, BM25Retriever
+from twostage.retriever.device import precision_on, resolve_device
 from twostage.retriever.precision import resolve_precision
 
 
@@ -29,6 +30,7 @@ class SystemOptions:
     backend: str = EngineSettings().backend
     batch_size: int = 32
     show_progress: bool = False
+    device: str = "auto"  # where the models run (twostage.retriever.device)
 
 
 # One engine per (corpus, model settings): dense, hybrid and their +rerank systems are views of it, so a bench run
@@ -39,8 +41,8 @@ _ENGINES: weakref.WeakKeyDictionary[Corpus, dict[tuple[Any, ...], Any]] = weakre
 
 def engine_for(corpus: Corpus, options: SystemOptions, *, need_reranker: bool = False) -> Any:
     """The search engine the harness's dense, hybrid and +rerank systems are views of."""
-    key = (options.retriever_model, options.engine, options.reranker_model, options.precision, options.backend, options.batch_size, options.rerank_depth,
-           str(options.rerank_interpolation))
+    key = (options.retriever_model, options.engine, options.reranker_model, options.precision, options.backend,
+           options.batch_size, options.rerank_depth, str(options.rerank_interpolation), options.device)
     shared = _ENGINES.setdefault(corpus, {})
     if key not in shared:
         shared[key] = _build_engine(corpus, options)
@@ -60,7 +62,7 @@ def _build_engine(corpus: Corpus, options: SystemOptions) -> Any:
     settings = EngineSettings(k_retrieve=options.rerank_depth, interpolation=options.rerank_interpolation,
                               precision=options.precision, backend=options.backend, batch_size=options.batch_size)
     if options.engine:
-        engine = SearchEngine.load(options.engine)
+        engine = SearchEngine.load(options.engine, device=options.device)
         missing = [d.id for d in corpus if d.id not in engine][:3]
         if missing or len(engine) != len(corpus):
             raise ConfigError(f"engine {options.engine} holds other documents than this corpus (e.g. "
@@ -71,7 +73,7 @@ def _build_engine(corpus: Corpus, options: SystemOptions) -> Any:
     tmp = tempfile.mkdtemp(prefix="twostage-bench-")
     engine = SearchEngine.build(corpus, f"{tmp}/engine", retriever=options.retriever_model,
                                 reranker=options.reranker_model, settings=settings,
-                                show_progress=options.show_progress)
+                                show_progress=options.show_progress, device=options.device)
     weakref.finalize(engine, shutil.rmtree, tmp, True)
     return engine
 
@@ -103,7 +105,9 @@ def _bm25_rerank(corpus: Corpus, options: SystemOptions) -> SearchSystem:
 
     if not options.reranker_model:
         raise ConfigError("the +rerank systems need a cross-encoder: pass --reranker-model NAME_OR_DIR")
-    reranker = CrossEncoder.load(options.reranker_model, precision=resolve_precision(options.precision, "reranker"))
+    device = resolve_device(options.device)
+    reranker = CrossEncoder.load(options.reranker_model, device=device,
+                                 precision=resolve_precision(precision_on(device, options.precision), "reranker"))
     texts = {d.id: d.full_text for d in corpus}
     alpha = options.rerank_interpolation
     return _Reranked(Pipeline(BM25Retriever.build(corpus), reranker=reranker, texts=texts,

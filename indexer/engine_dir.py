@@ -20,8 +20,8 @@ from typing import Any
 
 from twostage.indexer.codec import from_json_dict, to_json_dict
 from twostage.indexer.errors import ConfigError, IndexFormatError
-from twostage.indexer.passages import PassageShape
 from twostage.indexer.manifest import check_file_entries, describe_files, manifest_text, read_manifest_json
+from twostage.indexer.passages import PassageShape
 
 FORMAT = "twostage.engine"
 FORMAT_VERSION = 1
@@ -54,10 +54,11 @@ class EngineSettings:
     passage_words: int = 100  # documents are searched as passages of this many words (0: whole documents)
     passage_stride: int = 50  # a new passage every this many words (passages overlap by words - stride)
     passage_title: bool = True  # the title in front of every passage (False: the first passage only)
+    passage_whole_up_to: int = 0  # a document of at most this many words stays one passage (0: passage_words)
 
     @property
     def passages(self) -> PassageShape:
-        return PassageShape(self.passage_words, self.passage_stride, self.passage_title)
+        return PassageShape(self.passage_words, self.passage_stride, self.passage_title, self.passage_whole_up_to)
 
     def __post_init__(self) -> None:
         if self.first_stage not in FIRST_STAGES:
@@ -88,17 +89,24 @@ class EngineSettings:
 
 @dataclass(frozen=True)
 class ModelRef:
-    """A model an engine uses: the name it was given, the directory it resolved to, and its weights' sha256."""
+    """A model an engine uses: the name it was given, the directory it resolved to, its weights' sha256, and the
+    Hugging Face hub revision (commit) it came from when it was resolved from the hub cache ("" otherwise)."""
 
     name: str
     path: str
     sha256: str
+    revision: str = ""
+    trust_remote_code: bool = False  # the user allowed the model's own Python code to run (twostage build flag)
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> ModelRef:
-        if not isinstance(data, dict) or not all(isinstance(data.get(k), str) for k in ("name", "path", "sha256")):
-            raise IndexFormatError(f"{where}: a model entry needs string name, path and sha256; restore or rebuild")
-        return cls(data["name"], data["path"], data["sha256"])
+        if not isinstance(data, dict) or not all(isinstance(data.get(k), str) for k in ("name", "path", "sha256")) \
+                or not isinstance(data.get("revision", ""), str) \
+                or not isinstance(data.get("trust_remote_code", False), bool):
+            raise IndexFormatError(f"{where}: a model entry needs string name, path and sha256 (and a string revision, "
+                                   "a boolean trust_remote_code); restore or rebuild")
+        return cls(data["name"], data["path"], data["sha256"], data.get("revision", ""),
+                   data.get("trust_remote_code", False))
 
 
 @dataclass(frozen=True)
@@ -128,6 +136,8 @@ def read_engine_manifest(version_dir: Path) -> EngineManifest:
         saved = data["settings"]
         if isinstance(saved, dict) and "passage_words" not in saved:  # an engine from before passages
             saved = {**saved, "passage_words": 0}
+        if isinstance(saved, dict) and "passage_whole_up_to" not in saved:  # cut at passage_words, as it was built
+            saved = {**saved, "passage_whole_up_to": 0}
         settings = from_json_dict(EngineSettings, saved, f"{path}: settings")
     except ConfigError as exc:
         raise IndexFormatError(f"{exc}; restore or rebuild the engine") from None

@@ -5,7 +5,8 @@ ids ``DOC_ID + SEP + n`` (n = 0, 1, ...). Passage ``n`` starts at word ``n * str
 its text is the document's text from the start of its first word to the start of the word after its last (so it
 keeps the whitespace after it; the first passage also keeps any whitespace before the first word). Consecutive
 passages overlap by ``words - stride`` words, and :func:`join` rebuilds the document's text exactly from them.
-A document of at most ``words`` words is one passage, the whole text.
+A document of at most ``words`` words, or at most ``whole_up_to`` words when that is larger, is one passage, the
+whole text: a short document is scored as a whole (BM25's length normalisation and the dense model see all of it).
 
 The title is stored with every passage (and so read by both first stages in front of each passage) when
 ``title_in_front``; otherwise only with the first.
@@ -33,9 +34,10 @@ class PassageShape:
     words: int
     stride: int
     title_in_front: bool = True
+    whole_up_to: int = 0  # a document of at most this many words stays one passage (0: at most ``words``)
 
     def __post_init__(self) -> None:
-        for name in ("words", "stride"):
+        for name in ("words", "stride", "whole_up_to"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(f"passage_{name} must be an integer >= 0, got {value!r}")
@@ -86,7 +88,7 @@ def split(doc: Document, shape: PassageShape) -> list[Document]:
 
 def passage_count(words: int, shape: PassageShape) -> int:
     """How many passages a document of ``words`` words becomes (at least one)."""
-    if words <= shape.words:
+    if words <= max(shape.words, shape.whole_up_to):
         return 1
     return 1 + -(-(words - shape.words) // shape.stride)
 

@@ -63,11 +63,13 @@ class CrossEncoder(torch.nn.Module):
 
     @classmethod
     def load(cls, name_or_path: str | Path, *, max_length: int | None = None, allow_untrained_head: bool = False,
-             precision: str = "fp32", calibration: Sequence[tuple[str, str]] | None = None) -> CrossEncoder:
+             precision: str = "fp32", calibration: Sequence[tuple[str, str]] | None = None,
+             device: str | None = None, trust_remote_code: bool = False) -> CrossEncoder:
         """Load a cross-encoder. A base model gets a new one-output head; scoring with it is refused unless
         ``allow_untrained_head`` (training sets it to trained). ``calibration``: (query, document) pairs from the
         user's corpus that ``openvino-int8`` measures its scales on when it has no export of these weights yet
-        (default: pairs made from the bundled sample)."""
+        (default: pairs made from the bundled sample). ``device``: a torch device (``cuda``) to run on.
+        ``trust_remote_code`` runs Python code shipped with the model (only for a model you trust; off by default)."""
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         path = resolve_model(name_or_path)
@@ -75,7 +77,7 @@ class CrossEncoder(torch.nn.Module):
             raise ModelNotFoundError(f"{path}: no model.safetensors (twostage loads safetensors weights only)")
         with unreadable_weights(path):
             model, info = AutoModelForSequenceClassification.from_pretrained(
-                path, num_labels=1, trust_remote_code=False, use_safetensors=True, output_loading_info=True,
+                path, num_labels=1, trust_remote_code=trust_remote_code, use_safetensors=True, output_loading_info=True,
                 ignore_mismatched_sizes=True)
         body_mismatch = [m[0] for m in info.get("mismatched_keys", ())
                          if not m[0].startswith(("classifier", "score", "pre_classifier"))]
@@ -87,12 +89,14 @@ class CrossEncoder(torch.nn.Module):
         meta = _read_meta(path)
         head_trained = not head_new and meta.get("head_trained", True)
         require_tokenizer_files(path)
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         check_tokenizer(model, tokenizer, path)
         limit = max_length or meta.get("max_length") or min(512, int(getattr(tokenizer, "model_max_length", 512) or 512))
         ce = cls(model, tokenizer, max_length=cap_max_length(model, int(limit)), head_trained=bool(head_trained), name=str(name_or_path))
         ce.allow_untrained_head = allow_untrained_head
         ce.interpolation, ce.blends = _read_blends(path, meta)
+        if device:
+            ce.to(device)
         ce.eval()
         ce.path = path
         return ce.with_precision(precision, calibration=calibration)

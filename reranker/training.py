@@ -62,6 +62,7 @@ class RerankerConfig:
     max_length: int = 128
     seed: int = 42
     bf16: bool = True  # autocast; fp32 weights
+    device: str = "auto"  # cpu, cuda, cuda:N, or auto (a CUDA GPU when there is one)
     mine_from: tuple[str, ...] = ("bm25", "dense")  # negatives are split evenly between these first stages
     title_groups: int = 1500  # (title, text) weak-supervision groups drawn from the corpus
     title_negatives: int = 3

@@ -138,12 +138,14 @@ class BiEncoder(torch.nn.Module):
     # ---- loading -----------------------------------------------------------------------------
     @classmethod
     def load(cls, name_or_path: str | Path, *, precision: str = "fp32", device: str | None = None,
-             calibration: Sequence[str] | None = None, **overrides: Any) -> BiEncoder:
+             calibration: Sequence[str] | None = None, trust_remote_code: bool = False,
+             **overrides: Any) -> BiEncoder:
         """Load a model directory or name (see :func:`twostage.retriever.weights.resolve_model`).
 
         ``overrides`` replace fields of the saved :class:`BiEncoderConfig` (pooling, normalize, max_length,
         query_prefix, document_prefix). ``calibration``: texts of the user's corpus that ``openvino-int8`` measures
         its scales on when it has no export of these weights yet (default: the bundled sample).
+        ``trust_remote_code`` runs Python code shipped with the model (only for a model you trust; off by default).
         """
         from transformers import AutoModel, AutoTokenizer
 
@@ -159,9 +161,9 @@ class BiEncoder(torch.nn.Module):
         if unknown:
             raise ConfigError(f"unknown BiEncoder option(s): {', '.join(sorted(unknown))}")
         config = replace(config, **{k: v for k, v in overrides.items() if v is not None})
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         with unreadable_weights(path):
-            model = AutoModel.from_pretrained(path, trust_remote_code=False, use_safetensors=True)
+            model = AutoModel.from_pretrained(path, trust_remote_code=trust_remote_code, use_safetensors=True)
         check_tokenizer(model, tokenizer, path)
         config = replace(config, max_length=cap_max_length(model, config.max_length))
         encoder = cls(model, tokenizer, config, name=str(name_or_path))

@@ -29,6 +29,7 @@ import torch
 from twostage.indexer.atomic import write_json
 from twostage.indexer.errors import ConfigError
 from twostage.retriever import checkpoint as checkpoints
+from twostage.retriever.device import resolve_device
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class LoopSettings(Protocol):
     seed: int
     bf16: bool
     checkpoint_every: int
+    device: str
 
 
 class Task(Protocol):
@@ -123,12 +125,12 @@ def fit(task: Task, config: LoopSettings, out: str | Path, *, dev: Callable[[Any
     if config.epochs <= 0:
         raise ConfigError(f"epochs must be positive, got {config.epochs}")
     out = Path(out)
+    target = resolve_device(config.device)  # before anything is written
     work = out.parent / f"{out.name}.train"
     work.mkdir(parents=True, exist_ok=True)
     model = task.model
     seed_everything(config.seed)
-    if torch.cuda.is_available() and next(model.parameters()).device.type == "cpu":
-        model.to("cuda")
+    model.to(target)
     device = next(model.parameters()).device
     extra = list(task.start(device))
     optimizer = build_optimizer(model, extra, config)

@@ -36,6 +36,7 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     seed: int = 42
     bf16: bool = True  # autocast; fp32 weights
+    device: str = "auto"  # cpu, cuda, cuda:N, or auto (a CUDA GPU when there is one)
     scale: float = 20.0
     symmetric: bool = False
     mini_batch_size: int = 0  # > 0: GradCache for the mnrl objective, this many texts per forward pass

@@ -154,6 +154,15 @@ def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:
     )
 
 
+def hub_revision(model_dir: Path) -> str:
+    """The commit of a Hugging Face cache snapshot (``.../models--ORG--NAME/snapshots/<commit>``), else ""."""
+    parts = Path(model_dir).resolve().parts if Path(model_dir).exists() else Path(model_dir).parts
+    for i in range(len(parts) - 2):
+        if parts[i].startswith("models--") and parts[i + 1] == "snapshots":
+            return parts[i + 2]
+    return ""
+
+
 def sha256_of_weights(model_dir: Path) -> str:
     """sha256 of the model's weight files (safetensors), as recorded in index manifests."""
     h = hashlib.sha256()

@@ -1,0 +1,216 @@
+"""``twostage bench|eval|rerank``: benchmark systems, score any TREC run, rerank someone else's candidates."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from twostage.app.cli_engine import add_device_flag
+from twostage.indexer.engine_dir import PRECISIONS, EngineSettings
+from twostage.indexer.errors import ConfigError, DataError
+
+
+def _interpolation(value: str) -> float | str | None:
+    if value in ("auto", "none"):
+        return None if value == "none" else "auto"
+    try:
+        return float(value)
+    except ValueError:
+        raise ConfigError(f"--rerank-interpolation must be auto, none or a number in [0, 1], got {value!r}") from None
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import time
+
+    from twostage.eval.harness import run_bench
+    from twostage.eval.report import markdown_table, write_outputs
+    from twostage.eval.significance import check_test
+    from twostage.eval.systems import NEEDS_MODEL, NEEDS_RERANKER, SYSTEMS, SystemOptions, resolve_systems
+
+    retriever_model, reranker_model, trained = args.retriever_model, args.reranker_model, None
+    if args.train_split:
+        from twostage.app.train_models import TrainSettings, load_settings, train_models
+
+        names = list(SYSTEMS) if args.systems.strip() == "all" else resolve_systems(args.systems)
+        settings = load_settings(args.train_settings) if args.train_settings else TrainSettings()
+        if args.base:
+            settings = replace(settings, base=args.base)
+        trained = train_models(args.data, args.train_split, args.split,
+                               args.models_dir or Path(f"{args.out}.models"), settings,
+                               retriever=retriever_model or None,
+                               need_retriever=any(n in NEEDS_MODEL for n in names) and not args.engine,
+                               need_reranker=any(n in NEEDS_RERANKER for n in names) and not reranker_model,
+                               show_progress=not args.quiet)
+        retriever_model, reranker_model = trained.retriever or retriever_model, trained.reranker or reranker_model
+    elif args.train_settings or args.base:
+        raise ConfigError("--train-settings and --base only apply with --train-split")
+    options = SystemOptions(retriever_model=retriever_model, engine=args.engine, precision=args.precision,
+                            backend=args.backend,
+                            reranker_model=reranker_model, rerank_depth=args.rerank_depth,
+                            rerank_interpolation=_interpolation(args.rerank_interpolation),
+                            batch_size=args.batch_size, show_progress=not args.quiet, device=args.device)
+    check_test(args.test, args.correction)
+    systems = list(SYSTEMS) if args.systems.strip() == "all" else resolve_systems(args.systems)
+    if len(systems) > 1 and args.baseline not in resolve_systems(args.systems, options):
+        raise ConfigError(f"--baseline {args.baseline}: not among --systems {args.systems}; add it there or pick "
+                          "one of them")
+    t = time.perf_counter()
+    result = run_bench(args.data, args.split, args.systems, k=args.k, ignore_identical_ids=args.ignore_identical_ids,
+                       options=options, rel_level=args.rel_level, show_progress=not args.quiet)
+    phases = {**(trained.seconds if trained else {}), "evaluate_s": time.perf_counter() - t}
+    config = {"command": args.command_line, "data": str(args.data), "split": args.split,
+              "systems": [s.name for s in result.systems], "k": args.k,
+              "ignore_identical_ids": args.ignore_identical_ids, "retriever_model": retriever_model,
+              "reranker_model": reranker_model, "rerank_depth": args.rerank_depth,
+              "rerank_interpolation": args.rerank_interpolation, "precision": args.precision,
+              "train_split": args.train_split, "train_settings": trained.settings if trained else None,
+              "baseline": args.baseline, "test": args.test, "correction": args.correction, "rel_level": args.rel_level,
+              "phase_seconds": phases}
+    out = write_outputs(result, args.out, config)
+    print(markdown_table(result.table()))
+    print("phases: " + ", ".join(f"{k} {v:.0f}" for k, v in phases.items()))
+    print(f"wrote {out}/report.md, metrics.json, per_query.csv, significance.csv, runs/, recall_at_k.png, "
+          "config.json")
+    return 0
+
+
+
+
+def add_significance_flags(parser: argparse.ArgumentParser, baseline: str | None = "bm25") -> None:
+    parser.add_argument("--baseline", default=baseline, help="the system (or run) every other one is tested against"
+                        + (f" (default: {baseline})" if baseline else " (default: the first --run)"))
+    parser.add_argument("--test", default="t", choices=["t", "fisher"], help="paired significance test: t (Student) "
+                        "or fisher (randomization: 10,000 permutations, seed 42); default t")
+    parser.add_argument("--correction", default="none", choices=["none", "holm", "bonferroni"],
+                        help="adjust p-values for comparing several systems to the baseline (default: none)")
+    parser.add_argument("--rel-level", type=int, default=1, metavar="N",
+                        help="lowest relevant grade, as trec_eval -l (default 1; graded qrels such as TREC DL use 2)")
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from twostage.eval.metrics import DEFAULT_METRICS, evaluate
+    from twostage.eval.report import markdown_table
+    from twostage.eval.run import Run
+    from twostage.eval.significance import check_test, compare
+    from twostage.indexer.beir import BeirDataset
+
+    check_test(args.test, args.correction)
+    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else list(DEFAULT_METRICS)
+    runs = [Run.from_trec(path) for path in args.run]
+    names = [r.name for r in runs]
+    if len(set(names)) < len(names):  # two files with one tag: name them by file
+        runs = [Run(str(path), dict(r)) for path, r in zip(args.run, runs)]
+        names = [r.name for r in runs]
+    qrels = BeirDataset(args.data).split(args.split).qrels  # the queries bench evaluates: judged, with a relevant one
+    judged = set(qrels.query_ids)
+    tables, rows = {}, {}
+    for path, run in zip(args.run, runs):
+        if not judged & set(run):
+            raise DataError(f"{path}: none of its {len(run)} queries has judgments in {args.data} split "
+                            f"{args.split!r}; is it a run of this collection and split?")
+        tables[run.name] = evaluate(qrels, run, metrics, rel_level=args.rel_level)
+        rows[run.name] = {m: float(tables[run.name][m].mean()) for m in metrics}
+        rows[run.name]["queries"] = len(tables[run.name])
+        rows[run.name]["missing"] = sum(1 for q in tables[run.name].index if q not in run)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        import pandas as pd
+
+        print(markdown_table(pd.DataFrame(rows).T.rename_axis("run"), digits=4))
+        missing = {n: r["missing"] for n, r in rows.items() if r["missing"]}
+        if missing:
+            print("queries with judgments the run does not list count as 0 (trec_eval -c): "
+                  + ", ".join(f"{n} {c}" for n, c in missing.items()))
+    if len(runs) > 1:
+        baseline = args.baseline or names[0]
+        sig = compare(tables, baseline, metrics, test=args.test, correction=args.correction)
+        if not args.json:
+            print(f"\nagainst {baseline} ({args.test}" + (f", {args.correction}" if args.correction != "none" else "")
+                  + "):")
+            for r in sig.itertuples():
+                print(f"  {r.system} {r.metric}: {r.delta:+.4f} [{r.ci_low:+.4f}, {r.ci_high:+.4f}] "
+                      f"p={r.p_value:.3g}" + (f" adjusted {r.p_adjusted:.3g}" if args.correction != "none" else ""))
+    return 0
+
+
+def _rerank(args: argparse.Namespace) -> int:
+    from twostage.eval.rerank_run import rerank_run
+    from twostage.eval.run import Run
+
+    run = Run.from_trec(args.run)
+    reranked = rerank_run(run, args.data, args.reranker, depth=args.depth,
+                          interpolation=_interpolation(args.interpolation), precision=args.precision,
+                          batch_size=args.batch_size, source=str(args.run), show_progress=not args.quiet,
+                          device=args.device)
+    reranked.to_trec(args.out)
+    print(f"reranked the top {args.depth} of {len(run)} queries with {args.reranker}: wrote {args.out}")
+    return 0
+
+
+def add_commands(sub: Any) -> None:
+    bench = sub.add_parser("bench", help="evaluate systems on a BEIR directory against BM25")
+    bench.add_argument("--data", required=True, type=Path, help="BEIR directory (corpus.jsonl, queries.jsonl, qrels/)")
+    bench.add_argument("--split", default="test", help="qrels split to evaluate (default: test)")
+    bench.add_argument("--systems", default="bm25", help="comma-separated system names, or 'all' (default: bm25)")
+    bench.add_argument("--out", required=True, type=Path, help="output directory (replaced atomically)")
+    bench.add_argument("--k", type=int, default=100, help="depth of every run (default: 100)")
+    bench.add_argument("--ignore-identical-ids", action="store_true",
+                       help="drop retrieved documents whose id equals the query id (ArguAna, Quora)")
+    bench.add_argument("--retriever-model", default=None, help="bi-encoder name or directory (dense systems)")
+    bench.add_argument("--engine", default=None, help="an engine directory built from this corpus (twostage build): "
+                       "the dense, hybrid and +rerank systems search it with its models")
+    bench.add_argument("--backend", default=EngineSettings().backend, help="ANN backend of the engine the dense "
+                       "systems search (default: the engine's default)")
+    bench.add_argument("--reranker-model", default=None, help="cross-encoder name or directory (+rerank systems)")
+    bench.add_argument("--rerank-depth", type=int, default=EngineSettings().k_retrieve,
+                       help=f"candidates the cross-encoder reads (default {EngineSettings().k_retrieve}, the engine's)")
+    bench.add_argument("--train-split", default=None, help="train the missing models on this split first (a dev "
+                       "part is held out of it; the evaluated split is never used), e.g. train")
+    bench.add_argument("--base", default=None, help="base model for --train-split (default all-MiniLM-L6-v2)")
+    bench.add_argument("--train-settings", default=None, help="JSON file of training settings for --train-split "
+                       "(the shape config.json records; missing fields keep their defaults)")
+    bench.add_argument("--models-dir", type=Path, default=None, help="where --train-split puts the models "
+                       "(default: OUT.models)")
+    bench.add_argument("--rerank-interpolation", default="auto", help="blend with the first stage's score: auto "
+                       "(the value saved with the reranker, if any), none (reranker alone) or a number in [0, 1]")
+    bench.add_argument("--precision", default=EngineSettings().precision, choices=list(PRECISIONS),
+                       help="inference precision of both models (auto, as the engine: with the openvino extra "
+                       "the retriever in openvino-fp32 and the reranker in openvino-int8; else bf16 on AMX CPUs, "
+                       "else fp32)")
+    bench.add_argument("--batch-size", type=int, default=32, help="encoding batch size")
+    add_significance_flags(bench)
+    add_device_flag(bench)
+    bench.set_defaults(func=_bench)
+
+
+
+    ev = sub.add_parser("eval", help="score TREC run files against a BEIR directory's qrels (as trec_eval does)")
+    ev.add_argument("--run", required=True, type=Path, action="append",
+                    help="a TREC run file (qid Q0 docid rank score tag); repeat to compare several")
+    ev.add_argument("--data", required=True, type=Path, help="BEIR directory whose qrels judge the run")
+    ev.add_argument("--split", default="test", help="qrels split (default: test)")
+    ev.add_argument("--metrics", default=None, help="comma-separated, e.g. ndcg@10,mrr@10,recall@100 (default: "
+                    "ndcg@10, mrr@10, recall@10, recall@100, map@100)")
+    ev.add_argument("--json", action="store_true", help="print the means as JSON")
+    add_significance_flags(ev, baseline=None)
+    ev.set_defaults(func=_eval)
+
+    rr = sub.add_parser("rerank", help="rerank the candidates of a TREC run with a cross-encoder")
+    rr.add_argument("--run", required=True, type=Path, help="the TREC run to rerank (any system's)")
+    rr.add_argument("--data", required=True, type=Path, help="BEIR directory holding the run's queries and documents")
+    rr.add_argument("--reranker", required=True, help="cross-encoder directory or name")
+    rr.add_argument("--out", required=True, type=Path, help="the reranked TREC run to write")
+    rr.add_argument("--depth", type=int, default=EngineSettings().k_retrieve,
+                    help=f"candidates per query the reranker reads (default {EngineSettings().k_retrieve}); the rest "
+                         "follow in the run's order")
+    rr.add_argument("--interpolation", default="auto", help="blend with the run's scores: auto (the value the "
+                    "reranker chose on dev for the run's first stage, from its tag), none or a number in [0, 1]")
+    rr.add_argument("--precision", default=EngineSettings().precision, choices=list(PRECISIONS),
+                    help="inference precision of the reranker (default: auto, as the engine)")
+    rr.add_argument("--batch-size", type=int, default=32, help="pairs per batch")
+    add_device_flag(rr)
+    rr.set_defaults(func=_rerank)

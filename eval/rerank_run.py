@@ -1,0 +1,67 @@
+"""Rerank someone else's candidates: a TREC run's top documents of each query, read again by a cross-encoder.
+
+The run may come from any system (Pyserini, PyTerrier, a bench run). Each query's top ``depth`` documents are
+scored with the query by the cross-encoder, blended with the run's own scores as the engine blends its first stage
+(:mod:`twostage.reranker.interpolation`), and the rest of the run's list follows in its order, exactly as the
+harness's ``bm25+rerank`` system does with its own BM25 list.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from twostage.eval.run import Run
+from twostage.indexer.beir import BeirDataset
+from twostage.indexer.errors import ConfigError, DataError
+from twostage.indexer.topk import check_k
+
+logger = logging.getLogger(__name__)
+FIRST_STAGES = ("bm25", "dense", "hybrid")
+
+
+def rerank_run(run: Run, data: str | Path | BeirDataset, reranker: str | Path, *, depth: int = 100,
+               interpolation: float | str | None = "auto", precision: str = "auto", batch_size: int = 32,
+               source: str = "run", show_progress: bool = False, device: str = "auto") -> Run:
+    """``run`` with the top ``depth`` of each query reranked by ``reranker`` (a directory or name).
+
+    ``interpolation``: ``"auto"`` takes the blend the reranker chose on dev for the run's first stage (the run's
+    name, when it is bm25, dense or hybrid; else its overall choice), ``None`` ranks by the reranker alone, a number
+    in [0, 1] is the blend. Every query and document of the run must be in ``data`` (else a DataError naming it).
+    Queries are reranked one at a time, as the harness does, so the scores equal its ``+rerank`` systems'.
+    """
+    from tqdm.auto import tqdm
+
+    from twostage.reranker.cross_encoder import CrossEncoder
+    from twostage.reranker.interpolation import blend_for
+    from twostage.reranker.pipeline import rerank_lists
+    from twostage.retriever.device import precision_on, resolve_device
+    from twostage.retriever.precision import resolve_precision
+
+    depth = check_k(depth)
+    dataset = data if isinstance(data, BeirDataset) else BeirDataset(data)
+    queries, corpus = dataset.queries, dataset.corpus
+    for qid, ranked in run.items():
+        if qid not in queries:
+            raise DataError(f"{source}: query {qid!r} is not in {dataset.root / 'queries.jsonl'}; rerank a run of "
+                            "this collection")
+        missing = [str(d) for d in ranked.ids[:depth] if str(d) not in corpus]
+        if missing:
+            raise DataError(f"{source}: document {missing[0]!r} (query {qid!r}) is not in "
+                            f"{dataset.root / 'corpus.jsonl'}; rerank a run of this collection")
+    where = resolve_device(device)
+    model = CrossEncoder.load(reranker, device=where,
+                              precision=resolve_precision(precision_on(where, precision), "reranker"))
+    if interpolation == "auto":
+        alpha = blend_for(model, run.name if run.name in FIRST_STAGES else None)
+    elif interpolation is None or (isinstance(interpolation, (int, float)) and 0 <= interpolation <= 1):
+        alpha = None if interpolation is None else float(interpolation)
+    else:
+        raise ConfigError(f"interpolation must be auto, none or a number in [0, 1], got {interpolation!r}")
+    logger.info("reranking %d queries, top %d each, blend %s", len(run), depth, alpha)
+    out = {}
+    for qid, ranked in tqdm(run.items(), total=len(run), desc="rerank", unit="q", disable=not show_progress):
+        out[qid] = rerank_lists(model, [queries[qid].text], [ranked], lambda d: corpus.get(d).full_text,
+                                k=len(ranked), k_retrieve=depth, interpolation=alpha,
+                                batch_size=batch_size)[0].ranked
+    return Run(f"{run.name}+rerank", out)
