@@ -57,6 +57,16 @@ def test_a_short_document_is_one_passage_and_bad_shapes_are_refused():
         split(Document("a\x1fb", "text"), PassageShape(3, 2))
 
 
+def test_whole_up_to_keeps_short_documents_whole():
+    shape = PassageShape(10, 5, whole_up_to=30)
+    short, long = Document("s", " ".join(f"w{i}" for i in range(30))), Document("l", " ".join(f"w{i}" for i in range(31)))
+    assert [p.text for p in split(short, shape)] == [short.text] and passage_count(30, shape) == 1
+    assert len(split(long, shape)) == passage_count(31, shape) == 6  # longer: cut as usual
+    assert join(split(long, shape), shape)[0].text == long.text
+    with pytest.raises(ConfigError, match="passage_whole_up_to"):
+        PassageShape(10, 5, whole_up_to=-1)
+
+
 def test_by_document_keeps_each_stage_order_and_picks_the_better_ranked_passage():
     import numpy as np
 
@@ -159,6 +169,19 @@ def test_an_engine_from_before_passages_opens_as_whole_documents(tmp_path, model
     manifest.write_text(json.dumps(data))
     old = SearchEngine.load(tmp_path / "old", verify=False)
     assert old.settings.passage_words == 0 and old.search("rain", k=2).hits[0].passage is not None
+
+
+def test_a_passage_engine_from_before_whole_up_to_keeps_its_cut(tmp_path, models):
+    retriever, _ = models
+    engine = SearchEngine.build(long_corpus()[:5], tmp_path / "e", retriever=retriever, passage_whole_up_to=0)
+    manifest = engine.version_dir / "manifest.json"
+    data = json.loads(manifest.read_text())
+    del data["settings"]["passage_whole_up_to"]
+    manifest.write_text(json.dumps(data))
+    old = SearchEngine.load(tmp_path / "e", verify=False)
+    assert old.settings.passage_whole_up_to == 0 and old.settings.passage_words > 0
+    with pytest.raises(ConfigError, match="passage_whole_up_to is how the documents were cut"):
+        old.configure(passage_whole_up_to=500)
 
 
 # ---- folders of files ---------------------------------------------------------------------------------

@@ -7,8 +7,8 @@ BM25 0.008 nDCG@10 on short abstracts, while dense gained; this script asks, per
 be cut only when it is longer than some number of words (``whole up to W``: a document of at most W words stays one
 passage). Each stage is scored as the engine scores it (a document by its best passage), every combination of a
 BM25 rule and a dense rule is fused (RRF, k 60), all on dev: SciFact with its train queries and "long SciFact dev"
-(300 composites of 1,500-3,000 words built from the train queries' documents, as benchmarks/long_documents.py
-builds the test one). Dense: all-MiniLM-L6-v2 zero-shot, fp32, exact search; passage texts are encoded once and
+(one composite of 1,500-3,300 words around each of the train queries' 565 relevant documents, built as
+benchmarks/long_documents.py builds the test one). Dense: all-MiniLM-L6-v2 zero-shot, fp32, exact search; passage texts are encoded once and
 shared between rules. Writes benchmarks/results/passage_rules.md.
 """
 
