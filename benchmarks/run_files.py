@@ -11,7 +11,9 @@ Usage (from the repository root, with a trained reranker, e.g. the one-command r
 3. `twostage rerank --run runs/bm25.trec --reranker M` against runs/bm25+rerank.trec: the same documents in the
    same order for every query, and the largest score difference.
 4. significance.csv's t-test p-values against ranx's `student` test (to 1e-6), and our seeded Fisher p-values
-   computed twice (reproducible) beside ranx's `fisher`, called five times.
+   computed twice (reproducible) beside ranx's `fisher`, called five times; the Holm adjustment recomputed.
+5. With --retriever: the same checks for `bench --systems bm25,hybrid,hybrid+rerank --baseline hybrid --test fisher
+   --correction holm` (steps 2 and 4).
 Writes benchmarks/results/run_files.md and .json; the last line says PASS or FAIL.
 """
 
@@ -24,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT.parent / "shared" / "data" / "scifact"
@@ -37,27 +40,101 @@ def twostage(*args: str) -> str:
     return out.stdout
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reranker", required=True)
-    parser.add_argument("--data", type=Path, default=DATA)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "run_files")
-    args = parser.parse_args()
+def check_eval(bench: Path, data: Path, qrels: Any, checks: dict[str, bool]) -> list[dict[str, Any]]:
+    """`twostage eval --json` on every run file of a bench directory against its metrics.json and pytrec_eval."""
+    import numpy as np
+    import pytrec_eval
 
+    from twostage.eval.metrics import evaluate
+    from twostage.eval.run import Run
+
+    metrics = json.loads((bench / "metrics.json").read_text())
+    evaluator = pytrec_eval.RelevanceEvaluator({q: dict(qrels.grades(q)) for q in qrels.query_ids}, set(TREC.values()))
+    rows = []
+    for name in metrics:
+        path = bench / "runs" / f"{name}.trec"
+        got = json.loads(twostage("eval", "--run", str(path), "--data", str(data), "--json"))[name]
+        worst_bench = max(abs(got[m] - metrics[name][m]) for m in ("ndcg@10", "mrr@10", "recall@10", "recall@100",
+                                                                   "map@100"))
+        run: dict[str, dict[str, float]] = {}
+        for line in path.read_text().splitlines():
+            q, _, d, _, s, _ = line.split()
+            run.setdefault(q, {})[d] = float(s)
+        theirs = evaluator.evaluate(run)
+        ours = evaluate(qrels, Run.from_trec(path), list(TREC))
+        both = [q for q in ours.index if q in theirs]
+        worst_trec = max(float(np.max(np.abs(ours.loc[both, m].to_numpy() - [theirs[q][tm] for q in both])))
+                         for m, tm in TREC.items())
+        ties = sum(1 for lst in run.values() for a, b in zip(sorted(lst.values()), sorted(lst.values())[1:]) if a == b)
+        rows.append({"run": name, "ndcg@10 (eval)": got["ndcg@10"], "ndcg@10 (metrics.json)": metrics[name]["ndcg@10"],
+                     "max |eval - metrics.json|": worst_bench, "max |ours - pytrec_eval| per query": worst_trec,
+                     "queries": len(both), "tied scores written": ties})
+        checks[f"eval {name} = metrics.json (1e-4)"] = worst_bench <= 1e-4
+        checks[f"eval {name} = pytrec_eval (1e-9)"] = worst_trec <= 1e-9 and len(both) == len(ours)
+    return rows
+
+
+def check_significance(bench: Path, baseline: str, qrels: Any, checks: dict[str, bool]) -> list[dict[str, Any]]:
+    """significance.csv (fisher + holm) against our tests run again and ranx's student and fisher tests."""
     import numpy as np
     import pandas as pd
-    import pytrec_eval
     import ranx
     from ranx.statistical_tests import fisher_randomization_test
 
     from twostage.eval.metrics import evaluate
     from twostage.eval.run import Run
-    from twostage.eval.significance import p_value
+    from twostage.eval.significance import adjust, p_value
+
+    metrics = json.loads((bench / "metrics.json").read_text())
+    sig = pd.read_csv(bench / "significance.csv")
+    runs = {n: Run.from_trec(bench / "runs" / f"{n}.trec") for n in metrics}
+    ranx_runs = [ranx.Run({q: {str(d): float(len(r[q].ids) - i) for i, d in enumerate(r[q].ids)} for q in r},
+                          name=n) for n, r in runs.items()]
+    student = ranx.compare(ranx.Qrels({q: dict(qrels.grades(q)) for q in qrels.query_ids}), ranx_runs, ["ndcg@10"],
+                           stat_test="student")
+    tables = {n: evaluate(qrels, r, ["ndcg@10"]) for n, r in runs.items()}
+    order = sorted(tables[baseline].index)
+    rows = []
+    for name in runs:
+        if name == baseline:
+            continue
+        a, b = tables[name].loc[order, "ndcg@10"].to_numpy(), tables[baseline].loc[order, "ndcg@10"].to_numpy()
+        t_ours = p_value(a, b, "t")
+        t_ranx = student.comparisons[frozenset([baseline, name])]["ndcg@10"]["p_value"]
+        f_ours = [p_value(a, b, "fisher") for _ in range(2)]
+        f_ranx = [float(fisher_randomization_test(a, b, 1000, 0.05, 42)[0]) for _ in range(5)]
+        row = sig[(sig.system == name) & (sig.metric == "ndcg@10")].iloc[0]
+        rows.append({"baseline": baseline, "system": name, "delta": float(row.delta),
+                     "ci": [float(row.ci_low), float(row.ci_high)], "fisher_p (report)": float(row.p_value),
+                     "holm_p (report)": float(row.p_adjusted), "fisher_p ours x2": f_ours, "fisher_p ranx x5": f_ranx,
+                     "t_p ours": t_ours, "t_p ranx": t_ranx})
+        nan_both = np.isnan(t_ranx) and t_ours == 1.0
+        checks[f"t-test {name} vs {baseline} = ranx student (1e-6)"] = nan_both or abs(t_ours - t_ranx) <= 1e-6
+        checks[f"fisher {name} vs {baseline} reproducible"] = f_ours[0] == f_ours[1] == float(row.p_value)
+    family = sig[sig.metric == "ndcg@10"]
+    checks[f"holm over the systems against {baseline}"] = bool(np.allclose(
+        family.p_adjusted.to_numpy(), adjust(family.p_value.to_numpy(), "holm")))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reranker", required=True)
+    parser.add_argument("--retriever", default=None, help="also bench bm25, hybrid and hybrid+rerank with "
+                        "--baseline hybrid --test fisher --correction holm (builds a passage engine: ~7 min)")
+    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "run_files")
+    args = parser.parse_args()
+
+    import numpy as np
+
+    from twostage.eval.metrics import evaluate
+    from twostage.eval.run import Run
     from twostage.indexer.beir import BeirDataset
 
     qrels = BeirDataset(args.data).split("test").qrels
     checks: dict[str, bool] = {}
-    report: dict[str, object] = {}
+    report: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="twostage-runfiles-") as tmp_str:
         tmp = Path(tmp_str)
         t = time.perf_counter()
@@ -66,33 +143,7 @@ def main() -> None:
                  "--out", str(tmp / "bench"))
         report["bench_s"] = time.perf_counter() - t
         metrics = json.loads((tmp / "bench" / "metrics.json").read_text())
-        judged = {q: dict(qrels.grades(q)) for q in qrels.query_ids}
-        evaluator = pytrec_eval.RelevanceEvaluator(judged, set(TREC.values()))
-        eval_rows = []
-        for name in metrics:
-            path = tmp / "bench" / "runs" / f"{name}.trec"
-            got = json.loads(twostage("eval", "--run", str(path), "--data", str(args.data), "--json"))[name]
-            worst_bench = max(abs(got[m] - metrics[name][m]) for m in ("ndcg@10", "mrr@10", "recall@10",
-                                                                       "recall@100", "map@100"))
-            run: dict[str, dict[str, float]] = {}
-            for line in path.read_text().splitlines():
-                q, _, d, _, s, _ = line.split()
-                run.setdefault(q, {})[d] = float(s)
-            theirs = evaluator.evaluate(run)
-            ours = evaluate(qrels, Run.from_trec(path), list(TREC))
-            both = [q for q in ours.index if q in theirs]
-            worst_trec = max(float(np.max(np.abs(ours.loc[both, m].to_numpy() - [theirs[q][tm] for q in both])))
-                             for m, tm in TREC.items())
-            ties = sum(1 for lst in run.values() for a, b in zip(sorted(lst.values()), sorted(lst.values())[1:])
-                       if a == b)
-            eval_rows.append({"run": name, "ndcg@10 (eval)": got["ndcg@10"], "ndcg@10 (metrics.json)":
-                              metrics[name]["ndcg@10"], "max |eval - metrics.json|": worst_bench,
-                              "max |ours - pytrec_eval| per query": worst_trec, "queries": len(both),
-                              "tied scores written": ties})
-            checks[f"eval {name} = metrics.json (1e-4)"] = worst_bench <= 1e-4
-            checks[f"eval {name} = pytrec_eval (1e-9)"] = worst_trec <= 1e-9 and len(both) == len(ours)
-        report["eval"] = eval_rows
-
+        eval_rows = check_eval(tmp / "bench", args.data, qrels, checks)
         t = time.perf_counter()
         twostage("rerank", "--run", str(tmp / "bench" / "runs" / "bm25.trec"), "--data", str(args.data),
                  "--reranker", args.reranker, "--out", str(tmp / "reranked.trec"))
@@ -105,36 +156,25 @@ def main() -> None:
         report["rerank"] = {"queries": len(bench_rr), "same_order": same, "max_score_diff": diff,
                             "ndcg@10_rerank_cli": rr_ndcg, "ndcg@10_bench": metrics["bm25+rerank"]["ndcg@10"]}
         checks["rerank = bench bm25+rerank (every query's order)"] = same == len(bench_rr) == len(ours_rr)
-
-        sig = pd.read_csv(tmp / "bench" / "significance.csv")
-        runs = {n: Run.from_trec(tmp / "bench" / "runs" / f"{n}.trec") for n in metrics}
-        ranx_qrels = ranx.Qrels(judged)
-        ranx_runs = [ranx.Run({q: {str(d): float(len(r[q].ids) - i) for i, d in enumerate(r[q].ids)} for q in r},
-                              name=n) for n, r in runs.items()]
-        student = ranx.compare(ranx_qrels, ranx_runs, ["ndcg@10"], stat_test="student")
-        tables = {n: evaluate(qrels, r, ["ndcg@10"]) for n, r in runs.items()}
-        sig_rows = []
-        for name in ("rank-bm25", "bm25+rerank"):
-            a = tables[name].loc[sorted(tables["bm25"].index), "ndcg@10"].to_numpy()
-            b = tables["bm25"].loc[sorted(tables["bm25"].index), "ndcg@10"].to_numpy()
-            t_ours, t_ranx = p_value(a, b, "t"), student.comparisons[frozenset(["bm25", name])]["ndcg@10"]["p_value"]
-            f_ours = [p_value(a, b, "fisher") for _ in range(2)]
-            f_ranx = [float(fisher_randomization_test(a, b, 1000, 0.05, 42)[0]) for _ in range(5)]
-            row = sig[(sig.system == name) & (sig.metric == "ndcg@10")].iloc[0]
-            sig_rows.append({"system": name, "delta": float(row.delta), "ci": [float(row.ci_low), float(row.ci_high)],
-                             "fisher_p (report)": float(row.p_value), "holm_p (report)": float(row.p_adjusted),
-                             "fisher_p ours x2": f_ours, "fisher_p ranx x5": f_ranx, "t_p ours": t_ours,
-                             "t_p ranx": t_ranx})
-            nan_both = np.isnan(t_ranx) and t_ours == 1.0
-            checks[f"t-test {name} = ranx student (1e-6)"] = nan_both or abs(t_ours - t_ranx) <= 1e-6
-            checks[f"fisher {name} reproducible"] = f_ours[0] == f_ours[1] == float(row.p_value)
-        report["significance"] = sig_rows
+        sig_rows = check_significance(tmp / "bench", "bm25", qrels, checks)
+        if args.retriever:
+            t = time.perf_counter()
+            twostage("bench", "--data", str(args.data), "--split", "test", "--systems", "bm25,hybrid,hybrid+rerank",
+                     "--retriever-model", args.retriever, "--reranker-model", args.reranker, "--baseline", "hybrid",
+                     "--test", "fisher", "--correction", "holm", "--out", str(tmp / "hybrid"))
+            report["bench_hybrid_s"] = time.perf_counter() - t
+            eval_rows += check_eval(tmp / "hybrid", args.data, qrels, checks)
+            sig_rows += check_significance(tmp / "hybrid", "hybrid", qrels, checks)
+        report["eval"], report["significance"] = eval_rows, sig_rows
     report["checks"] = checks
     ok = all(checks.values())
 
+    command = f"python benchmarks/run_files.py --reranker {args.reranker}" + \
+        (f" --retriever {args.retriever}" if args.retriever else "")
+    timing = f"bench {report['bench_s']:.0f} s, rerank {report['rerank_s']:.0f} s" + \
+        (f", bench with the hybrid baseline {report['bench_hybrid_s']:.0f} s" if args.retriever else "")
     lines = ["# Run files both ways, significance tests (SciFact test, 300 queries)", "",
-             f"Command: `python benchmarks/run_files.py --reranker {args.reranker}` (2-core CPU; the reranker in the "
-             f"engine's `auto` precision). bench {report['bench_s']:.0f} s, rerank {report['rerank_s']:.0f} s.", "",
+             f"Command: `{command}` (2-core CPU; models in the engine's `auto` precision). {timing}.", "",
              "## `twostage eval` on the run files `bench` wrote", "",
              "| run | nDCG@10 (eval) | nDCG@10 (metrics.json) | max abs diff, 5 metrics | max abs diff vs pytrec_eval, "
              "per query, 4 metrics | queries | tied scores written |", "|---|---|---|---|---|---|---|"]
@@ -143,16 +183,17 @@ def main() -> None:
                      f"{r['max |eval - metrics.json|']:.1e} | {r['max |ours - pytrec_eval| per query']:.1e} | "
                      f"{r['queries']} | {r['tied scores written']} |")
     rr = report["rerank"]
-    assert isinstance(rr, dict)
     lines += ["", "## `twostage rerank` of bench's BM25 run against bench's bm25+rerank", "",
               f"{rr['same_order']} of {rr['queries']} queries in the same order; largest score difference "
               f"{rr['max_score_diff']:.2e}; nDCG@10 {rr['ndcg@10_rerank_cli']:.4f} (rerank) vs "
               f"{rr['ndcg@10_bench']:.4f} (bench).", "",
-              "## Significance against bm25, nDCG@10 (bench --test fisher --correction holm)", "",
-              "| system | delta [95% CI] | Fisher p (report) | Holm-adjusted | ours again | ranx fisher, 5 calls | "
-              "t-test p ours | ranx student |", "|---|---|---|---|---|---|---|---|"]
+              "## Significance, nDCG@10 (`bench --baseline B --test fisher --correction holm`)", "",
+              "Fisher: our seeded randomization test (10,000 draws) as the report gives it, and computed again; ranx's "
+              "`fisher_randomization_test` (1,000 permutations, seed 42) called five times on the same scores.", "",
+              "| baseline | system | delta [95% CI] | Fisher p (report) | Holm-adjusted | ours again | ranx fisher, "
+              "5 calls | t-test p ours | ranx student |", "|---|---|---|---|---|---|---|---|---|"]
     for r in sig_rows:
-        lines.append(f"| {r['system']} | {r['delta']:+.4f} [{r['ci'][0]:+.4f}, {r['ci'][1]:+.4f}] | "
+        lines.append(f"| {r['baseline']} | {r['system']} | {r['delta']:+.4f} [{r['ci'][0]:+.4f}, {r['ci'][1]:+.4f}] | "
                      f"{r['fisher_p (report)']:.4f} | {r['holm_p (report)']:.4f} | {r['fisher_p ours x2'][1]:.4f} | "
                      f"{', '.join(f'{p:.3f}' for p in r['fisher_p ranx x5'])} | {r['t_p ours']:.3g} | "
                      f"{r['t_p ranx']:.3g} |")

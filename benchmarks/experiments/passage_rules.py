@@ -30,6 +30,7 @@ def parse_rule(text: str) -> tuple[int, int, int]:
     """(words, stride, whole_up_to) of a rule such as ``100/50 whole<=200`` (``whole``: 0, 0, 0)."""
     if text == "whole":
         return 0, 0, 0
+    text = text.partition(" reads ")[0]
     shape, _, whole = text.partition(" whole<=")
     words, _, stride = shape.partition("/")
     return int(words), int(stride), int(whole or 0)
@@ -42,6 +43,16 @@ def rows_for(docs: list[Any], rule: str) -> list[Any]:
     if not words:
         return [d for d in docs]
     shape = PassageShape(words, stride)
+    reads = int(rule.partition(" reads ")[2] or 0)
+    if reads:  # the same rows, each read from its passage's first word for `reads` words (BM25 only)
+        from twostage.indexer.records import Document
+
+        out = []
+        for d in docs:
+            ws = d.text.split()
+            out += [Document(p.id, " ".join(ws[n * stride:n * stride + reads]), p.title, p.metadata)
+                    for n, p in enumerate(split(d, shape))]
+        return out
     out = []
     for d in docs:
         if whole and len(d.text.split()) <= whole:
@@ -88,6 +99,9 @@ def evaluate_collection(docs: list[Any], queries: list[Any], qrels: Any, encoder
         rows = rows_for(docs, rule)
         bm25 = BM25Retriever.build(rows)
         bm25_lists[rule] = best_lists(docs, rows, [bm25.scores(q.text) for q in queries], True)
+        if " reads " in rule:  # a BM25-only rule: its dense lists are its rows' passages'
+            print(f"  {rule}: bm25 {ndcg(bm25_lists[rule]):.4f}", flush=True)
+            continue
         texts = [p.full_text for p in rows]
         missing = sorted({t for t in texts if t not in cache})
         if missing:
@@ -100,7 +114,7 @@ def evaluate_collection(docs: list[Any], queries: list[Any], qrels: Any, encoder
     dense_scores = {r: ndcg(x) for r, x in dense_lists.items()}
     hybrid = {}
     for b in rules:
-        for d in rules:
+        for d in dense_lists:
             fused = [fuse([x, y], "rrf", k_rrf=60.0).truncate(100) for x, y in zip(bm25_lists[b], dense_lists[d])]
             hybrid[(b, d)] = ndcg(fused)
     return bm25_scores, dense_scores, hybrid
@@ -108,7 +122,10 @@ def evaluate_collection(docs: list[Any], queries: list[Any], qrels: Any, encoder
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rules", nargs="+", default=RULES)
+    parser.add_argument("--rules", nargs="+", default=RULES,
+                        help="`whole`, `W/S`, `W/S whole<=N`, or (BM25 only) `W/S reads N`: the W/S rows, each read "
+                             "by BM25 from its first word for N words")
+    parser.add_argument("--precision", default="fp32", help="the encoder's precision (openvino-fp32 is faster)")
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "scifact")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "passage_rules.md")
     args = parser.parse_args()
@@ -119,7 +136,7 @@ def main() -> None:
     from twostage.retriever.biencoder import BiEncoder
 
     t0 = time.perf_counter()
-    encoder = BiEncoder.load("all-MiniLM-L6-v2", precision="fp32")
+    encoder = BiEncoder.load("all-MiniLM-L6-v2", precision=args.precision)
     ds = BeirDataset(args.data)
     train = ds.split("train")
     long_docs, long_queries, long_qrels, about = long_collection(args.data, 300, 0, "train")
@@ -133,8 +150,11 @@ def main() -> None:
     names = list(collections)
     lines = ["# Which documents each first stage reads as passages (dev queries)", "",
              "Command: `python benchmarks/experiments/passage_rules.py" +
-             (f" --rules {' '.join(repr(r) for r in args.rules)}`" if args.rules != RULES else "`"), "",
-             "nDCG@10; all-MiniLM-L6-v2 zero-shot (fp32, exact); each document scored by its best passage; "
+             (f" --rules {' '.join(repr(r) for r in args.rules)}" if args.rules != RULES else "") +
+             (f" --precision {args.precision}" if args.precision != "fp32" else "") +
+             (f" --out {args.out}" if args.out.resolve() != ROOT / "benchmarks" / "results" / "passage_rules.md"
+              else "") + "`", "",
+             f"nDCG@10; all-MiniLM-L6-v2 zero-shot ({args.precision}, exact); each document scored by its best passage; "
              "`100/50 whole<=200`: 100-word passages every 50 words, but a document of at most 200 words stays one "
              f"passage. Long SciFact dev: {about['composites']} composites of {about['words_min']}-"
              f"{about['words_max']} words from the train queries' documents. "
@@ -142,7 +162,7 @@ def main() -> None:
              "## Each stage alone", "", "| rule | " + " | ".join(f"{n} BM25 | {n} dense" for n in names) + " |",
              "|---|" + "---|---|" * len(names)]
     for rule in args.rules:
-        cells = [f"{results[n][0][rule]:.4f} | {results[n][1][rule]:.4f}" for n in names]
+        cells = [f"{results[n][0][rule]:.4f} | {results[n][1].get(rule, float('nan')):.4f}" for n in names]
         lines.append(f"| {rule} | " + " | ".join(cells) + " |")
     lines += ["", "## Hybrid (RRF k 60): BM25 rule x dense rule", "",
               "| BM25 rule | dense rule | " + " | ".join(names) + " | mean |", "|---|---|" + "---|" * (len(names) + 1)]
