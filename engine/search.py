@@ -35,7 +35,6 @@ from twostage.indexer.topk import check_k
 from twostage.indexer.versions import VERSION
 from twostage.reranker.interpolation import blend_for, reorders
 from twostage.reranker.pipeline import rerank_lists
-from twostage.retriever.device import precision_on
 from twostage.retriever.hybrid import dense_weights, fuse
 from twostage.retriever.precision import resolve_precision, resolve_precisions
 
@@ -90,7 +89,7 @@ class TwoStageSearch:
     def precision(self) -> str:
         """The precision the models run in (the settings' ``auto`` resolved), e.g. ``openvino-int8``, or
         ``retriever openvino-fp32, reranker openvino-int8`` when the two differ."""
-        by_role = resolve_precisions(precision_on(self._models.device, self.settings.precision))
+        by_role = resolve_precisions(self.settings.precision, self._models.device)
         if len(set(by_role.values())) == 1:
             return by_role["retriever"]
         return ", ".join(f"{role} {precision}" for role, precision in by_role.items())
@@ -102,7 +101,7 @@ class TwoStageSearch:
             with self._models.lock:
                 if getattr(self._models, slot) is None:
                     device = self._models.device
-                    precision = resolve_precision(precision_on(device, self.settings.precision), role)
+                    precision = resolve_precision(self.settings.precision, role, device)
                     setattr(self._models, slot, loader(verified_model_dir(ref, role), precision=precision,
                                                        device=device, trust_remote_code=ref.trust_remote_code))
         return getattr(self._models, slot)

@@ -58,7 +58,7 @@ from twostage.indexer.vectors import BackendConfig
 from twostage.indexer.versions import VERSION, Lease, commit, current_version, open_current, writer_lock
 from twostage.retriever.bm25 import BM25Retriever
 from twostage.retriever.bm25_stats import CorpusStats
-from twostage.retriever.device import precision_on, resolve_device
+from twostage.retriever.device import resolve_device
 from twostage.retriever.precision import resolve_precisions
 
 logger = logging.getLogger(__name__)
@@ -554,7 +554,7 @@ def encode_corpus(corpus: CorpusSource, out: Path, settings: EngineSettings, ret
     from twostage.retriever.biencoder import BiEncoder
 
     BackendConfig(settings.backend, settings.metric)  # a bad backend or metric fails before any encoding
-    precision = resolve_precisions(precision_on(device, settings.precision))
+    precision = resolve_precisions(settings.precision, device)
     retriever_ref = model_ref(retriever, trust_remote_code)
     reranker_ref = model_ref(reranker, trust_remote_code) if reranker is not None else None
     calibration = calibration_texts(corpus, "openvino-int8" in precision.values())

@@ -35,7 +35,7 @@ def rerank_run(run: Run, data: str | Path | BeirDataset, reranker: str | Path, *
     from twostage.reranker.cross_encoder import CrossEncoder
     from twostage.reranker.interpolation import blend_for
     from twostage.reranker.pipeline import rerank_lists
-    from twostage.retriever.device import precision_on, resolve_device
+    from twostage.retriever.device import resolve_device
     from twostage.retriever.precision import resolve_precision
 
     depth = check_k(depth)
@@ -51,7 +51,7 @@ def rerank_run(run: Run, data: str | Path | BeirDataset, reranker: str | Path, *
                             f"{dataset.root / 'corpus.jsonl'}; rerank a run of this collection")
     where = resolve_device(device)
     model = CrossEncoder.load(reranker, device=where,
-                              precision=resolve_precision(precision_on(where, precision), "reranker"))
+                              precision=resolve_precision(precision, "reranker", where))
     if interpolation == "auto":
         alpha = blend_for(model, run.name if run.name in FIRST_STAGES else None)
     elif interpolation is None or (isinstance(interpolation, (int, float)) and 0 <= interpolation <= 1):

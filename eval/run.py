@@ -77,22 +77,11 @@ class Run(Mapping[str, RankedList]):
             raise DataError(f"{path}: no run lines; a TREC run has lines 'qid Q0 docid rank score tag'")
         lists = {}
         for qid, docs in rows.items():
-            order = sorted(docs, key=lambda d: (-docs[d][0], _Desc(d)))
+            order = sorted(docs, key=lambda d: d.encode("utf-8"), reverse=True)  # ties: the larger docno first
+            order.sort(key=lambda d: -docs[d][0])  # stable: by score, highest first
             lists[qid] = RankedList(np.array(order, dtype=object),
                                     np.array([docs[d][0] for d in order], dtype=np.float32))
         return cls(tag or Path(path).stem, lists)
-
-
-class _Desc:
-    """A document id that sorts in descending byte order (trec_eval's tie-break: ``strcmp(b, a)``)."""
-
-    __slots__ = ("key",)
-
-    def __init__(self, doc_id: str) -> None:
-        self.key = doc_id.encode("utf-8")
-
-    def __lt__(self, other: _Desc) -> bool:
-        return self.key > other.key
 
 
 def strictly_decreasing(scores: np.ndarray) -> list[float]:

@@ -13,7 +13,7 @@ from twostage.indexer.errors import ConfigError
 from twostage.indexer.protocols import Retriever as SearchSystem
 from twostage.indexer.records import RankedList
 from twostage.retriever.bm25 import BM25Config, BM25Retriever
-from twostage.retriever.device import precision_on, resolve_device
+from twostage.retriever.device import resolve_device
 from twostage.retriever.precision import resolve_precision
 
 
@@ -107,7 +107,7 @@ def _bm25_rerank(corpus: Corpus, options: SystemOptions) -> SearchSystem:
         raise ConfigError("the +rerank systems need a cross-encoder: pass --reranker-model NAME_OR_DIR")
     device = resolve_device(options.device)
     reranker = CrossEncoder.load(options.reranker_model, device=device,
-                                 precision=resolve_precision(precision_on(device, options.precision), "reranker"))
+                                 precision=resolve_precision(options.precision, "reranker", device))
     texts = {d.id: d.full_text for d in corpus}
     alpha = options.rerank_interpolation
     return _Reranked(Pipeline(BM25Retriever.build(corpus), reranker=reranker, texts=texts,

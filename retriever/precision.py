@@ -6,15 +6,17 @@ from pathlib import Path
 
 from twostage.indexer.engine_dir import PRECISIONS
 from twostage.indexer.errors import ConfigError
+from twostage.retriever.device import precision_on
 
 __all__ = ["PRECISIONS", "ROLES", "resolve_precision", "resolve_precisions"]
 
 ROLES = ("retriever", "reranker")
 
 
-def resolve_precision(precision: str, role: str) -> str:
-    """The precision a model in ``role`` (``retriever`` or ``reranker``) runs in. ``auto``, measured on the SciFact
-    one-command models (``benchmarks/results/inference_speed.md``):
+def resolve_precision(precision: str, role: str, device: str = "cpu") -> str:
+    """The precision a model in ``role`` (``retriever`` or ``reranker``) runs in on ``device`` (resolved: ``cpu``
+    or ``cuda[:N]``; on a GPU, :func:`twostage.retriever.device.precision_on` decides). ``auto`` on the CPU,
+    measured on the SciFact one-command models (``benchmarks/results/inference_speed.md``):
 
     - with the ``openvino`` extra installed: the retriever in ``openvino-fp32`` and the reranker in ``openvino-int8``
       (calibrated on the corpus). int8 keeps the reranker's nDCG@10, but costs a fine-tuned bi-encoder 0.007 dense
@@ -24,6 +26,7 @@ def resolve_precision(precision: str, role: str) -> str:
     """
     if role not in ROLES:
         raise ConfigError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+    precision = precision_on(device, precision)
     if precision != "auto":
         return precision
     import importlib.util
@@ -37,6 +40,6 @@ def resolve_precision(precision: str, role: str) -> str:
     return "bf16" if "amx_bf16" in flags else "fp32"
 
 
-def resolve_precisions(precision: str) -> dict[str, str]:
-    """Each role's precision (:func:`resolve_precision`), by role."""
-    return {role: resolve_precision(precision, role) for role in ROLES}
+def resolve_precisions(precision: str, device: str = "cpu") -> dict[str, str]:
+    """Each role's precision on ``device`` (:func:`resolve_precision`), by role."""
+    return {role: resolve_precision(precision, role, device) for role in ROLES}
