@@ -26,7 +26,9 @@ from twostage.retriever.hf import (
     cap_max_length,
     check_tokenizer,
     head_words,
+    padded,
     require_tokenizer_files,
+    tokenize_once,
     unreadable_weights,
     with_precision,
 )
@@ -266,9 +268,8 @@ class BiEncoder(torch.nn.Module):
             return out
         prefix = self._prefix(kind)
         heads = head_words(self.tokenizer, [prefix + t for t in texts], self.config.max_length)
-        lengths = np.array([len(ids) for ids in self.tokenizer(heads, add_special_tokens=True, truncation=False,
-                                                                 verbose=False)["input_ids"]])
-        self.truncated = int((lengths > self.config.max_length).sum())
+        rows, self.truncated = tokenize_once(self.tokenizer, heads, self.config.max_length)
+        lengths = np.array([len(ids) for ids in rows["input_ids"]])
         if self.truncated:
             logger.info("%d of %d %s texts are longer than %d tokens and were truncated",
                         self.truncated, len(texts), kind, self.config.max_length)
@@ -276,13 +277,13 @@ class BiEncoder(torch.nn.Module):
         slices = [order[start:start + batch_size] for start in range(0, len(texts), batch_size)]
         if self.runtime is not None:  # OpenVINO
             for idx in tqdm(slices, desc=f"encode {kind}s", unit="batch", disable=not show_progress):
-                out[idx] = self.runtime(self._tokenized([heads[i] for i in idx], "np"))
+                out[idx] = self.runtime(padded(self.tokenizer, rows, idx, "np"))
             return out
         was_training = self.training
         self.eval()
         with torch.inference_mode():
             for idx in tqdm(slices, desc=f"encode {kind}s", unit="batch", disable=not show_progress):
-                features = self._tokenized([heads[i] for i in idx], "pt")
+                features = padded(self.tokenizer, rows, idx, "pt")
                 emb = self.forward({k: v.to(self.device) for k, v in features.items()})
                 out[idx] = emb.float().cpu().numpy()
         self.train(was_training)

@@ -191,3 +191,38 @@ def test_head_words_keep_every_token_truncation_keeps(tiny_bert_dir):
     assert cut_any
     plain = ["word " * 50]
     assert head_words(object(), plain, 8) == plain  # not a BERT-style fast tokenizer: never cut
+
+
+def test_tokenize_once_equals_truncating_each_text(tiny_bert_dir):
+    """One tokenisation pass gives exactly the ids, type ids and masks of truncating at max_length, and counts the
+    texts that were longer, for BERT's template and for templates with a special token only at the end or only at
+    the start."""
+    import random
+
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from twostage.retriever.hf import padded, tokenize_once
+
+    words = ["cats", "purr", "dogs", "bark", "loud"]
+    vocab = {w: i for i, w in enumerate(["<s>", "</s>", "<pad>", "[UNK]", *words])}
+
+    def custom(template: str) -> PreTrainedTokenizerFast:
+        raw = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+        raw.pre_tokenizer = pre_tokenizers.Whitespace()
+        raw.post_processor = processors.TemplateProcessing(single=template, special_tokens=[("<s>", 0), ("</s>", 1)])
+        return PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                       unk_token="[UNK]")
+
+    rng = random.Random(1)
+    texts = ["", *(" ".join(rng.choices(words + ["zebra"], k=rng.randint(1, 30))) for _ in range(200))]
+    for tok in (AutoTokenizer.from_pretrained(tiny_bert_dir), custom("$A </s>"), custom("<s> $A")):
+        for max_length in (4, 9, 17):
+            rows, long = tokenize_once(tok, texts, max_length)
+            want = tok(texts, truncation=True, max_length=max_length)
+            assert set(rows) == set(want.keys())
+            assert all(rows[k] == want[k] for k in rows), (tok, max_length)
+            assert long == sum(len(ids) > max_length for ids in tok(texts, verbose=False)["input_ids"]) > 0
+            batch = padded(tok, rows, [3, 0, 7], "np")
+            direct = tok([texts[3], texts[0], texts[7]], truncation=True, max_length=max_length, padding=True)
+            assert all(batch[k].tolist() == direct[k] for k in batch)
