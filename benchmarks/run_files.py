@@ -10,8 +10,10 @@ Usage (from the repository root, with a trained reranker, e.g. the one-command r
    pytrec_eval (trec_eval's code, reading the file as trec_eval does) against our per-query numbers.
 3. `twostage rerank --run runs/bm25.trec --reranker M` against runs/bm25+rerank.trec: the same documents in the
    same order for every query, and the largest score difference.
-4. significance.csv's t-test p-values against ranx's `student` test (to 1e-6), and our seeded Fisher p-values
-   computed twice (reproducible) beside ranx's `fisher`, called five times; the Holm adjustment recomputed.
+4. significance.csv's t-test p-values against ranx's `student` test (to 1e-6), its Fisher p-values against ranx's
+   `fisher_randomization_test` run as written (NUMBA_DISABLE_JIT=1, 10,000 permutations, seed 42; to 1e-6) and
+   computed again (reproducible), beside ranx's compiled fisher called five times (irreproducible); the Holm
+   adjustment recomputed.
 5. With --retriever: the same checks for `bench --systems bm25,hybrid,hybrid+rerank --baseline hybrid --test fisher
    --correction holm` (steps 2 and 4).
 Writes benchmarks/results/run_files.md and .json; the last line says PASS or FAIL.
@@ -74,6 +76,21 @@ def check_eval(bench: Path, data: Path, qrels: Any, checks: dict[str, bool]) -> 
     return rows
 
 
+def ranx_fisher_as_written(system: Any, baseline: Any, permutations: int) -> float:
+    """ranx's fisher_randomization_test with numba off (its Python as written: seeded, reproducible), in a fresh
+    interpreter, since numba reads NUMBA_DISABLE_JIT when it is first imported."""
+    import os
+
+    code = ("import json, sys, numpy as np\nfrom ranx.statistical_tests import fisher_randomization_test as f\n"
+            "a, b, n = json.load(sys.stdin)\nprint(float(f(np.array(a), np.array(b), n, 0.05, 42)[0]))")
+    out = subprocess.run([sys.executable, "-c", code], input=json.dumps([list(map(float, system)),
+                         list(map(float, baseline)), permutations]), capture_output=True, text=True,
+                         env={**os.environ, "NUMBA_DISABLE_JIT": "1"})
+    if out.returncode:
+        raise SystemExit(f"ranx's fisher test failed:\n{out.stderr[-2000:]}")
+    return float(out.stdout.strip())
+
+
 def check_significance(bench: Path, baseline: str, qrels: Any, checks: dict[str, bool]) -> list[dict[str, Any]]:
     """significance.csv (fisher + holm) against our tests run again and ranx's student and fisher tests."""
     import numpy as np
@@ -102,15 +119,18 @@ def check_significance(bench: Path, baseline: str, qrels: Any, checks: dict[str,
         t_ours = p_value(a, b, "t")
         t_ranx = student.comparisons[frozenset([baseline, name])]["ndcg@10"]["p_value"]
         f_ours = [p_value(a, b, "fisher") for _ in range(2)]
-        f_ranx = [float(fisher_randomization_test(a, b, 1000, 0.05, 42)[0]) for _ in range(5)]
+        f_ranx = [float(fisher_randomization_test(a, b, 10_000, 0.05, 42)[0]) for _ in range(5)]
+        f_plain = ranx_fisher_as_written(a, b, 10_000)
         row = sig[(sig.system == name) & (sig.metric == "ndcg@10")].iloc[0]
         rows.append({"baseline": baseline, "system": name, "delta": float(row.delta),
                      "ci": [float(row.ci_low), float(row.ci_high)], "fisher_p (report)": float(row.p_value),
                      "holm_p (report)": float(row.p_adjusted), "fisher_p ours x2": f_ours, "fisher_p ranx x5": f_ranx,
+                     "fisher_p ranx numba off": f_plain,
                      "t_p ours": t_ours, "t_p ranx": t_ranx})
         nan_both = np.isnan(t_ranx) and t_ours == 1.0
         checks[f"t-test {name} vs {baseline} = ranx student (1e-6)"] = nan_both or abs(t_ours - t_ranx) <= 1e-6
         checks[f"fisher {name} vs {baseline} reproducible"] = f_ours[0] == f_ours[1] == float(row.p_value)
+        checks[f"fisher {name} vs {baseline} = ranx fisher as written (1e-6)"] = abs(f_plain - float(row.p_value)) <= 1e-6
     family = sig[sig.metric == "ndcg@10"]
     checks[f"holm over the systems against {baseline}"] = bool(np.allclose(
         family.p_adjusted.to_numpy(), adjust(family.p_value.to_numpy(), "holm")))
@@ -188,14 +208,16 @@ def main() -> None:
               f"{rr['max_score_diff']:.2e}; nDCG@10 {rr['ndcg@10_rerank_cli']:.4f} (rerank) vs "
               f"{rr['ndcg@10_bench']:.4f} (bench).", "",
               "## Significance, nDCG@10 (`bench --baseline B --test fisher --correction holm`)", "",
-              "Fisher: our seeded randomization test (10,000 draws) as the report gives it, and computed again; ranx's "
-              "`fisher_randomization_test` (1,000 permutations, seed 42) called five times on the same scores.", "",
+              "Fisher: our randomization test (10,000 permutations, ranx's draws) as the report gives it, and computed "
+              "again; ranx's `fisher_randomization_test` (10,000 permutations, seed 42) run as written "
+              "(NUMBA_DISABLE_JIT=1), and compiled by numba (its default) called five times on the same scores.", "",
               "| baseline | system | delta [95% CI] | Fisher p (report) | Holm-adjusted | ours again | ranx fisher, "
-              "5 calls | t-test p ours | ranx student |", "|---|---|---|---|---|---|---|---|---|"]
+              "numba off | ranx fisher compiled, 5 calls | t-test p ours | ranx student |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in sig_rows:
         lines.append(f"| {r['baseline']} | {r['system']} | {r['delta']:+.4f} [{r['ci'][0]:+.4f}, {r['ci'][1]:+.4f}] | "
                      f"{r['fisher_p (report)']:.4f} | {r['holm_p (report)']:.4f} | {r['fisher_p ours x2'][1]:.4f} | "
-                     f"{', '.join(f'{p:.3f}' for p in r['fisher_p ranx x5'])} | {r['t_p ours']:.3g} | "
+                     f"{r['fisher_p ranx numba off']:.4f} | {', '.join(f'{p:.3f}' for p in r['fisher_p ranx x5'])} | {r['t_p ours']:.3g} | "
                      f"{r['t_p ranx']:.3g} |")
     lines += ["", "## Checks", ""] + [f"- {'ok' if v else 'FAILED'}: {k}" for k, v in checks.items()]
     lines += ["", "PASS" if ok else "FAIL"]

@@ -5,11 +5,13 @@ Two tests, both over the same queries' scores of a system and the baseline:
 - ``t``: the paired two-sided Student t-test (scipy's ``ttest_rel``, which ranx's ``student`` test also calls);
 - ``fisher``: Fisher's randomization (permutation) test, the test Smucker et al. (CIKM 2007) recommend for IR:
   under the null hypothesis the two systems' scores of a query are exchangeable, so each of 10,000 random draws
-  swaps each query's pair with probability 1/2 (flips the sign of its difference); the p-value is the share of
-  draws whose absolute mean difference is at least the observed one (ranx's formula). The draws come from numpy's
-  seeded generator, so a report is reproducible: ranx's own ``fisher`` test is not (it seeds numba's generator
-  inside a parallel loop; eight calls on the same scores gave p from 0.074 to 0.121), which is why it is not
-  called here.
+  swaps each query's pair with probability 1/2; the p-value is the share of draws whose absolute difference of
+  means is at least the observed one. The draws are ranx's: numpy's legacy generator (MT19937) seeded with 42, one
+  32-bit draw per query per permutation, the pair swapped when it is even, which is what ranx's
+  ``fisher_randomization_test`` draws when it runs as written (``NUMBA_DISABLE_JIT=1``). So our p-values equal
+  ranx's given the same number of permutations, and a report is reproducible; compiled by numba (ranx's default),
+  ranx seeds a generator per thread inside a parallel loop and its p-values change from call to call (eight calls on
+  the same scores gave 0.074 to 0.121), which is why it is not called here.
 
 Comparing several systems to one baseline tests several hypotheses at once; ``correction`` adjusts each metric's
 p-values over the systems compared: ``bonferroni`` multiplies each by the number of systems, ``holm`` (Holm 1979,
@@ -49,23 +51,24 @@ def p_value(system: np.ndarray, baseline: np.ndarray, test: str = "t", *, permut
 
         return float(ttest_rel(system, baseline).pvalue)
     if test == "fisher":
-        return randomization_p(system - baseline, permutations, seed)
+        return randomization_p(system, baseline, permutations, seed)
     raise ConfigError(f"unknown significance test {test!r}; use one of {', '.join(TESTS)}")
 
 
-def randomization_p(diff: np.ndarray, permutations: int = 10_000, seed: int = 42) -> float:
-    """The paired randomization test's two-sided p-value of per-query differences ``diff``."""
-    diff = np.asarray(diff, dtype=np.float64)
-    observed = abs(float(diff.mean())) if len(diff) else 0.0
-    if len(diff) == 0 or np.allclose(diff, 0.0):
+def randomization_p(system: np.ndarray, baseline: np.ndarray, permutations: int = 10_000, seed: int = 42) -> float:
+    """The paired randomization test's two-sided p-value of ``system`` against ``baseline`` (per-query scores, same
+    order), drawn as ranx's ``fisher_randomization_test`` draws (see the module's docstring)."""
+    a, b = np.asarray(system, dtype=np.float64), np.asarray(baseline, dtype=np.float64)
+    if len(a) == 0:
         return 1.0
-    rng = np.random.default_rng(seed)
+    observed = abs(a.mean() - b.mean())
+    rng = np.random.RandomState(seed)  # the legacy generator, as ranx seeds it: the same stream of draws
     hits = 0
-    for start in range(0, permutations, 1000):  # 1,000 draws at a time: memory stays small for many queries
+    for start in range(0, permutations, 1000):  # 1,000 permutations at a time: memory stays small for many queries
         rows = min(1000, permutations - start)
-        signs = rng.integers(0, 2, size=(rows, len(diff)), dtype=np.int8) * 2 - 1
-        means = np.abs(signs @ diff) / len(diff)
-        hits += int(np.count_nonzero(means >= observed - 1e-12))
+        swap = (rng.randint(0, 2 ** 32, size=(rows, len(a)), dtype=np.uint32) & 1) == 0
+        first, second = np.where(swap, b, a), np.where(swap, a, b)
+        hits += int(np.count_nonzero(np.abs(first.mean(axis=1) - second.mean(axis=1)) >= observed))
     return hits / permutations
 
 
