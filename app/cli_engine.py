@@ -86,7 +86,7 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
                           backend=args.backend, batch_size=args.batch_size, depth=defaults.depth,
                           passage_words=args.passage_words, passage_stride=args.passage_stride,
                           passage_title=not args.no_passage_title, passage_whole_up_to=args.passage_whole_up_to,
-                          interpolation=defaults.interpolation,
+                          rerank_whole_up_to=args.rerank_whole_up_to, interpolation=defaults.interpolation,
                           fusion=args.fusion if args.fusion is not None else defaults.fusion,
                           dense_weight=args.dense_weight if args.dense_weight is not None else defaults.dense_weight)
 
@@ -357,6 +357,9 @@ def add_commands(sub: Any) -> None:
     b.add_argument("--passage-whole-up-to", type=int, default=d.passage_whole_up_to, metavar="WORDS",
                    help=f"a document of at most this many words stays one passage (default {d.passage_whole_up_to}; "
                         "0: at most --passage-words)")
+    b.add_argument("--rerank-whole-up-to", type=int, default=d.rerank_whole_up_to, metavar="WORDS",
+                   help=f"the reranker reads a document of at most this many words whole, a longer one by its best "
+                        f"passage (default {d.rerank_whole_up_to}; 0: every document by its best passage)")
     b.add_argument("--strict", action="store_true",
                    help="a folder corpus: stop at the first file that cannot be read (default: skip it, say so)")
     b.add_argument("--shards", type=int, default=None,

@@ -280,7 +280,10 @@ class TwoStageSearch:
         else:  # each document is read by its chosen passage (title in front, as the first stages read it)
             pids = sorted({c[str(d)] for c, f in zip(chosen, firsts) for d in f.ids[:s.k_retrieve]}) if scored else []
             texts = {p.id: p.full_text for p in self.passages(pids)}
-            per_query = [lambda d, c=c: texts[c[d]] for c in chosen]
+            if s.rerank_whole_up_to and heads:  # short documents are read whole (as far as the reranker reads)
+                texts.update({d.id: d.full_text for d in self.documents(heads)
+                              if len(d.text.split()) <= s.rerank_whole_up_to})
+            per_query = [lambda d, c=c: texts[d] if d in texts else texts[c[d]] for c in chosen]
         reranked = rerank_lists(reranker, queries, firsts, texts.__getitem__, k=end, k_retrieve=s.k_retrieve,
                                 interpolation=None if alpha is None else float(alpha), batch_size=s.batch_size,
                                 per_query=per_query)

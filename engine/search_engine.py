@@ -205,10 +205,12 @@ class SearchEngine(TwoStageSearch):
             return {"passages": m.passages, "passage_words": s.passage_words, "passage_stride": s.passage_stride,
                     "passage_title": s.passage_title, "documents_cut": cut,
                     "most_passages": int(sizes.max()) if len(sizes) else 0,
-                    "passage_whole_up_to": s.passage_whole_up_to,
+                    "passage_whole_up_to": s.passage_whole_up_to, "rerank_whole_up_to": s.rerank_whole_up_to,
                     "summary": f"{cut} of {m.documents} documents are longer than "
                                f"{max(s.passage_words, s.passage_whole_up_to)} words and are searched as overlapping "
-                               f"passages ({m.passages} in all; the retriever reads every word)"}
+                               f"passages ({m.passages} in all; the retriever reads every word); the reranker reads "
+                               + (f"a document of at most {s.rerank_whole_up_to} words whole, a longer one"
+                                  if s.rerank_whole_up_to else "each document") + " by its best passage"}
         return {"passages": 0, "documents_truncated": m.truncated,
                 "summary": f"{m.truncated} of {m.documents} documents were longer than the retriever reads "
                            f"({reads} tokens) when added: only their beginning is searched by the dense stage; "

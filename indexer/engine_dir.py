@@ -55,6 +55,8 @@ class EngineSettings:
     passage_stride: int = 50  # a new passage every this many words (passages overlap by words - stride)
     passage_title: bool = True  # the title in front of every passage (False: the first passage only)
     passage_whole_up_to: int = 0  # a document of at most this many words stays one passage (0: passage_words)
+    rerank_whole_up_to: int = 300  # the reranker reads a document of at most this many words whole, a longer one by
+    # its best passage (0: every document by its best passage); a search-time choice (benchmarks/results/rerank_reads)
 
     @property
     def passages(self) -> PassageShape:
@@ -82,6 +84,9 @@ class EngineSettings:
             raise ConfigError(f"rerank must be true or false, got {self.rerank!r}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if isinstance(self.rerank_whole_up_to, bool) or not isinstance(self.rerank_whole_up_to, int) \
+                or self.rerank_whole_up_to < 0:
+            raise ConfigError(f"rerank_whole_up_to must be an integer >= 0, got {self.rerank_whole_up_to!r}")
         if not isinstance(self.passage_title, bool):
             raise ConfigError(f"passage_title must be true or false, got {self.passage_title!r}")
         self.passages  # noqa: B018 - checks passage_words and passage_stride
@@ -138,6 +143,8 @@ def read_engine_manifest(version_dir: Path) -> EngineManifest:
             saved = {**saved, "passage_words": 0}
         if isinstance(saved, dict) and "passage_whole_up_to" not in saved:  # cut at passage_words, as it was built
             saved = {**saved, "passage_whole_up_to": 0}
+        if isinstance(saved, dict) and "rerank_whole_up_to" not in saved:  # read by best passages, as it searched
+            saved = {**saved, "rerank_whole_up_to": 0}
         settings = from_json_dict(EngineSettings, saved, f"{path}: settings")
     except ConfigError as exc:
         raise IndexFormatError(f"{exc}; restore or rebuild the engine") from None

@@ -184,6 +184,47 @@ def test_a_passage_engine_from_before_whole_up_to_keeps_its_cut(tmp_path, models
         old.configure(passage_whole_up_to=500)
 
 
+def test_rerank_whole_up_to_reads_short_documents_whole(tmp_path, models, monkeypatch):
+    """The reranker reads a candidate of at most rerank_whole_up_to words whole (title and text), a longer one by
+    its best passage; 0 reads every one by its best passage. A search-time setting: configure changes it, an engine
+    from before it reads by passages."""
+    from twostage.reranker.cross_encoder import CrossEncoder
+
+    retriever, reranker = models
+    read: list[str] = []
+    predict = CrossEncoder.predict
+
+    def spy(self, pairs, **kw):
+        read.extend(d for _, d in pairs)
+        return predict(self, pairs, **kw)
+
+    monkeypatch.setattr(CrossEncoder, "predict", spy)
+    docs = {d.id: d for d in long_corpus()}
+    engine = SearchEngine.build(list(docs.values()), tmp_path / "e", retriever=retriever, reranker=reranker,
+                                passage_words=20, passage_stride=10)
+    assert engine.settings.rerank_whole_up_to == 300  # the default, chosen on dev
+    for value in (0, 50, 10**6):
+        engine = engine.configure(rerank_whole_up_to=value)
+        read.clear()
+        r = engine.search("zebra crossing rain", k=41, first_stage="bm25", k_retrieve=41)
+        assert len(read) == len(r.ids) >= 30 and r.hits[0].passage is not None
+        for doc in (docs[i] for i in r.ids):
+            n = len(doc.text.split())
+            whole = doc.full_text in read
+            assert whole == (n <= value or n <= 20), (value, doc.id, n)  # a doc of <= 20 words is one passage
+            if not whole:
+                assert any(text.startswith(doc.title) and text in ("", *[p.full_text for p in split(doc, engine.shape)])
+                           for text in read)
+    manifest = engine.version_dir / "manifest.json"
+    data = json.loads(manifest.read_text())
+    del data["settings"]["rerank_whole_up_to"]
+    manifest.write_text(json.dumps(data))
+    assert SearchEngine.load(tmp_path / "e", verify=False).settings.rerank_whole_up_to == 0
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ConfigError, match="rerank_whole_up_to"):
+            engine.configure(rerank_whole_up_to=bad)
+
+
 # ---- folders of files ---------------------------------------------------------------------------------
 def pdf_bytes(text: str, title: str) -> bytes:
     """A one-page PDF with ``text`` in Helvetica and ``title`` in its metadata (written by hand: no PDF library
