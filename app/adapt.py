@@ -85,8 +85,9 @@ def _sample_docs(corpus: Corpus, n: int, seed: int) -> list[Any]:
 
 
 def adapt(corpus: CorpusSource | Corpus, out: str | Path, *, base: str = "all-MiniLM-L6-v2",
-          recipe: AdaptRecipe = AdaptRecipe(), show_progress: bool = False) -> AdaptResult:
-    """Train ``OUT/retriever`` and ``OUT/reranker`` on ``corpus`` alone (see the module's docstring)."""
+          recipe: AdaptRecipe = AdaptRecipe(), show_progress: bool = False, device: str = "auto") -> AdaptResult:
+    """Train ``OUT/retriever`` and ``OUT/reranker`` on ``corpus`` alone (see the module's docstring). ``device``:
+    where the models train and encode (cpu, cuda, cuda:N, auto; twostage.retriever.device)."""
     from twostage.eval.metrics import mean_ndcg10, ndcg10_by_query
     from twostage.reranker.cross_encoder import CrossEncoder
     from twostage.retriever.biencoder import BiEncoder
@@ -94,6 +95,11 @@ def adapt(corpus: CorpusSource | Corpus, out: str | Path, *, base: str = "all-Mi
     from twostage.retriever.fit import seed_everything
     from twostage.retriever.hybrid import HybridRetriever
 
+    from twostage.retriever.device import resolve_device
+
+    where = resolve_device(device)  # cuda on a machine without it: one ConfigError, before anything is written
+    recipe = replace(recipe, retriever=replace(recipe.retriever, device=where),
+                     reranker=None if recipe.reranker is None else replace(recipe.reranker, device=where))
     corpus = corpus if isinstance(corpus, Corpus) else load_corpus(corpus)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -121,8 +127,8 @@ def adapt(corpus: CorpusSource | Corpus, out: str | Path, *, base: str = "all-Mi
     logger.info("%d pseudo-queries (%d with a hard negative), %d held out as dev", len(train_q), len(full), len(dev_q))
 
     t = time.perf_counter()
-    base_model = BiEncoder.load(base)
-    model = BiEncoder.load(base, max_length=min(recipe.train_max_length, base_model.config.max_length))
+    base_model = BiEncoder.load(base, device=where)
+    model = BiEncoder.load(base, max_length=min(recipe.train_max_length, base_model.config.max_length), device=where)
     pool_ids: set[str] = set()
     for p in dev_q:
         pool_ids.update(bm25.search(p.text, 20).ids)
@@ -145,7 +151,7 @@ def adapt(corpus: CorpusSource | Corpus, out: str | Path, *, base: str = "all-Mi
                    show_progress=show_progress, info={"kind": "adapt", "base": base, "pseudo_queries": len(train_q),
                                                       "recipe": to_json_dict(recipe)})
     fit_wall = time.perf_counter() - fit_started
-    trained = BiEncoder.load(out / "retriever", max_length=base_model.config.max_length)
+    trained = BiEncoder.load(out / "retriever", max_length=base_model.config.max_length, device=where)
     trained.save(out / "retriever", training=result.training)  # searches with the base's token limit
     if dev_q:
         dev_scores["retriever"] = dev(trained)
@@ -174,7 +180,7 @@ def adapt(corpus: CorpusSource | Corpus, out: str | Path, *, base: str = "all-Mi
         dev_fn = dev_scorer(first_stages, dev_queries, dev_qrels, texts_of, settings.k_retrieve,
                             ndcg10_by_query) if dev_q else None
         seed_everything(config.seed)
-        model_ce = CrossEncoder.load(base, allow_untrained_head=True)
+        model_ce = CrossEncoder.load(base, allow_untrained_head=True, device=where)
         reranker_dir = out / "reranker"
         fit_started = time.perf_counter()
         res = train_reranker(model_ce, groups, config, reranker_dir, dev=dev_fn, show_progress=show_progress,

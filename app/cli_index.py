@@ -11,18 +11,21 @@ from twostage.indexer.errors import ConfigError
 from twostage.indexer.vectors import BACKENDS
 
 
-def _encoder(model: str, precision: str = "fp32") -> Any:
+def _encoder(model: str, precision: str = "fp32", device: str = "auto") -> Any:
     from twostage.retriever.biencoder import BiEncoder
+    from twostage.retriever.device import resolve_device
 
-    return BiEncoder.load(model, precision=precision)
+    return BiEncoder.load(model, precision=precision, device=resolve_device(device))
 
 
-def _open(path: Path, with_encoder: bool = True) -> Any:
+def _open(path: Path, with_encoder: bool = True, device: str = "auto") -> Any:
     from twostage.indexer.index import Index
+    from twostage.retriever.device import resolve_device
 
+    resolve_device(device)  # cuda on a machine without it: one line, before the index is read
     index = Index.load(path)
     if with_encoder:
-        index.attach_encoder(_encoder(index.manifest.encoder.name))
+        index.attach_encoder(_encoder(index.manifest.encoder.name, device=device))
     return index
 
 
@@ -52,8 +55,11 @@ def _build(args: argparse.Namespace) -> int:
     from twostage.indexer.build import build_index
     from twostage.indexer.vectors import BackendConfig
 
+    from twostage.retriever.device import resolve_device
+
     params = parse_params(args.param)
     backend = BackendConfig(args.backend, args.metric, params)
+    resolve_device(args.device)  # cuda on a machine without it: one line, nothing written
     args.corpus = corpus_of(args)
     if args.ray and not isinstance(args.corpus, Path):
         raise ConfigError("--id-field, --text-field and --title-field do not apply with --ray; rename the columns")
@@ -64,7 +70,8 @@ def _build(args: argparse.Namespace) -> int:
                                 cpus_per_actor=args.ray_cpus_per_actor, chunk_size=args.chunk_size,
                                 batch_size=args.batch_size, address=args.ray_address, show_progress=not args.quiet)
     else:
-        index = build_index(args.corpus, _encoder(args.model), args.out, backend=backend, chunk_size=args.chunk_size,
+        index = build_index(args.corpus, _encoder(args.model, device=args.device), args.out, backend=backend,
+                            chunk_size=args.chunk_size,
                             batch_size=args.batch_size, show_progress=not args.quiet)
     print(json.dumps(index.info(), indent=2))
     return 0
@@ -78,7 +85,7 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _add(args: argparse.Namespace) -> int:
-    index = _open(args.index)
+    index = _open(args.index, device=args.device)
     from twostage.app.cli_engine import corpus_of
     from twostage.indexer.corpus import iter_documents
 
@@ -109,7 +116,7 @@ def _search(args: argparse.Namespace) -> int:
     from twostage.app.cli_engine import parse_where
 
     where = parse_where(args.where)
-    index = _open(args.index)
+    index = _open(args.index, device=args.device)
     result = index.search(args.query, args.k, where=where)
     docs = index.documents(list(result.ids))
     for rank, (doc, score) in enumerate(zip(docs, result.scores), 1):
@@ -133,9 +140,10 @@ def add_commands(sub: Any) -> None:
     b.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting a local one")
     b.add_argument("--ray-actors", type=int, default=2, help="encoder actors (default 2)")
     b.add_argument("--ray-cpus-per-actor", type=float, default=1.0)
-    from twostage.app.cli_engine import add_field_flags
+    from twostage.app.cli_engine import add_device_flag, add_field_flags
 
     add_field_flags(b)
+    add_device_flag(b)
     b.set_defaults(func=_build)
     i = isub.add_parser("info", help="what an index holds")
     i.add_argument("index", type=Path)
@@ -146,6 +154,7 @@ def add_commands(sub: Any) -> None:
         a.add_argument("--index", required=True, type=Path)
         a.add_argument("--corpus", required=True, type=Path)
         add_field_flags(a)
+        add_device_flag(a)
         a.set_defaults(func=_add, upsert=upsert)
     d = isub.add_parser("delete", help="delete documents by id")
     d.add_argument("--index", required=True, type=Path)
@@ -161,4 +170,5 @@ def add_commands(sub: Any) -> None:
     s.add_argument("--where", action="append", metavar="FILTER", help="metadata filter: KEY=VALUE, KEY>=VALUE ... or "
                    "a JSON filter (repeatable: all must hold; docs/filters.md)")
     s.add_argument("query")
+    add_device_flag(s)
     s.set_defaults(func=_search)

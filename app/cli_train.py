@@ -198,7 +198,8 @@ def _adapt(args: argparse.Namespace) -> int:
         recipe = replace(recipe, queries=replace(recipe.queries, seed=args.seed))
     if args.no_reranker:
         recipe = replace(recipe, reranker=None)
-    result = adapt(corpus_of(args), args.out, base=args.base, recipe=recipe, show_progress=not args.quiet)
+    result = adapt(corpus_of(args), args.out, base=args.base, recipe=recipe, show_progress=not args.quiet,
+                   device=args.device)
     took = sum(result.seconds.values())
     print(f"adapted in {took / 60:.1f} min: retriever {result.retriever}"
           + (f", reranker {result.reranker}" if result.reranker else "")
@@ -207,7 +208,7 @@ def _adapt(args: argparse.Namespace) -> int:
 
 
 def add_adapt_command(sub: Any) -> None:
-    from twostage.app.cli_engine import add_field_flags
+    from twostage.app.cli_engine import add_device_flag, add_field_flags
 
     ad = sub.add_parser("adapt", help="train the bi-encoder and the reranker on a corpus alone (no labels): "
                         "pseudo-queries made from the documents")
@@ -220,4 +221,5 @@ def add_adapt_command(sub: Any) -> None:
     ad.add_argument("--seed", type=int, default=None, help="seed of every random choice")
     ad.add_argument("--no-reranker", action="store_true", help="adapt the bi-encoder only")
     add_field_flags(ad)
+    add_device_flag(ad)
     ad.set_defaults(func=_adapt)

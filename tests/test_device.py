@@ -42,6 +42,10 @@ def test_cli_commands_refuse_cuda_in_one_line(tmp_path, sample_dir, models, caps
          "--out", str(tmp_path / "b"), "--device", "cuda"],
         ["train-reranker", "--data", str(sample_dir), "--base", str(retriever), "--out", str(tmp_path / "ce"),
          "--epochs", "1", "--device", "cuda"],
+        ["adapt", "--corpus", str(sample_dir), "--base", str(retriever), "--out", str(tmp_path / "adapted"),
+         "--device", "cuda"],
+        ["index", "build", "--corpus", str(sample_dir), "--model", str(retriever), "--out", str(tmp_path / "ix"),
+         "--device", "cuda"],
     ]
     for argv in cases:
         capsys.readouterr()
@@ -55,3 +59,11 @@ def test_cli_commands_refuse_cuda_in_one_line(tmp_path, sample_dir, models, caps
     assert main(["search", str(tmp_path / "eng"), "why do cats purr", "--device", "cuda"]) == 2
     assert "no CUDA GPU here" in capsys.readouterr().err
     assert main(["search", str(tmp_path / "eng"), "why do cats purr", "--device", "cpu", "--k", "3"]) == 0
+    assert main(["-q", "index", "build", "--corpus", str(sample_dir), "--model", str(retriever), "--out",
+                 str(tmp_path / "ix"), "--device", "cpu", "--backend", "flat"]) == 0
+    capsys.readouterr()
+    for argv in (["index", "search", "--index", str(tmp_path / "ix"), "cats", "--device", "cuda"],
+                 ["index", "add", "--index", str(tmp_path / "ix"), "--corpus", str(sample_dir / "corpus.jsonl"),
+                  "--device", "cuda"]):
+        assert main(["-q", *argv]) == 2 and "no CUDA GPU here" in capsys.readouterr().err, argv
+    assert main(["-q", "index", "search", "--index", str(tmp_path / "ix"), "cats", "--device", "cpu"]) == 0
