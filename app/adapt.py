@@ -92,10 +92,9 @@ def adapt(corpus: CorpusSource | Corpus, out: str | Path, *, base: str = "all-Mi
     from twostage.reranker.cross_encoder import CrossEncoder
     from twostage.retriever.biencoder import BiEncoder
     from twostage.retriever.dense import DenseRetriever
+    from twostage.retriever.device import resolve_device
     from twostage.retriever.fit import seed_everything
     from twostage.retriever.hybrid import HybridRetriever
-
-    from twostage.retriever.device import resolve_device
 
     where = resolve_device(device)  # cuda on a machine without it: one ConfigError, before anything is written
     recipe = replace(recipe, retriever=replace(recipe.retriever, device=where),

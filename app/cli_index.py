@@ -11,21 +11,21 @@ from twostage.indexer.errors import ConfigError
 from twostage.indexer.vectors import BACKENDS
 
 
-def _encoder(model: str, precision: str = "fp32", device: str = "auto") -> Any:
+def _encoder(model: str, device: str, precision: str = "fp32") -> Any:
+    """The bi-encoder ``model`` on ``device`` (resolved: cpu or cuda[:N])."""
     from twostage.retriever.biencoder import BiEncoder
-    from twostage.retriever.device import resolve_device
 
-    return BiEncoder.load(model, precision=precision, device=resolve_device(device))
+    return BiEncoder.load(model, precision=precision, device=device)
 
 
 def _open(path: Path, with_encoder: bool = True, device: str = "auto") -> Any:
     from twostage.indexer.index import Index
     from twostage.retriever.device import resolve_device
 
-    resolve_device(device)  # cuda on a machine without it: one line, before the index is read
+    where = resolve_device(device)  # cuda on a machine without it: one line, before the index is read
     index = Index.load(path)
     if with_encoder:
-        index.attach_encoder(_encoder(index.manifest.encoder.name, device=device))
+        index.attach_encoder(_encoder(index.manifest.encoder.name, where))
     return index
 
 
@@ -54,12 +54,11 @@ def _build(args: argparse.Namespace) -> int:
     from twostage.app.cli_engine import corpus_of
     from twostage.indexer.build import build_index
     from twostage.indexer.vectors import BackendConfig
-
     from twostage.retriever.device import resolve_device
 
     params = parse_params(args.param)
     backend = BackendConfig(args.backend, args.metric, params)
-    resolve_device(args.device)  # cuda on a machine without it: one line, nothing written
+    device = resolve_device(args.device)  # cuda on a machine without it: one line, nothing written
     args.corpus = corpus_of(args)
     if args.ray and not isinstance(args.corpus, Path):
         raise ConfigError("--id-field, --text-field and --title-field do not apply with --ray; rename the columns")
@@ -70,9 +69,8 @@ def _build(args: argparse.Namespace) -> int:
                                 cpus_per_actor=args.ray_cpus_per_actor, chunk_size=args.chunk_size,
                                 batch_size=args.batch_size, address=args.ray_address, show_progress=not args.quiet)
     else:
-        index = build_index(args.corpus, _encoder(args.model, device=args.device), args.out, backend=backend,
-                            chunk_size=args.chunk_size,
-                            batch_size=args.batch_size, show_progress=not args.quiet)
+        index = build_index(args.corpus, _encoder(args.model, device), args.out, backend=backend,
+                            chunk_size=args.chunk_size, batch_size=args.batch_size, show_progress=not args.quiet)
     print(json.dumps(index.info(), indent=2))
     return 0
 

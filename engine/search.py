@@ -277,12 +277,18 @@ class TwoStageSearch:
         per_query = None
         if chosen is None:
             texts = {d.id: d.full_text for d in self.documents(heads)}  # one read for every query's candidates
-        else:  # each document is read by its chosen passage (title in front, as the first stages read it)
-            pids = sorted({c[str(d)] for c, f in zip(chosen, firsts) for d in f.ids[:s.k_retrieve]}) if scored else []
-            texts = {p.id: p.full_text for p in self.passages(pids)}
-            if s.rerank_whole_up_to and heads:  # short documents are read whole (as far as the reranker reads)
-                texts.update({d.id: d.full_text for d in self.documents(heads)
-                              if len(d.text.split()) <= s.rerank_whole_up_to})
+        else:  # a document is read by its chosen passage (title in front, as the first stages read it), or whole
+            # when it has at most rerank_whole_up_to words (as far as the reranker reads)
+            pids = {c[str(d)] for c, f in zip(chosen, firsts) for d in f.ids[:s.k_retrieve]} if scored else set()
+            if s.rerank_whole_up_to:  # one read: each candidate with its passages
+                texts = {}
+                for doc, passages, _ in self.documents_with_passages(heads):
+                    if len(doc.text.split()) <= s.rerank_whole_up_to:
+                        texts[doc.id] = doc.full_text
+                    else:
+                        texts.update((p.id, p.full_text) for p in passages if p.id in pids)
+            else:
+                texts = {p.id: p.full_text for p in self.passages(sorted(pids))}
             per_query = [lambda d, c=c: texts[d] if d in texts else texts[c[d]] for c in chosen]
         reranked = rerank_lists(reranker, queries, firsts, texts.__getitem__, k=end, k_retrieve=s.k_retrieve,
                                 interpolation=None if alpha is None else float(alpha), batch_size=s.batch_size,
