@@ -58,6 +58,9 @@ def _build(args: argparse.Namespace) -> int:
 
     params = parse_params(args.param)
     backend = BackendConfig(args.backend, args.metric, params)
+    if args.ray and args.device not in ("auto", "cpu"):
+        raise ConfigError(f"--ray encodes on CPU actors (--ray-cpus-per-actor), not on --device {args.device}; "
+                          "drop --ray to encode on the GPU here")
     device = resolve_device(args.device)  # cuda on a machine without it: one line, nothing written
     args.corpus = corpus_of(args)
     if args.ray and not isinstance(args.corpus, Path):

@@ -28,6 +28,7 @@ from twostage.indexer.docstore import COLUMNS, row_document, write_table
 from twostage.indexer.errors import ConfigError, DataError
 from twostage.indexer.index import Index, IndexChange, link_or_copy, write_index_files, write_segment
 from twostage.indexer.manifest import EncoderInfo, Segment
+from twostage.indexer.npy import load_npy
 from twostage.indexer.records import Document
 from twostage.indexer.vectors import BackendConfig, ann_from_vectors, default_params, prepare
 from twostage.indexer.versions import commit, writer_lock
@@ -167,7 +168,7 @@ def slice_chunks(work: Path, done: list[dict[str, Any]], start: int, stop: int,
                 for ext in (".npy", ".parquet"):
                     link_or_copy(src.with_suffix(ext), dst.with_suffix(ext))
             else:
-                vectors = np.load(src.with_suffix(".npy"), mmap_mode="r", allow_pickle=False)[a - row:b - row]
+                vectors = load_npy(src.with_suffix(".npy"), mmap=True)[a - row:b - row]
                 np.save(dst.with_suffix(".npy"), np.ascontiguousarray(vectors), allow_pickle=False)
                 table = pq.read_table(src.with_suffix(".parquet")).slice(a - row, b - a)
                 write_table(dst.with_suffix(".parquet"), table)
@@ -179,7 +180,7 @@ def slice_chunks(work: Path, done: list[dict[str, Any]], start: int, stop: int,
 def _checked_dim(work: Path, done: list[dict[str, Any]], info: EncoderInfo) -> EncoderInfo:
     if not done or sum(int(c["rows"]) for c in done) == 0:
         raise DataError("cannot build an index over an empty corpus")
-    dim = int(np.load(work / "segments" / f"{done[0]['name']}.npy", mmap_mode="r").shape[1])
+    dim = int(load_npy(work / "segments" / f"{done[0]['name']}.npy", mmap=True).shape[1])
     if info.dim != dim:
         if info.dim:
             raise DataError(f"the encoder {info.name} declares dimension {info.dim} but its vectors have {dim}")
@@ -215,7 +216,7 @@ def streamed_change(work: Path, done: list[dict[str, Any]], backend: BackendConf
     for c in done:
         segments.append(Segment(c["name"], start, int(c["rows"])))
         start += int(c["rows"])
-    parts = [np.load(work / "segments" / f"{s.name}.npy", mmap_mode="r", allow_pickle=False) for s in segments]
+    parts = [load_npy(work / "segments" / f"{s.name}.npy", mmap=True) for s in segments]
     logger.info("building %s over %d x %d vectors", backend.name, start, info.dim)
     ann = ann_from_vectors(backend, parts)
     params = {**default_params(backend.name, start, info.dim), **backend.params}

@@ -40,6 +40,7 @@ from twostage.indexer.manifest import (
     read_manifest,
     verify_files,
 )
+from twostage.indexer.npy import load_npy
 from twostage.indexer.records import Document, RankedList
 from twostage.indexer.topk import check_k
 from twostage.indexer.vectors import (
@@ -83,7 +84,7 @@ class Index:
         for seg in manifest.segments:
             path = version_dir / "segments" / f"{seg.name}.npy"
             try:
-                v = np.load(path, mmap_mode="r", allow_pickle=False)
+                v = load_npy(path, mmap=True)
             except (ValueError, OSError) as exc:
                 raise IndexFormatError(f"{path}: not a readable .npy file ({exc}); restore or rebuild the index") from None
             if v.shape != (seg.rows, manifest.encoder.dim) or v.dtype != np.float32:
@@ -104,7 +105,7 @@ class Index:
         self.doc_ids = IdMap(pa.chunked_array(columns, pa.string()) if columns else pa.chunked_array([], pa.string()))
         self.deleted = np.zeros(len(self.doc_ids), dtype=bool)
         if manifest.deleted:
-            rows = np.load(version_dir / "deleted.npy", allow_pickle=False)
+            rows = load_npy(version_dir / "deleted.npy")
             if len(rows) != manifest.deleted or (len(rows) and (rows.min() < 0 or rows.max() >= len(self.doc_ids))):
                 raise IndexFormatError(f"{version_dir / 'deleted.npy'}: does not match the manifest; restore or rebuild")
             self.deleted[rows] = True
@@ -503,8 +504,8 @@ def write_index_files(directory: Path, previous: Path | None, change: IndexChang
     files = [f"segments/{s.name}{ext}" for s in change.segments for ext in (".npy", ".parquet")]
     ann = change.ann
     if isinstance(ann, AnnFromSegments):
-        ann = ann_from_vectors(ann.config, [np.load(directory / "segments" / f"{s.name}.npy", mmap_mode="r",
-                                                    allow_pickle=False) for s in change.segments])
+        ann = ann_from_vectors(ann.config, [load_npy(directory / "segments" / f"{s.name}.npy", mmap=True)
+                                       for s in change.segments])
     if ann is not None:
         ann_name = ann_file(backend)
         ann.save(directory / ann_name)

@@ -31,6 +31,7 @@ from twostage.indexer.manifest import (
     read_manifest_json,
     verify_files,
 )
+from twostage.indexer.npy import load_npy
 from twostage.retriever.bm25_stats import Postings
 
 FORMAT = "twostage.bm25"
@@ -84,8 +85,8 @@ def read_bm25_files(path: str | Path) -> tuple[dict[str, Any], list[str], dict[s
         config = manifest["config"]
         doc_ids = json.loads((root / "doc_ids.json").read_text(encoding="utf-8"))
         vocab = json.loads((root / "vocab.json").read_text(encoding="utf-8"))
-        arrays = {name: np.load(root / f"weights.{name}.npy", allow_pickle=False) for name in ARRAYS}
-        extra = [np.load(root / f, mmap_mode="r", allow_pickle=False) for f in POSTINGS_FILES] if has_postings else []
+        arrays = {name: load_npy(root / f"weights.{name}.npy") for name in ARRAYS}
+        extra = [load_npy(root / f, mmap=True) for f in POSTINGS_FILES] if has_postings else []
     except (KeyError, ValueError, OSError) as exc:
         raise IndexFormatError(f"{root}: cannot read the index ({exc}); rebuild it") from None
     n = int(manifest["num_docs"])

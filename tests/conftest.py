@@ -1,9 +1,15 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
+
+# ranx compiles its metrics with numba on first use, and its cache lives in site-packages: on a fresh install (CI)
+# that was ~2 minutes of the 20 (tests/test_metrics.py 30 s -> 3 s here). The tests check what is computed, so they
+# run ranx's Python as written (numba reads this when first imported; subprocesses inherit it). Benchmarks compile.
+os.environ.setdefault("NUMBA_DISABLE_JIT", "1")
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "data"

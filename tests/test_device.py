@@ -67,3 +67,13 @@ def test_cli_commands_refuse_cuda_in_one_line(tmp_path, sample_dir, models, caps
                   "--device", "cuda"]):
         assert main(["-q", *argv]) == 2 and "no CUDA GPU here" in capsys.readouterr().err, argv
     assert main(["-q", "index", "search", "--index", str(tmp_path / "ix"), "cats", "--device", "cpu"]) == 0
+
+
+def test_ray_index_build_refuses_a_gpu_device_in_one_line(tmp_path, sample_dir, capsys):
+    # Ray's encoder actors run on CPUs: --device cuda with --ray would be ignored, so it is refused (any machine)
+    argv = ["-q", "index", "build", "--corpus", str(sample_dir), "--model", "unused", "--out", str(tmp_path / "ix"),
+            "--ray", "--device", "cuda"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--ray encodes on CPU actors" in err[0] and "--device cuda" in err[0], err
+    assert list(tmp_path.iterdir()) == []

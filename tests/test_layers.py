@@ -152,3 +152,11 @@ def test_architecture_query_path_matches_the_code():
         pa, pb = files[a], files[b]
         target = module_of(pb.parent.name, pb)
         assert target in imports(pa), f"the query path draws {a} --> {b}, but {pa.relative_to(ROOT)} does not import {target}"
+
+
+def test_npy_files_are_read_only_through_load_npy():
+    # numpy.load parses headers with ast, which is not thread-safe on CPython 3.11 (twostage.indexer.npy)
+    for folder in PACKAGE:
+        for path in (ROOT / folder).rglob("*.py"):
+            if path != ROOT / "indexer" / "npy.py":
+                assert "np.load(" not in path.read_text(), f"{path.relative_to(ROOT)}: read .npy files with load_npy"
