@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shlex
 import sys
 from collections.abc import Sequence
@@ -74,10 +75,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _metrics_as_python() -> None:
+    """Run ranx (the metrics) as Python in this process unless the user chose otherwise (NUMBA_DISABLE_JIT=0).
+
+    ranx compiles its metrics with numba on first use. `twostage eval` of a SciFact BM25 run (300 queries) took 80 s
+    right after installing and 13-18 s every later time (loading numba's cache), as Python 7.6-8.3 s with the same
+    numbers (docs/cli.md). The library leaves numba alone; the command line owns its process.
+    """
+    if "numba" not in sys.modules:
+        os.environ.setdefault("NUMBA_DISABLE_JIT", "1")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    _metrics_as_python()
     args.command_line = "twostage " + " ".join(shlex.quote(a) for a in argv)
     level = logging.INFO if args.verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 
 import numpy as np
 import pandas as pd
@@ -256,3 +258,26 @@ def test_rerank_and_eval_errors_name_the_thing(bench_out, sample_dir, models, tm
     assert main(["eval", "--run", str(bench_out / "runs" / "bm25.trec"), "--data", str(sample_dir),
                  "--rel-level", "0"]) == 2
     assert "rel_level must be an integer >= 1" in capsys.readouterr().err
+
+
+CLI_JIT = """
+import sys
+from twostage.app.cli import main
+assert main(["eval", "--run", sys.argv[1], "--data", sys.argv[2]]) == 2  # no such run: before any evaluation
+import numba
+print("DISABLE_JIT", int(numba.config.DISABLE_JIT))
+"""
+
+
+@pytest.mark.parametrize("env,expected", [(None, 1), ("0", 0)])
+def test_the_command_line_runs_ranx_as_python_unless_told(tmp_path, sample_dir, env, expected):
+    # a fresh install compiled ranx for 78 s before its first evaluation (app/cli.py _metrics_as_python)
+    import subprocess
+
+    environ = {k: v for k, v in os.environ.items() if k != "NUMBA_DISABLE_JIT"}
+    if env is not None:
+        environ["NUMBA_DISABLE_JIT"] = env
+    done = subprocess.run([sys.executable, "-c", CLI_JIT, str(tmp_path / "missing.trec"), str(sample_dir)],
+                          capture_output=True, text=True, env=environ, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"DISABLE_JIT {expected}" in done.stdout
