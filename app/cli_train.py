@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from twostage.app.train_models import TrainSettings
+from twostage.retriever.device import bf16_for
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,10 @@ class Flag:
     help: str = ""
     type: Any = None  # when the recipe's default is None
     choices: tuple[str, ...] | None = None
+
+
+BF16_HELP = ("bf16 autocast, fp32 weights (default: on where the device computes bf16 in hardware, a CUDA GPU or an "
+             "AMX CPU; elsewhere torch emulates it, about 20x slower)")
 
 
 def _flags(*rows: tuple[Any, ...]) -> tuple[Flag, ...]:
@@ -50,7 +55,7 @@ RETRIEVER = COMMON + _flags(
     ("--mini-batch-size", "retriever.train.mini_batch_size", "GradCache mini-batch (0: off)"),
     ("--dev-fraction", "dev_fraction", "train queries held out to pick the best epoch"),
     ("--max-length", "retriever.max_length", "token limit (none: the model's)", int),
-    ("--bf16", "retriever.train.bf16", "bf16 autocast (fp32 weights)"),
+    ("--bf16", "retriever.train.bf16", BF16_HELP, bool),
     ("--device", "retriever.train.device", "where it trains: cpu, cuda, cuda:N or auto (a CUDA GPU when there is one)",
      str))
 RERANKER = COMMON + _flags(
@@ -68,7 +73,7 @@ RERANKER = COMMON + _flags(
     ("--mine-max-ratio", "reranker.mining.max_ratio",
      "false-negative guard: drop candidates scoring above this fraction of the positive's score"),
     ("--title-groups", "reranker.title_groups", "(title, text) weak-supervision groups"),
-    ("--bf16", "reranker.bf16", "bf16 autocast (fp32 weights)"),
+    ("--bf16", "reranker.bf16", BF16_HELP, bool),
     ("--device", "reranker.device", "where it trains: cpu, cuda, cuda:N or auto (a CUDA GPU when there is one)", str))
 
 
@@ -93,7 +98,8 @@ def add_flags(parser: argparse.ArgumentParser, flags: tuple[Flag, ...]) -> None:
         default = setting_at(recipe, f.paths[0])
         kind = f.type or type(default)
         shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
-        text = f"{f.help} (default: {shown if shown not in ('', None) else 'none'})".lstrip()
+        text = f.help if "(default:" in f.help else \
+            f"{f.help} (default: {shown if shown not in ('', None) else 'none'})".lstrip()
         if kind is bool:
             parser.add_argument(f.name, action=argparse.BooleanOptionalAction, default=None, help=text)
         elif kind is tuple:
@@ -130,7 +136,7 @@ def _train_retriever(args: argparse.Namespace) -> int:
     if args.teacher:
         from twostage.reranker.cross_encoder import CrossEncoder
 
-        ce = CrossEncoder.load(args.teacher, precision="bf16" if recipe.train.bf16 else "fp32")
+        ce = CrossEncoder.load(args.teacher, precision="bf16" if bf16_for(recipe.train.bf16) else "fp32")
 
         def teacher(pairs: Any) -> Any:
             return ce.predict(pairs, activation=None, show_progress=not args.quiet)
@@ -149,7 +155,7 @@ def _train_reranker(args: argparse.Namespace) -> int:
 
     settings = settings_from_flags(args, RERANKER)
     config = settings.reranker
-    retriever = BiEncoder.load(args.retriever_model, precision="bf16" if config.bf16 else "fp32") \
+    retriever = BiEncoder.load(args.retriever_model, precision="bf16" if bf16_for(config.bf16) else "fp32") \
         if args.retriever_model else None
     result = train_reranker_on(args.data, args.split, settings.base, args.out, config,
                                dev_fraction=settings.dev_fraction, dev_depth=settings.dev_depth, retriever=retriever,

@@ -33,6 +33,7 @@ from twostage.indexer.errors import ConfigError, DataError
 from twostage.indexer.records import Judgment, Qrels, Query
 from twostage.reranker.cross_encoder import CrossEncoder
 from twostage.retriever.bm25 import BM25Retriever
+from twostage.retriever.device import bf16_for
 from twostage.retriever.examples import PairExample
 from twostage.retriever.fit import FitResult, fit, seed_everything
 from twostage.retriever.hybrid import HybridRetriever
@@ -61,7 +62,7 @@ class RerankerConfig:
     max_grad_norm: float = 1.0
     max_length: int = 128
     seed: int = 42
-    bf16: bool = True  # autocast; fp32 weights
+    bf16: bool | None = None  # autocast, fp32 weights; None: where the device computes bf16 natively (bf16_for)
     device: str = "auto"  # cpu, cuda, cuda:N, or auto (a CUDA GPU when there is one)
     mine_from: tuple[str, ...] = ("bm25", "dense")  # negatives are split evenly between these first stages
     title_groups: int = 1500  # (title, text) weak-supervision groups drawn from the corpus
@@ -233,7 +234,7 @@ def train_reranker_on(data: str | Path | BeirDataset, split: str, base: str, out
         from twostage.retriever.biencoder import BiEncoder
 
         logger.info("mining dense negatives with the base model %s (pass a fine-tuned bi-encoder to use it)", base)
-        retriever = BiEncoder.load(base, precision="bf16" if config.bf16 else "fp32")
+        retriever = BiEncoder.load(base, precision="bf16" if bf16_for(config.bf16) else "fp32")
     if retriever is not None:
         from twostage.retriever.dense import DenseRetriever
 

@@ -7,6 +7,8 @@ apply: ``auto`` precision means fp32 there, and asking for a CPU-only precision 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from twostage.indexer.errors import ConfigError
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -46,3 +48,30 @@ def precision_on(device: str, precision: str) -> str:
         raise ConfigError(f"precision {precision} runs on the CPU only; on {device} use fp32 or bf16 "
                           "(or --device cpu)")
     return precision
+
+
+def cpu_has_amx() -> bool:
+    """Whether this CPU has AMX, the tiles that compute bfloat16 fast (read from /proc/cpuinfo; False elsewhere)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return "amx_bf16" in flags
+
+
+def native_bf16(device: str) -> bool:
+    """Whether ``device`` (resolved: ``cpu`` or ``cuda[:N]``) computes bfloat16 in hardware: a CUDA GPU that supports
+    it, a CPU with AMX. Elsewhere torch emulates it: on an AMD EPYC without AVX512-BF16 one MiniLM training step (32
+    texts of 256 tokens) under bf16 autocast took 101 s against 4.7 s in fp32, and the forward pass alone 9.3 s
+    against 1.6 s."""
+    if device.startswith("cuda"):
+        import torch
+
+        return bool(torch.cuda.is_bf16_supported())
+    return cpu_has_amx()
+
+
+def bf16_for(choice: bool | None, device: str = "auto") -> bool:
+    """A training configuration's ``bf16`` on ``device``: ``True``/``False`` as given; ``None`` (the default) means
+    bf16 autocast where the device computes bf16 in hardware (:func:`native_bf16`), fp32 elsewhere."""
+    return native_bf16(resolve_device(device)) if choice is None else bool(choice)

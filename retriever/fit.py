@@ -29,7 +29,7 @@ import torch
 from twostage.indexer.atomic import write_json
 from twostage.indexer.errors import ConfigError
 from twostage.retriever import checkpoint as checkpoints
-from twostage.retriever.device import resolve_device
+from twostage.retriever.device import bf16_for, resolve_device
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class LoopSettings(Protocol):
     weight_decay: float
     max_grad_norm: float
     seed: int
-    bf16: bool
+    bf16: bool | None
     checkpoint_every: int
     device: str
 
@@ -143,7 +143,10 @@ def fit(task: Task, config: LoopSettings, out: str | Path, *, dev: Callable[[Any
     last = work / "last"
     state = checkpoints.resume(last, model, extra, optimizer, scheduler, fresh, tuple(identity)) if resume else fresh
     started = time.perf_counter() - state["seconds"]
-    autocast = config.bf16 and device.type in ("cpu", "cuda")
+    autocast = device.type in ("cpu", "cuda") and bf16_for(config.bf16, str(device))
+    if config.bf16 is None:
+        logger.info("bf16 autocast %s on %s (it computes bf16 %s)", "on" if autocast else "off", device,
+                    "in hardware" if autocast else "only by emulation, many times slower than fp32")
     trained = [p for g in optimizer.param_groups for p in g["params"]]
 
     def checkpoint() -> None:

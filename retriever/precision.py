@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from twostage.indexer.engine_dir import PRECISIONS
 from twostage.indexer.errors import ConfigError
-from twostage.retriever.device import precision_on
+from twostage.retriever.device import cpu_has_amx, precision_on
 
 __all__ = ["PRECISIONS", "ROLES", "resolve_precision", "resolve_precisions"]
 
@@ -33,11 +31,7 @@ def resolve_precision(precision: str, role: str, device: str = "cpu") -> str:
 
     if importlib.util.find_spec("openvino") is not None and importlib.util.find_spec("nncf") is not None:
         return "openvino-int8" if role == "reranker" else "openvino-fp32"
-    try:
-        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return "fp32"
-    return "bf16" if "amx_bf16" in flags else "fp32"
+    return "bf16" if cpu_has_amx() else "fp32"
 
 
 def resolve_precisions(precision: str, device: str = "cpu") -> dict[str, str]:

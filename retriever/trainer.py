@@ -35,7 +35,7 @@ class TrainConfig:
     weight_decay: float = 0.01
     max_grad_norm: float = 1.0
     seed: int = 42
-    bf16: bool = True  # autocast; fp32 weights
+    bf16: bool | None = None  # autocast, fp32 weights; None: where the device computes bf16 natively (bf16_for)
     device: str = "auto"  # cpu, cuda, cuda:N, or auto (a CUDA GPU when there is one)
     scale: float = 20.0
     symmetric: bool = False

@@ -118,3 +118,31 @@ def test_model_json_written_before_the_schema_still_loads_and_bad_ones_are_named
     assert (legacy.interpolation, legacy.max_length, legacy.head_trained) == (0.7, 33, True)
     with pytest.raises(ConfigError, match="not a bi-encoder"):
         BiEncoder.load(tmp_path / "ce")
+
+
+@pytest.mark.parametrize("amx,choice,expected", [(False, None, False), (True, None, True), (False, True, True),
+                                                 (True, False, False)])
+def test_bf16_autocast_only_where_the_cpu_computes_it_unless_told(tiny_bert_dir, sample_dir, tmp_path, monkeypatch,
+                                                                  amx, choice, expected):
+    # without AMX torch emulates bf16: a MiniLM step took 101 s under autocast, 4.7 s in fp32 (retriever/device.py)
+    from dataclasses import replace
+
+    import twostage.retriever.device as device_module
+    from twostage.retriever.device import bf16_for
+
+    monkeypatch.setattr(device_module, "cpu_has_amx", lambda: amx)
+    assert bf16_for(choice, "cpu") is expected
+    seen = []
+    real = torch.autocast
+
+    def spy(device_type, *args, enabled=True, **kwargs):
+        seen.append(enabled)
+        return real(device_type, *args, enabled=False, **kwargs)  # the spy never makes the test slow
+
+    monkeypatch.setattr(torch, "autocast", spy)
+    split = BeirDataset(sample_dir).split("train")
+    sets = [pairs_from_qrels(BeirDataset(sample_dir).corpus, split.queries, split.qrels)]
+    config = replace(TrainConfig(epochs=1, batch_size=32, device="cpu", checkpoint_every=0), bf16=choice)
+    train(BiEncoder.load(tiny_bert_dir), sets, config, tmp_path / "m")
+    assert seen and set(seen) == {expected}
+    assert TrainConfig().bf16 is None and RerankerConfig().bf16 is None  # the recipe's default: decided per device
