@@ -90,7 +90,9 @@ def train_models(data: str | Path, train_split: str, eval_split: str, models_dir
         t = time.perf_counter()
         out = models_dir / "reranker"
         config = settings.reranker
-        encoder = BiEncoder.load(retriever, precision="bf16" if bf16_for(config.bf16) else "fp32") if retriever else None
+        # the mining encoder runs on the CPU: bf16 only where the CPU computes it
+        precision = "bf16" if bf16_for(config.bf16, "cpu") else "fp32"
+        encoder = BiEncoder.load(retriever, precision=precision) if retriever else None
         train_reranker_on(data, train_split, settings.base, out, config, dev_fraction=settings.dev_fraction,
                           dev_depth=settings.dev_depth, dev_metric=ndcg10_by_query, retriever=encoder,
                           show_progress=show_progress)

@@ -234,7 +234,7 @@ def train_reranker_on(data: str | Path | BeirDataset, split: str, base: str, out
         from twostage.retriever.biencoder import BiEncoder
 
         logger.info("mining dense negatives with the base model %s (pass a fine-tuned bi-encoder to use it)", base)
-        retriever = BiEncoder.load(base, precision="bf16" if bf16_for(config.bf16) else "fp32")
+        retriever = BiEncoder.load(base, precision="bf16" if bf16_for(config.bf16, "cpu") else "fp32")
     if retriever is not None:
         from twostage.retriever.dense import DenseRetriever
 
