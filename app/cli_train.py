@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from twostage.app.train_models import TrainSettings
-from twostage.retriever.device import bf16_for
+from twostage.retriever.device import cpu_precision
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ def _train_retriever(args: argparse.Namespace) -> int:
     if args.teacher:
         from twostage.reranker.cross_encoder import CrossEncoder
 
-        ce = CrossEncoder.load(args.teacher, precision="bf16" if bf16_for(recipe.train.bf16, "cpu") else "fp32")
+        ce = CrossEncoder.load(args.teacher, precision=cpu_precision(recipe.train.bf16))
 
         def teacher(pairs: Any) -> Any:
             return ce.predict(pairs, activation=None, show_progress=not args.quiet)
@@ -155,7 +155,7 @@ def _train_reranker(args: argparse.Namespace) -> int:
 
     settings = settings_from_flags(args, RERANKER)
     config = settings.reranker
-    retriever = BiEncoder.load(args.retriever_model, precision="bf16" if bf16_for(config.bf16, "cpu") else "fp32") \
+    retriever = BiEncoder.load(args.retriever_model, precision=cpu_precision(config.bf16)) \
         if args.retriever_model else None
     result = train_reranker_on(args.data, args.split, settings.base, args.out, config,
                                dev_fraction=settings.dev_fraction, dev_depth=settings.dev_depth, retriever=retriever,

@@ -20,7 +20,7 @@ from twostage.indexer.codec import from_json_dict, to_json_dict
 from twostage.indexer.engine_dir import EngineSettings
 from twostage.indexer.errors import ConfigError
 from twostage.reranker.training import RerankerConfig, train_reranker_on
-from twostage.retriever.device import bf16_for
+from twostage.retriever.device import cpu_precision
 from twostage.retriever.recipe import RetrieverRecipe, train_retriever
 
 logger = logging.getLogger(__name__)
@@ -90,9 +90,7 @@ def train_models(data: str | Path, train_split: str, eval_split: str, models_dir
         t = time.perf_counter()
         out = models_dir / "reranker"
         config = settings.reranker
-        # the mining encoder runs on the CPU: bf16 only where the CPU computes it
-        precision = "bf16" if bf16_for(config.bf16, "cpu") else "fp32"
-        encoder = BiEncoder.load(retriever, precision=precision) if retriever else None
+        encoder = BiEncoder.load(retriever, precision=cpu_precision(config.bf16)) if retriever else None
         train_reranker_on(data, train_split, settings.base, out, config, dev_fraction=settings.dev_fraction,
                           dev_depth=settings.dev_depth, dev_metric=ndcg10_by_query, retriever=encoder,
                           show_progress=show_progress)

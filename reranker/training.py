@@ -33,7 +33,7 @@ from twostage.indexer.errors import ConfigError, DataError
 from twostage.indexer.records import Judgment, Qrels, Query
 from twostage.reranker.cross_encoder import CrossEncoder
 from twostage.retriever.bm25 import BM25Retriever
-from twostage.retriever.device import bf16_for
+from twostage.retriever.device import cpu_precision
 from twostage.retriever.examples import PairExample
 from twostage.retriever.fit import FitResult, fit, seed_everything
 from twostage.retriever.hybrid import HybridRetriever
@@ -234,7 +234,7 @@ def train_reranker_on(data: str | Path | BeirDataset, split: str, base: str, out
         from twostage.retriever.biencoder import BiEncoder
 
         logger.info("mining dense negatives with the base model %s (pass a fine-tuned bi-encoder to use it)", base)
-        retriever = BiEncoder.load(base, precision="bf16" if bf16_for(config.bf16, "cpu") else "fp32")
+        retriever = BiEncoder.load(base, precision=cpu_precision(config.bf16))
     if retriever is not None:
         from twostage.retriever.dense import DenseRetriever
 

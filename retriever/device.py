@@ -61,9 +61,8 @@ def cpu_has_amx() -> bool:
 
 def native_bf16(device: str) -> bool:
     """Whether ``device`` (resolved: ``cpu`` or ``cuda[:N]``) computes bfloat16 in hardware: a CUDA GPU that supports
-    it, a CPU with AMX. Elsewhere torch emulates it: on an AMD EPYC without AVX512-BF16 one MiniLM training step (32
-    texts of 256 tokens) under bf16 autocast took 101 s against 4.7 s in fp32, and the forward pass alone 9.3 s
-    against 1.6 s."""
+    it, a CPU with AMX. Elsewhere torch emulates it: on an AMD EPYC without AVX512-BF16 one MiniLM training step
+    under bf16 autocast took 122.8 s against 5.7 s in fp32 (benchmarks/results/bf16_train_step.md)."""
     if device.startswith("cuda"):
         import torch
 
@@ -75,3 +74,9 @@ def bf16_for(choice: bool | None, device: str = "auto") -> bool:
     """A training configuration's ``bf16`` on ``device``: ``True``/``False`` as given; ``None`` (the default) means
     bf16 autocast where the device computes bf16 in hardware (:func:`native_bf16`), fp32 elsewhere."""
     return native_bf16(resolve_device(device)) if choice is None else bool(choice)
+
+
+def cpu_precision(choice: bool | None) -> str:
+    """The precision of an encoder a training run uses on the CPU (to mine negatives or to teach): ``bf16`` where
+    :func:`bf16_for` says so for the CPU, else ``fp32``."""
+    return "bf16" if bf16_for(choice, "cpu") else "fp32"
