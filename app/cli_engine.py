@@ -27,30 +27,29 @@ def parse_where(items: list[str] | None) -> dict[str, Any] | None:
     is read as JSON when it is (``year>=2015`` a number, ``ok=true`` a boolean), else as a plain string
     (``published>2021-06-01`` a date, ``lang=en``).
     """
+    from twostage.indexer.filters import load_filter_json
+
     if not items:
         return None
     parts: list[dict[str, Any]] = []
     for item in items:
+        shown = item if len(item) <= 60 else item[:57] + "..."
         if item.lstrip().startswith("{"):
-            try:
-                obj = json.loads(item)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"--where {item[:60]!r}: not JSON ({exc.msg} at column {exc.colno})") from None
-            parts.append(obj)
+            parts.append(load_filter_json(item, f"--where {shown!r}"))
             continue
         at = min(((item.find(sym), -len(sym), sym, op) for sym, op in _COMPARISONS if item.find(sym) > 0),
                  default=None)
         if at is None:
-            raise ConfigError(f"--where {item!r}: expected KEY=VALUE (or != > >= < <=, or a JSON filter), e.g. "
+            raise ConfigError(f"--where {shown!r}: expected KEY=VALUE (or != > >= < <=, or a JSON filter), e.g. "
                               "--where year>=2020")
         pos, _, sym, op = at
         key, raw = item[:pos].strip(), item[pos + len(sym):]
         try:
-            value = json.loads(raw)
-        except ValueError:
+            value = load_filter_json(raw)
+        except ConfigError:
             value = raw
         if isinstance(value, (dict, list)):
-            raise ConfigError(f"--where {item!r}: the value must be a number, string, true, false or null; for "
+            raise ConfigError(f"--where {shown!r}: the value must be a number, string, true, false or null; for "
                               "$in and the rest write a JSON filter")
         parts.append({key: value if op == "$eq" else {op: value}})
     return parts[0] if len(parts) == 1 else {"$and": parts}
@@ -67,14 +66,28 @@ def add_field_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--title-field", default=None, help="the column holding the title (default: title)")
 
 
+def add_folder_flags(parser: argparse.ArgumentParser) -> None:
+    from twostage.indexer.files import MAX_FILE_BYTES
+
+    parser.add_argument("--follow-symlinks", action="store_true",
+                        help="a folder corpus: also read symbolic links that point outside the folder (default: skip "
+                             "them, say so)")
+    parser.add_argument("--max-file-mb", type=float, default=MAX_FILE_BYTES / 1e6, metavar="MB",
+                        help=f"a folder corpus: skip files larger than this (default {MAX_FILE_BYTES / 1e6:.0f} MB)")
+
+
 def corpus_of(args: argparse.Namespace) -> Any:
     """The corpus path, wrapped with the column names the flags give; a folder of files (no corpus.jsonl) as a
     FolderCorpus."""
     from twostage.indexer.corpus import CorpusFields
-    from twostage.indexer.files import FolderCorpus, is_folder_corpus
+    from twostage.indexer.files import MAX_FILE_BYTES, FolderCorpus, is_folder_corpus
 
     if is_folder_corpus(Path(args.corpus)):
-        return FolderCorpus(Path(args.corpus), strict=getattr(args, "strict", False), show_progress=not args.quiet)
+        max_mb = getattr(args, "max_file_mb", MAX_FILE_BYTES / 1e6)
+        if not max_mb > 0:
+            raise ConfigError(f"--max-file-mb must be a positive number, got {max_mb}")
+        return FolderCorpus(Path(args.corpus), strict=getattr(args, "strict", False), show_progress=not args.quiet,
+                            follow_symlinks=getattr(args, "follow_symlinks", False), max_file_bytes=int(max_mb * 1e6))
     if args.id_field or args.text_field or args.title_field:
         return CorpusFields(args.corpus, args.id_field, args.text_field, args.title_field)
     return args.corpus
@@ -170,15 +183,22 @@ def _print_result(result: Any, as_json: bool) -> None:
     if as_json:
         print(json.dumps(result.to_dict(), ensure_ascii=False), flush=True)
         return
-    print(f"query: {result.query}")
+    print(f"query: {one_line(result.query)}")
     for hit in result.hits:
-        label = hit.title or hit.text[:80].replace("\n", " ")
-        print(f"{hit.rank:3d}. [{hit.score:.4f}] {hit.id}: {label}")
+        label = one_line(hit.title or " ".join(hit.text[:80].split()))
+        print(f"{hit.rank:3d}. [{hit.score:.4f}] {one_line(hit.id)}: {label}")
         if hit.passage is not None:
-            print(f"       {passage_line(hit.passage)}")
+            print(f"       {one_line(passage_line(hit.passage))}")
     print("    " + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in result.timings.items()), flush=True)
     if result.next_page:
         print(f"    next page: --page-token {result.next_page}", flush=True)
+
+
+def one_line(text: str) -> str:
+    """``text`` safe to print on one terminal line: newlines, tabs and other control characters escaped."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def passage_line(passage: Any, width: int = 200) -> str:
@@ -362,6 +382,7 @@ def add_commands(sub: Any) -> None:
                         f"passage (default {d.rerank_whole_up_to}; 0: every document by its best passage)")
     b.add_argument("--strict", action="store_true",
                    help="a folder corpus: stop at the first file that cannot be read (default: skip it, say so)")
+    add_folder_flags(b)
     b.add_argument("--shards", type=int, default=None,
                    help="split the engine into N shards searched as one (BM25 with the whole corpus's statistics)")
     add_field_flags(b)
@@ -396,6 +417,7 @@ def add_commands(sub: Any) -> None:
         a.add_argument("corpus", type=Path, help="BEIR directory, .jsonl, .parquet, .csv, .tsv or a folder of "
                        ".txt, .md, .html and .pdf files")
         a.add_argument("--strict", action="store_true", help="a folder: stop at a file that cannot be read")
+        add_folder_flags(a)
         add_field_flags(a)
         a.set_defaults(func=_add, upsert=upsert)
     de = sub.add_parser("delete", help="delete documents by id")

@@ -120,7 +120,9 @@ def _eval(args: argparse.Namespace) -> int:
     else:
         import pandas as pd
 
-        print(markdown_table(pd.DataFrame(rows).T.rename_axis("run"), digits=4))
+        table = pd.DataFrame(rows).T.rename_axis("run")
+        table[["queries", "missing"]] = table[["queries", "missing"]].astype(int)  # counts, not 225.0000
+        print(markdown_table(table, digits=4))
         missing = {n: r["missing"] for n, r in rows.items() if r["missing"]}
         if missing:
             print("queries with judgments the run does not list count as 0 (trec_eval -c): "

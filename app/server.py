@@ -26,7 +26,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from twostage.engine.search import decode_page_token
 from twostage.indexer.errors import ConfigError, DataError, MissingDependencyError, PageExpiredError, TwostageError
 from twostage.indexer.records import Document, SearchResult
 from twostage.indexer.versions import WriterBusyError
@@ -401,7 +400,12 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+        detail = str(exc.detail)
+        if exc.status_code == 400 and detail == "There was an error parsing the body":  # FastAPI's words for a
+            # body its JSON parser gave up on (e.g. nested past Python's recursion limit)
+            detail = "the JSON body could not be parsed (malformed, or nested too deeply: a filter nests at most 32 " \
+                     "levels)"
+        return JSONResponse({"error": detail}, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def crashed(request: Request, exc: Exception) -> JSONResponse:  # pragma: no cover - safety net
@@ -436,7 +440,7 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
             with searching() as engine:
                 token = getattr(options, "page_token", None)
                 if token is not None:
-                    version = decode_page_token(token).version
+                    version = engine.read_page_token(token).version
                     results = [engine.search(queries[0], options.k, where=options.where, offset=options.offset,
                                              page_token=token, **options.knobs())]
                 else:
@@ -511,7 +515,7 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
         engine = holder.engine
         s = engine.settings
         return {"engine": {"path": str(engine.root), "version": engine.version, "documents": len(engine),
-                           "first_stage": s.first_stage, "k_retrieve": s.k_retrieve,
+                           "first_stage": s.first_stage, "k_retrieve": s.k_retrieve, "rerank": engine.reranks,
                            "reranker": engine.manifest.reranker.name if engine.manifest.reranker else None,
                            "precision": engine.precision},
                 "read_only": read_only, "api_key": api_key is not None,

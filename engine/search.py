@@ -9,9 +9,7 @@ are filled in from the document store.
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import json
+import hmac
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -22,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from twostage.engine.pages import PageToken, decode_page_token, encode_page_token, fingerprint, page_key
 from twostage.indexer.engine_dir import (
     EngineManifest,
     EngineSettings,
@@ -32,7 +31,6 @@ from twostage.indexer.filters import CheckedFilter, Where, check_filter, parse_f
 from twostage.indexer.passages import by_document, split_id
 from twostage.indexer.records import Document, Hit, RankedList, SearchResult
 from twostage.indexer.topk import check_k
-from twostage.indexer.versions import VERSION
 from twostage.reranker.interpolation import blend_for, reorders
 from twostage.reranker.pipeline import rerank_lists
 from twostage.retriever.hybrid import dense_weights, fuse
@@ -68,6 +66,7 @@ class TwoStageSearch:
     ``encoder``, ``documents(ids)`` and ``_candidates``."""
 
     manifest: EngineManifest
+    root: Path
     version_dir: Path
     _models: Models
     encoder: Any
@@ -81,6 +80,11 @@ class TwoStageSearch:
         return self.version_dir.name
 
     @property
+    def reranks(self) -> bool:
+        """Whether searches rerank by default: the settings say so and the engine has a reranker."""
+        return bool(self.settings.rerank and self.manifest.reranker is not None)
+
+    @property
     def device(self) -> str:
         """Where the models run (``cpu`` or ``cuda[:N]``), chosen when the engine was opened."""
         return self._models.device
@@ -90,6 +94,8 @@ class TwoStageSearch:
         """The precision the models run in (the settings' ``auto`` resolved), e.g. ``openvino-int8``, or
         ``retriever openvino-fp32, reranker openvino-int8`` when the two differ."""
         by_role = resolve_precisions(self.settings.precision, self._models.device)
+        if self.manifest.reranker is None:  # no reranker: only the retriever's precision means anything
+            return by_role["retriever"]
         if len(set(by_role.values())) == 1:
             return by_role["retriever"]
         return ", ".join(f"{role} {precision}" for role, precision in by_role.items())
@@ -160,13 +166,18 @@ class TwoStageSearch:
         if page_token is not None:
             if offset:
                 raise ConfigError("give offset or page_token, not both (the token holds its offset)")
-            token = decode_page_token(page_token)
-            if token.fingerprint != fingerprint(query, where, knobs):
+            self.check_where(where)  # a malformed filter is named before it is digested
+            token = self.read_page_token(page_token)
+            if not hmac.compare_digest(token.fingerprint, fingerprint(query, where, knobs)):
                 raise ConfigError("page_token: it was given for another query, filter or settings; search again "
                                   "without it for the first page")
             with self.at_version(token.version) as pinned:
                 return pinned.search_batch([query], k, where=where, offset=token.offset, **knobs)[0]
         return self.search_batch([query], k, where=where, offset=offset, **knobs)[0]
+
+    def read_page_token(self, text: str) -> PageToken:
+        """A ``next_page`` token this engine gave, its signature checked (:mod:`twostage.engine.pages`)."""
+        return decode_page_token(text, page_key(self.root))
 
     def at_version(self, version: str) -> AbstractContextManager[TwoStageSearch]:
         """This engine as it was at ``version`` (for page tokens). Here: only the version it has open."""
@@ -193,6 +204,7 @@ class TwoStageSearch:
         n = len(queries)
         per_query = {name: seconds / n for name, seconds in timings.items()}
         per_query["total_s"] = sum(per_query.values())
+        key: bytes | None = None  # the page-token key, read once a batch
         out = []
         for q, (query, r, scores) in enumerate(zip(queries, ranked, stage_scores)):
             hits = []
@@ -204,7 +216,9 @@ class TwoStageSearch:
                                 dict(doc.metadata), stages, hit_passage(query, doc, passages, starts, best, analyzer)))
             following = None
             if len(hits) == k and offset + k < self.window(knobs) and not callable_where(where):
-                following = encode_page_token(PageToken(self.version, offset + k, k, fingerprint(query, where, knobs)))
+                token = PageToken(self.version, offset + k, k, fingerprint(query, where, knobs), int(time.time()))
+                key = key or page_key(self.root)
+                following = encode_page_token(token, key)
             out.append(SearchResult(query, tuple(hits), per_query, following))
         return out
 
@@ -327,49 +341,8 @@ def settings_for(settings: EngineSettings, knobs: Mapping[str, Any]) -> tuple[En
     return (replace(settings, **given) if given else settings), rerank
 
 
-# ---- pages -------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class PageToken:
-    """What a ``next_page`` token holds: the version it pins, the next offset, k, and the request it belongs to."""
-
-    version: str
-    offset: int
-    k: int
-    fingerprint: str
-
-
 def callable_where(where: Where) -> bool:
     return callable(where) and not isinstance(where, (CheckedFilter, str, Mapping))
-
-
-def fingerprint(query: str, where: Where, knobs: Mapping[str, Any]) -> str:
-    """A digest of what a page token may only be used with: the query, the filter and the knobs."""
-    if isinstance(where, CheckedFilter):
-        where = where.filter
-    text = where if isinstance(where, str) else repr(where) if not isinstance(where, Mapping) else \
-        json.dumps(where, sort_keys=True, default=str)
-    parts = json.dumps([query, text, {k: v for k, v in sorted(knobs.items()) if v is not None}], default=str)
-    return hashlib.sha256(parts.encode("utf-8")).hexdigest()[:16]
-
-
-def encode_page_token(token: PageToken) -> str:
-    raw = json.dumps([token.version, token.offset, token.k, token.fingerprint], separators=(",", ":"))
-    return base64.urlsafe_b64encode(raw.encode("utf-8")).decode("ascii").rstrip("=")
-
-
-def decode_page_token(text: str) -> PageToken:
-    """The token a result's ``next_page`` gave (anything else: one ConfigError)."""
-    bad = ConfigError("page_token: not a token this engine gave (pass a result's next_page unchanged)")
-    if not isinstance(text, str) or len(text) > 200:
-        raise bad
-    try:
-        version, offset, k, digest = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
-    except (ValueError, TypeError):
-        raise bad from None
-    if not (isinstance(version, str) and VERSION.match(version) and isinstance(offset, int) and offset >= 0
-            and isinstance(k, int) and k > 0 and isinstance(digest, str)):
-        raise bad
-    return PageToken(version, offset, k, digest)
 
 
 class EngineRetriever:

@@ -220,7 +220,7 @@ class SearchEngine(TwoStageSearch):
         m = self.manifest
         return {"path": str(self.root), "version": self.version, "documents": m.documents,
                 "reading": self.reading(),
-                "settings": to_json_dict(m.settings), "retriever": asdict(m.retriever),
+                "settings": {**to_json_dict(m.settings), "rerank": self.reranks}, "retriever": asdict(m.retriever),
                 "reranker": asdict(m.reranker) if m.reranker else None, "dense": self.index.info(),
                 "bm25": {"documents": len(self.bm25), "config": to_json_dict(self.bm25.config)},
                 "metadata_fields": sorted(self.index.metadata_fields()), "metadata_kinds": self.index.metadata_kinds(),

@@ -45,9 +45,13 @@ def markdown_table(table: pd.DataFrame, *, digits: int = 3, mark_best: bool = Tr
             values = pd.to_numeric(table[c], errors="coerce")
             if values.notna().any():
                 best[c] = values.max() if HIGHER_IS_BETTER.get(c, True) else values.min()
+    counts = {c for c in cols if pd.api.types.is_integer_dtype(table[c])}  # a row Series would make them floats
     for name, row in table.iterrows():
         cells = []
         for c in cols:
+            if c in counts:
+                cells.append(str(int(row[c])))
+                continue
             if isinstance(row[c], (str, bool, np.bool_, int, np.integer)):  # text and counts as they are
                 cells.append(str(row[c]))
                 continue

@@ -7,21 +7,24 @@ the type and the modification time (an ISO date, so ``{"modified": {"$gte": "202
 
 HTML is turned into text by a real parser (the standard library's :class:`html.parser.HTMLParser`: scripts,
 styles and the head are left out, block elements end a line); PDF text is extracted by pypdf (the ``pdf`` extra).
-A file that cannot be read (not UTF-8, binary, empty, a broken PDF) is logged as one warning line naming it and
-skipped, or, with ``strict``, stops the reading with a :class:`DataError` naming it; :attr:`FolderCorpus.skipped`
-lists the files skipped.
+A file that cannot be read (not UTF-8, binary, empty, a broken PDF, a PDF without pypdf installed, larger than
+``max_file_bytes``, a symbolic link out of the folder) is logged as one warning line naming it and skipped, or,
+with ``strict``, stops the reading with a :class:`DataError` naming it; :attr:`FolderCorpus.skipped` lists the
+files skipped.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from html.parser import HTMLParser
 from pathlib import Path
 
-from twostage.indexer.errors import DataError, DataNotFoundError, MissingDependencyError
+from twostage.indexer.errors import ConfigError, DataError, DataNotFoundError
 from twostage.indexer.records import Document
 
 logger = logging.getLogger(__name__)
@@ -30,17 +33,36 @@ SUFFIXES = {".txt": "text", ".text": "text", ".md": "markdown", ".markdown": "ma
 LABELS = {"text": "plain text", "markdown": "Markdown", "html": "HTML", "pdf": "PDF"}
 
 
+MAX_FILE_BYTES = 20_000_000  # a larger file is skipped (about 3 million words of text: hours to encode)
+
+
 class UnreadableFile(Exception):
     """Why one file cannot be a document (the message completes "PATH: ...")."""
 
 
+@dataclass(frozen=True)
+class FoundFile:
+    """A file the folder holds: where it is, its id (the path relative to the folder) and its size in bytes."""
+
+    path: Path
+    rel: str
+    size: int
+
+
 @dataclass
 class FolderCorpus:
-    """The documents of the files below ``root``, read one at a time in path order (iterate it once per use)."""
+    """The documents of the files below ``root``, read one at a time in path order (iterate it once per use).
+
+    Reading stays inside the folder: a symbolic link whose target is outside it is skipped with one line unless
+    ``follow_symlinks``; a folder reached twice (a link loop, or a link to a folder already read) is read once. A
+    file over ``max_file_bytes`` is skipped with one line.
+    """
 
     root: Path
     strict: bool = False
     show_progress: bool = False
+    follow_symlinks: bool = False
+    max_file_bytes: int = MAX_FILE_BYTES
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (relative path, why), from the last read
     read: int = 0  # documents read by the last iteration
     ignored: int = 0  # files with another suffix
@@ -49,49 +71,109 @@ class FolderCorpus:
         self.root = Path(self.root)
         if not self.root.is_dir():
             raise DataNotFoundError(f"{self.root}: no such folder")
+        if isinstance(self.max_file_bytes, bool) or not isinstance(self.max_file_bytes, int) \
+                or self.max_file_bytes <= 0:
+            raise ConfigError(f"max_file_bytes must be a positive integer, got {self.max_file_bytes!r}")
 
-    def files(self) -> list[Path]:
-        """The files that are read, in order; counts the others in ``ignored``."""
-        out, ignored = [], 0
-        for path in sorted(self.root.rglob("*")):
-            rel = path.relative_to(self.root)
-            if any(part.startswith(".") for part in rel.parts) or not path.is_file():
-                continue
-            if path.suffix.lower() in SUFFIXES:
-                out.append(path)
-            else:
-                ignored += 1
-        self.ignored = ignored
-        return out
+    def files(self) -> list[FoundFile]:
+        """The files that are read, in path order; counts the others in ``ignored`` and lists in ``skipped`` the
+        ones passed over before reading (links out of the folder, files over the size limit)."""
+        found, self.ignored, _ = walk(self.root, self.follow_symlinks, self.max_file_bytes)
+        return found
 
     def __iter__(self) -> Iterator[Document]:
         from tqdm.auto import tqdm
 
-        files = self.files()
-        if not files:
-            raise DataError(f"{self.root}: no .txt, .md, .html or .pdf files (and no corpus.jsonl); put documents "
-                            "there or give a corpus file")
+        files, self.ignored, passed = walk(self.root, self.follow_symlinks, self.max_file_bytes)
         self.skipped, self.read = [], 0
-        with tqdm(total=len(files), desc="read files", unit="file", disable=not self.show_progress) as bar:
-            for path in files:
-                rel = path.relative_to(self.root).as_posix()
+        for rel, why in passed:
+            self._skip(rel, why)
+        if not files:
+            raise DataError(f"{self.root}: no .txt, .md, .html or .pdf files to read (and no corpus.jsonl)"
+                            + (f"; {len(self.skipped)} skipped, each named above" if self.skipped else "")
+                            + "; put documents there or give a corpus file")
+        total = sum(f.size for f in files)
+        with tqdm(total=total, desc=f"read {len(files)} files", unit="B", unit_scale=True,
+                  disable=not self.show_progress) as bar:
+            for i, f in enumerate(files, 1):
                 try:
-                    doc = read_file(path, rel)
+                    doc = read_file(f.path, f.rel, self.max_file_bytes)
                 except UnreadableFile as exc:
-                    if self.strict:
-                        raise DataError(f"{path}: {exc}; fix or remove it, or build without --strict to skip it") \
-                            from None
-                    logger.warning("skipped %s: %s", path, exc)
-                    self.skipped.append((rel, str(exc)))
+                    self._skip(f.rel, str(exc))
                 else:
                     self.read += 1
                     yield doc
-                bar.update(1)
+                bar.update(f.size)
+                bar.set_postfix_str(f"{i}/{len(files)} files", refresh=False)
+
+    def _skip(self, rel: str, why: str) -> None:
+        path = self.root / rel
+        if self.strict:
+            raise DataError(f"{path}: {why}; fix or remove it, or build without --strict to skip it")
+        logger.warning("skipped %s: %s", path, why)
+        self.skipped.append((rel, why))
 
     def summary(self) -> str:
-        skipped = f", {len(self.skipped)} skipped (unreadable, each named above)" if self.skipped else ""
+        skipped = f", {len(self.skipped)} skipped (each named above)" if self.skipped else ""
         ignored = f", {self.ignored} other files ignored" if self.ignored else ""
         return f"{self.read} files read{skipped}{ignored}"
+
+
+def walk(root: Path, follow_symlinks: bool, max_bytes: int) -> tuple[list[FoundFile], int, list[tuple[str, str]]]:
+    """Every file below ``root`` with a suffix of :data:`SUFFIXES`, in path order; how many files have another
+    suffix; and the ones passed over with why. Hidden files and folders are left out; each folder is read once (by
+    device and inode), so link loops end."""
+    inside = root.resolve()
+    found: list[FoundFile] = []
+    ignored = 0
+    passed: list[tuple[str, str]] = []
+    seen: set[tuple[int, int]] = set()
+    stack = [(root, "")]
+    while stack:
+        folder, prefix = stack.pop()
+        try:
+            st = folder.stat()
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError as exc:
+            passed.append((prefix.rstrip("/") or ".", f"a folder that cannot be read ({exc.strerror or exc})"))
+            continue
+        if (st.st_dev, st.st_ino) in seen:
+            passed.append((prefix.rstrip("/"), "a folder already read (a link loop, or a second link to it)"))
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        folders = []
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            rel = prefix + entry.name
+            path = Path(entry.path)
+            link = entry.is_symlink()
+            try:
+                target_st = path.stat()
+            except OSError:
+                if Path(entry.name).suffix.lower() in SUFFIXES:
+                    passed.append((rel, "a symbolic link to nothing" if link else "cannot be read"))
+                continue
+            if link and not follow_symlinks:
+                target = path.resolve()
+                if target != inside and inside not in target.parents:
+                    if stat.S_ISDIR(target_st.st_mode) or Path(entry.name).suffix.lower() in SUFFIXES:
+                        passed.append((rel, f"a symbolic link to {target}, outside the folder; move it in, or "
+                                            "read links out of the folder with --follow-symlinks"))
+                    continue
+            if stat.S_ISDIR(target_st.st_mode):
+                folders.append((path, rel + "/"))
+            elif not stat.S_ISREG(target_st.st_mode):
+                continue  # a device, socket or pipe is no document
+            elif Path(entry.name).suffix.lower() not in SUFFIXES:
+                ignored += 1
+            elif target_st.st_size > max_bytes:
+                passed.append((rel, f"{target_st.st_size / 1e6:,.1f} MB, over the limit of {max_bytes / 1e6:,.1f} MB "
+                                    "a file; raise it with --max-file-mb, or split the file"))
+            else:
+                found.append(FoundFile(path, rel, target_st.st_size))
+        stack.extend(reversed(folders))
+    return sorted(found, key=lambda f: f.rel), ignored, sorted(passed)
 
 
 def is_folder_corpus(path: Path) -> bool:
@@ -99,14 +181,18 @@ def is_folder_corpus(path: Path) -> bool:
     return path.is_dir() and not (path / "corpus.jsonl").exists()
 
 
-def read_file(path: Path, rel: str) -> Document:
-    """One file as a Document (id ``rel``); UnreadableFile says why it cannot be one."""
+def read_file(path: Path, rel: str, max_bytes: int = MAX_FILE_BYTES) -> Document:
+    """One file as a Document (id ``rel``); UnreadableFile says why it cannot be one (one over ``max_bytes``
+    too: it is read no further than that)."""
     kind = SUFFIXES[path.suffix.lower()]
     try:
-        raw = path.read_bytes()
-        modified = datetime.fromtimestamp(path.stat().st_mtime, tz=timezone.utc)
+        with open(path, "rb") as fh:
+            raw = fh.read(max_bytes + 1)
+            modified = datetime.fromtimestamp(os.fstat(fh.fileno()).st_mtime, tz=timezone.utc)
     except OSError as exc:
         raise UnreadableFile(f"cannot be read ({exc.strerror or exc})") from None
+    if len(raw) > max_bytes:
+        raise UnreadableFile(f"over the limit of {max_bytes / 1e6:,.1f} MB a file; raise it with --max-file-mb")
     if not raw.strip():
         raise UnreadableFile("empty file")
     if kind == "pdf":
@@ -189,7 +275,7 @@ def _pdf(raw: bytes) -> tuple[str, str]:
     try:
         import pypdf
     except ImportError:
-        raise MissingDependencyError("PDF files need pypdf: pip install 'twostage-search[pdf]'") from None
+        raise UnreadableFile("PDF files need pypdf: pip install 'twostage-search[pdf]'") from None
     import io
 
     try:

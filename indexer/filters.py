@@ -6,7 +6,7 @@ A filter is a JSON object, the same in Python, on the command line (``--where``)
     {"year": {"$gte": 2015, "$lt": 2020}}           several operators on one field: all must hold
     {"source": {"$in": ["arxiv", "pubmed"]}}        $in / $nin: one of / none of the values
     {"author": {"$ne": "smith"}}                    $ne: not equal (a document without the field passes)
-    {"published": {"$gt": "2021-06-01"}}            ranges on numbers and on ISO dates
+    {"published": {"$gt": "2021-06-01"}}            ranges on numbers and on ISO dates (not on strings)
     {"doi": {"$exists": true}}                      the field is present (and not null)
     {"$or": [{"year": 2020}, {"$not": {"tags": "retracted"}}]}     $and / $or / $not nest
     {"year": 2020, "lang": "en"}                    several keys in one object: all must hold
@@ -17,6 +17,11 @@ string field whose every value is an ISO 8601 date or date-time), a ``list`` of 
 has not, a field no document has, a malformed filter: a :class:`~twostage.indexer.errors.FilterError` naming the
 field and the operator. ``$ne`` and ``$nin`` keep documents without the field (as MongoDB does); every other
 operator needs the field. Filters are evaluated on Arrow columns with ``pyarrow.compute``, never row by row.
+
+A filter is untrusted input (it arrives over HTTP): its size is checked before anything else reads it, without
+recursion (at most :data:`MAX_DEPTH` levels of nesting, :data:`MAX_ITEMS` objects, lists and values in all,
+field names of at most :data:`MAX_NAME` characters, numbers a float can hold), and every error message is
+bounded in length whatever the filter holds.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import reprlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -38,8 +44,12 @@ FIELD_OPS = ("$eq", "$ne", "$in", "$nin", *COMPARE, "$exists")
 LOGIC = ("$and", "$or", "$not")
 KINDS = ("number", "bool", "string", "date", "list[string]", "list[number]", "mixed")
 _MEMBER = ("$eq", "$ne", "$in", "$nin", "$exists")
-OPS_OF = {"number": FIELD_OPS, "date": FIELD_OPS, "string": FIELD_OPS, "bool": _MEMBER, "list[string]": _MEMBER,
+OPS_OF = {"number": FIELD_OPS, "date": FIELD_OPS, "string": _MEMBER, "bool": _MEMBER, "list[string]": _MEMBER,
           "list[number]": _MEMBER, "mixed": ("$exists",)}
+MAX_DEPTH = 32  # nesting of objects and lists
+MAX_ITEMS = 10_000  # objects, lists and values in one filter
+MAX_NAME = 256  # characters of a field name
+MAX_TEXT = 1 << 20  # characters of a filter given as JSON text
 _ISO = re.compile(r"^\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?)?(Z|[+-]\d{2}:?\d{2})?$")
 
 
@@ -86,13 +96,59 @@ Where = Mapping[str, Any] | str | Condition | And | Or | Not | CheckedFilter | C
 def parse_filter(spec: Any, where: str = "where") -> Filter:
     """The filter a JSON object spells (a string is read as JSON first); a FilterError says what is wrong."""
     if isinstance(spec, str):
-        try:
-            spec = json.loads(spec)
-        except ValueError as exc:
-            raise FilterError(f"{where}: not JSON ({exc}); write e.g. '{{\"year\": {{\"$gte\": 2020}}}}'") from None
+        spec = load_filter_json(spec, where)
     if isinstance(spec, (Condition, And, Or, Not)):
+        check_size(spec, where)
         return spec
+    check_size(spec, where)
     return _parse(spec, where)
+
+
+def load_filter_json(text: str, where: str = "where") -> Any:
+    """A filter's JSON text as Python objects (no check of its meaning); a FilterError when it is not JSON, too
+    long or nested too deeply."""
+    if len(text) > MAX_TEXT:
+        raise FilterError(f"{where}: {len(text):,} characters of JSON; a filter has at most {MAX_TEXT:,}")
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise FilterError(f"{where}: nested too deeply; a filter nests at most {MAX_DEPTH} levels") from None
+    except ValueError as exc:
+        detail = f"{exc.msg} at column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else str(exc)[:80]
+        raise FilterError(f"{where}: not JSON ({detail}); write e.g. '{{\"year\": {{\"$gte\": 2020}}}}'") from None
+
+
+def check_size(spec: Any, where: str = "where") -> None:
+    """Refuse a filter (JSON objects, or a parsed tree) nested deeper than :data:`MAX_DEPTH` or holding more than
+    :data:`MAX_ITEMS` items, walking it without recursion (so no filter can exhaust the stack)."""
+    stack: list[tuple[Any, int]] = [(spec, 1)]
+    items = 0
+    while stack:
+        node, depth = stack.pop()
+        items += 1
+        if items > MAX_ITEMS:
+            raise FilterError(f"{where}: over {MAX_ITEMS:,} conditions and values; split the filter or use fewer "
+                              "$in values")
+        if depth > MAX_DEPTH:
+            raise FilterError(f"{where}: nested more than {MAX_DEPTH} levels deep; flatten it ($and and $or take "
+                              "lists)")
+        if isinstance(node, Mapping):
+            for key, value in node.items():
+                if isinstance(key, str) and len(key) > MAX_NAME:
+                    raise FilterError(f"{where}: a field name of {len(key):,} characters ({_name(key)}); names have "
+                                      f"at most {MAX_NAME}")
+                stack.append((value, depth + 1))
+        elif isinstance(node, (list, tuple)):
+            stack.extend((v, depth + 1) for v in node)
+        elif isinstance(node, (And, Or)):
+            stack.extend((p, depth + 1) for p in node.parts)
+        elif isinstance(node, Not):
+            stack.append((node.part, depth + 1))
+        elif isinstance(node, Condition):
+            if not isinstance(node.field, str) or not node.field or len(node.field) > MAX_NAME:
+                raise FilterError(f"{where}: field names are strings of 1 to {MAX_NAME} characters, got "
+                                  f"{_show(node.field)}")
+            stack.append((node.value, depth + 1))
 
 
 def _parse(spec: Any, where: str) -> Filter:
@@ -101,8 +157,9 @@ def _parse(spec: Any, where: str) -> Filter:
     parts: list[Filter] = []
     for key, value in spec.items():
         if not isinstance(key, str) or not key:
-            raise FilterError(f"{where}: field names are non-empty strings, got {key!r}")
-        at = f"{where}.{key}"
+            raise FilterError(f"{where}: field names are non-empty strings, got {_show(key)}")
+        _text(key, where)
+        at = f"{where}.{_name(key)}"
         if key in ("$and", "$or"):
             if not isinstance(value, list) or not value:
                 raise FilterError(f"{at}: takes a non-empty list of filters, got {_show(value)}")
@@ -111,7 +168,7 @@ def _parse(spec: Any, where: str) -> Filter:
         elif key == "$not":
             parts.append(Not(_parse(value, at)))
         elif key.startswith("$"):
-            raise FilterError(f"{at}: unknown operator {key!r} at the top of a filter; use $and, $or, $not, or a "
+            raise FilterError(f"{at}: unknown operator {_show(key)} at the top of a filter; use $and, $or, $not, or a "
                               "field name")
         elif isinstance(value, Mapping) and any(isinstance(op, str) and op.startswith("$") for op in value):
             if not value:
@@ -127,7 +184,7 @@ def _parse(spec: Any, where: str) -> Filter:
 
 def _condition(name: str, op: Any, operand: Any, at: str) -> Condition:
     if op not in FIELD_OPS:
-        raise FilterError(f"{at}: unknown operator {op!r}; one of {', '.join(FIELD_OPS)}")
+        raise FilterError(f"{at}: unknown operator {_show(op)}; one of {', '.join(FIELD_OPS)}")
     where = f"{at}.{op}" if op != "$eq" else at
     if op in ("$in", "$nin"):
         if not isinstance(operand, list):
@@ -151,13 +208,44 @@ def _scalar(value: Any, where: str) -> None:
                           + ("; to match any of several values use $in" if isinstance(value, list) else ""))
     if isinstance(value, float) and not math.isfinite(value):
         raise FilterError(f"{where}: {value} is not a finite number")
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            float(value)
+        except OverflowError:
+            raise FilterError(f"{where}: a number of {len(str(abs(value)))} digits is out of range; numbers are "
+                              "compared as 64-bit floats (at most about 1.8e308)") from None
     if value is not None and not isinstance(value, (str, int, float, bool)):
         raise FilterError(f"{where}: takes a number, string, true, false or null, got {type(value).__name__}")
+    if isinstance(value, str):
+        _text(value, where)
+
+
+def _text(value: str, where: str) -> None:
+    """A string that can be stored (UTF-8: no lone surrogates)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise FilterError(f"{where}: {_show(value)} is not valid Unicode ({exc.reason} at character {exc.start})"
+                          ) from None
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlist, _REPR.maxdict = 3, 60, 60, 6, 4
 
 
 def _show(value: Any) -> str:
-    text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    """A value for an error message: at most about 80 characters, however large or deep it is."""
+    text = _REPR.repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _op(op: Any) -> str:
+    return op if isinstance(op, str) and op in FIELD_OPS else _show(op)
+
+
+def _name(name: str) -> str:
+    """A field name for an error message (a long one cut)."""
+    return name if len(name) <= 60 else name[:57] + "..."
 
 
 def fields_of(f: Filter) -> list[str]:
@@ -209,7 +297,27 @@ def to_datetime(value: str) -> datetime:
     parsed = datetime.fromisoformat(value)
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=timezone.utc)
-    return parsed.astimezone(timezone.utc)
+    try:
+        return parsed.astimezone(timezone.utc)
+    except OverflowError:  # e.g. 9999-12-31T23:59:59-23:59 is past the last representable instant
+        raise ValueError(f"{value!r} is outside the years 1-9999 in UTC") from None
+
+
+def _dates(values: list[Any]) -> list[datetime | None] | None:
+    """Every value as a UTC datetime (None stays None), or None when one is not a valid date."""
+    cache: dict[str, datetime] = {}
+    out: list[datetime | None] = []
+    for v in values:
+        if v is None:
+            out.append(None)
+            continue
+        if v not in cache:
+            try:
+                cache[v] = to_datetime(v)
+            except ValueError:
+                return None
+        out.append(cache[v])
+    return out
 
 
 class MetadataTable:
@@ -225,11 +333,12 @@ class MetadataTable:
         for name in names:
             values = [m.get(name) for m in rows]
             kind = kind_of(values)
+            dates = _dates(values) if kind == "date" else None
+            if kind == "date" and dates is None:  # looks like dates, one is not a valid one: strings
+                kind = "string"
             self.kinds[name] = kind
-            if kind == "date":
-                cache: dict[str, datetime] = {}
-                values = [None if v is None else cache.setdefault(v, to_datetime(v)) for v in values]
-                self.columns[name] = pa.array(values, type=pa.timestamp("us", tz="UTC"))
+            if dates is not None:
+                self.columns[name] = pa.array(dates, type=pa.timestamp("us", tz="UTC"))
             elif kind == "mixed":
                 self.columns[name] = pa.array([v is not None for v in values])  # presence only
             elif kind.startswith("list"):
@@ -332,11 +441,14 @@ def check_filter(f: Filter, kinds: Mapping[str, str]) -> None:
         return
     kind = kinds.get(f.field)
     if kind is None:
-        known = ", ".join(sorted(kinds)) or "none"
-        raise FilterError(f"where: no document has the field {f.field!r} (operator {f.op}); metadata fields: {known}")
+        known = ", ".join(sorted(kinds)[:50]) or "none"
+        raise FilterError(f"where: no document has the field {_show(f.field)} (operator {_op(f.op)}); metadata "
+                          f"fields: {known}")
     if f.op not in OPS_OF[kind]:
-        raise FilterError(f"where.{f.field}: {f.op} does not apply to a {kind} field"
-                          + ("" if kind != "mixed" else " (its values have several types; fix the metadata)"))
+        raise FilterError(f"where.{_name(f.field)}: {_op(f.op)} does not apply to a {kind} field"
+                          + (" (its values have several types; fix the metadata)" if kind == "mixed" else
+                             "; ranges compare numbers and ISO dates, not strings: use $eq or $in" if kind == "string"
+                             and f.op in COMPARE else ""))
     if f.op == "$exists":
         return
     for v in f.value if f.op in ("$in", "$nin") else (f.value,):
@@ -346,26 +458,27 @@ def check_filter(f: Filter, kinds: Mapping[str, str]) -> None:
 
 
 def _check_operand(f: Condition, kind: str, v: Any) -> None:
-    where = f"where.{f.field}" + (f".{f.op}" if f.op != "$eq" else "")
-    given = "a number" if _is_number(v) else "a bool" if isinstance(v, bool) else f"the string {v!r}"
+    where = f"where.{_name(f.field)}" + (f".{f.op}" if f.op != "$eq" else "")
+    _scalar(v, where)
+    given = "a number" if _is_number(v) else "a bool" if isinstance(v, bool) else f"the string {_show(v)}"
     if kind == "date":
         if not isinstance(v, str) or not _ISO.match(v):
-            raise FilterError(f"{where}: {f.field!r} holds dates; compare it with an ISO date like \"2020-01-31\", "
-                              f"not {given}")
+            raise FilterError(f"{where}: {_show(f.field)} holds dates; compare it with an ISO date like "
+                              f"\"2020-01-31\", not {given}")
         try:
             to_datetime(v)
-        except ValueError:
-            raise FilterError(f"{where}: {v!r} is not a valid date") from None
+        except ValueError as exc:
+            raise FilterError(f"{where}: {_show(v)} is not a valid date ({str(exc)[:80]})") from None
     elif kind == "number" and not _is_number(v):
-        raise FilterError(f"{where}: {f.field!r} holds numbers; got {given}")
+        raise FilterError(f"{where}: {_show(f.field)} holds numbers; got {given}")
     elif kind == "string" and not isinstance(v, str):
-        raise FilterError(f"{where}: {f.field!r} holds strings; got {given}")
+        raise FilterError(f"{where}: {_show(f.field)} holds strings; got {given}")
     elif kind == "bool" and not isinstance(v, bool):
-        raise FilterError(f"{where}: {f.field!r} holds true/false; got {given}")
+        raise FilterError(f"{where}: {_show(f.field)} holds true/false; got {given}")
     elif kind == "list[string]" and not isinstance(v, str):
-        raise FilterError(f"{where}: {f.field!r} holds lists of strings; match one string, got {given}")
+        raise FilterError(f"{where}: {_show(f.field)} holds lists of strings; match one string, got {given}")
     elif kind == "list[number]" and not _is_number(v):
-        raise FilterError(f"{where}: {f.field!r} holds lists of numbers; match one number, got {given}")
+        raise FilterError(f"{where}: {_show(f.field)} holds lists of numbers; match one number, got {given}")
 
 
 def merge_kinds(many: Iterable[Mapping[str, str]]) -> dict[str, str]:

@@ -50,6 +50,34 @@ def test_demo_runs_on_the_sample(tmp_path, capsys, tiny_bert_dir):
     assert {"weights_s", "train_retriever_s", "train_reranker_s", "engine_s", "evaluate_s"} == set(config["phase_seconds"])
     assert (tmp_path / "demo.models" / "engine" / "CURRENT").is_file()
     assert "Loading weights" not in out and "LOAD REPORT" not in out
+    said = [line for line in out.splitlines() if line.startswith(("The reranker", "The engine has no reranker"))]
+    assert len(said) == 1, said  # one sentence on what the reranker did
+    assert not list((tmp_path / "demo.models").glob("*.train")) and "training checkpoints removed" in out
+
+
+def test_the_demo_says_what_the_reranker_did():
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from twostage.app.demo import reranker_sentence
+    from twostage.indexer.engine_dir import EngineSettings
+
+    table = pd.DataFrame({"ndcg@10": [0.70, 0.75, 0.80, 0.80]}, index=["dense", "dense+rerank", "hybrid",
+                                                                       "hybrid+rerank"])
+
+    def engine(rerank: bool, blends: dict | None, first_stage: str = "dense"):
+        reranker = None if blends is None else SimpleNamespace(blends=blends, interpolation=0.5)
+        settings = EngineSettings(first_stage=first_stage, rerank=rerank)
+        return SimpleNamespace(settings=settings, reranker=reranker)
+
+    assert "reorders the top 20 of dense with weight 0.3 (chosen on dev): +0.050" in \
+        reranker_sentence(engine(True, {"dense": 0.3}), table, 8)
+    off = reranker_sentence(engine(True, {"hybrid": 0.0}, "hybrid"), table, 8)
+    assert "switched off by its dev selection" in off and "weight 0.0 after hybrid" in off
+    off = reranker_sentence(engine(False, {"dense": 0.3}), table, 8)
+    assert "switched off by the dev selection" in off and "dense+rerank on the test queries: +0.050" in off
+    assert "no reranker" in reranker_sentence(engine(True, None), table, 8)
 
 
 def test_train_retriever_then_bench_dense(tmp_path, sample_dir, tiny_bert_dir, capsys):
