@@ -168,8 +168,9 @@ def add_commands(sub: Any) -> None:
     bench.add_argument("--backend", default=EngineSettings().backend, help="ANN backend of the engine the dense "
                        "systems search (default: the engine's default)")
     bench.add_argument("--reranker-model", default=None, help="cross-encoder name or directory (+rerank systems)")
-    bench.add_argument("--rerank-depth", type=int, default=EngineSettings().k_retrieve,
-                       help=f"candidates the cross-encoder reads (default {EngineSettings().k_retrieve}, the engine's)")
+    bench.add_argument("--rerank-depth", type=int, default=None,
+                       help=f"candidates the cross-encoder reads (default: an --engine's own, else "
+                            f"{EngineSettings().k_retrieve})")
     bench.add_argument("--train-split", default=None, help="train the missing models on this split first (a dev "
                        "part is held out of it; the evaluated split is never used), e.g. train")
     bench.add_argument("--base", default=None, help="base model for --train-split (default all-MiniLM-L6-v2)")
@@ -177,13 +178,15 @@ def add_commands(sub: Any) -> None:
                        "(the shape config.json records; missing fields keep their defaults)")
     bench.add_argument("--models-dir", type=Path, default=None, help="where --train-split puts the models "
                        "(default: OUT.models)")
-    bench.add_argument("--rerank-interpolation", default="auto", help="blend with the first stage's score: auto "
+    bench.add_argument("--rerank-interpolation", default="auto", help="blend with the first stage's score: auto (an --engine's own setting, else "
                        "(the value saved with the reranker, if any), none (reranker alone) or a number in [0, 1]")
-    bench.add_argument("--precision", default=EngineSettings().precision, choices=list(PRECISIONS),
-                       help="inference precision of both models (auto, as the engine: with the openvino extra "
+    bench.add_argument("--precision", default=None, choices=list(PRECISIONS),
+                       help="inference precision of both models (default: an --engine's own, else auto: with the "
+                       "openvino extra "
                        "the retriever in openvino-fp32 and the reranker in openvino-int8; else bf16 on AMX CPUs, "
                        "else fp32)")
-    bench.add_argument("--batch-size", type=int, default=32, help="encoding batch size")
+    bench.add_argument("--batch-size", type=int, default=None,
+                       help=f"encoding batch size (default: an --engine's own, else {EngineSettings().batch_size})")
     add_significance_flags(bench)
     add_device_flag(bench)
     bench.set_defaults(func=_bench)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from twostage.indexer.corpus import Corpus
@@ -22,13 +22,14 @@ class SystemOptions:
     """Settings systems need beyond the corpus (models, batch sizes). Defaults are the engine's."""
 
     retriever_model: str | None = None
-    engine: str | None = None  # a built engine directory of this corpus: its models and indexes are used
+    engine: str | None = None  # a built engine directory of this corpus: its models, indexes and settings are used
     reranker_model: str | None = None
-    rerank_depth: int = EngineSettings().k_retrieve
+    # None (and "auto" for the blend): an --engine's own setting, else the engine default; a value overrides it
+    rerank_depth: int | None = None
     rerank_interpolation: float | str | None = "auto"  # see twostage.reranker.pipeline.Pipeline
-    precision: str = EngineSettings().precision
+    precision: str | None = None
     backend: str = EngineSettings().backend
-    batch_size: int = 32
+    batch_size: int | None = None
     show_progress: bool = False
     device: str = "auto"  # where the models run (twostage.retriever.device)
 
@@ -59,15 +60,17 @@ def _build_engine(corpus: Corpus, options: SystemOptions) -> Any:
 
     from twostage.engine.search_engine import SearchEngine
 
-    settings = EngineSettings(k_retrieve=options.rerank_depth, interpolation=options.rerank_interpolation,
-                              precision=options.precision, backend=options.backend, batch_size=options.batch_size)
+    given = overrides(options)
     if options.engine:
         engine = SearchEngine.load(options.engine, device=options.device)
         missing = [d.id for d in corpus if d.id not in engine][:3]
         if missing or len(engine) != len(corpus):
             raise ConfigError(f"engine {options.engine} holds other documents than this corpus (e.g. "
                               f"{', '.join(missing) or 'a different count'}); build it from the same corpus")
-        return _with_settings(engine, settings)
+        if given:  # the harness's own engine object (cached here only): its files are not changed
+            engine.manifest = replace(engine.manifest, settings=replace(engine.settings, **given))
+        return engine
+    settings = replace(EngineSettings(backend=options.backend), **given)
     if not options.retriever_model:
         raise ConfigError("the dense systems need a model: pass --retriever-model NAME_OR_DIR (or --engine DIR)")
     tmp = tempfile.mkdtemp(prefix="twostage-bench-")
@@ -78,14 +81,13 @@ def _build_engine(corpus: Corpus, options: SystemOptions) -> Any:
     return engine
 
 
-def _with_settings(engine: Any, settings: EngineSettings) -> Any:
-    """The engine searching with the harness's depth, blend and precision (its files are not changed)."""
-    from dataclasses import replace
-
-    keep = ("first_stage", "fusion", "k_rrf", "dense_weight", "depth", "backend", "metric")
-    merged = replace(settings, **{f: getattr(engine.settings, f) for f in keep})
-    engine.manifest = replace(engine.manifest, settings=merged)
-    return engine
+def overrides(options: SystemOptions) -> dict[str, Any]:
+    """The engine settings the options set (everything else stays the engine's: passages, fusion, depths...)."""
+    given = {"k_retrieve": options.rerank_depth, "precision": options.precision, "batch_size": options.batch_size}
+    out = {name: value for name, value in given.items() if value is not None}
+    if options.rerank_interpolation != "auto":
+        out["interpolation"] = options.rerank_interpolation
+    return out
 
 
 def _view(first_stage: str, rerank: bool) -> SystemFactory:
@@ -106,13 +108,13 @@ def _bm25_rerank(corpus: Corpus, options: SystemOptions) -> SearchSystem:
     if not options.reranker_model:
         raise ConfigError("the +rerank systems need a cross-encoder: pass --reranker-model NAME_OR_DIR")
     device = resolve_device(options.device)
+    s = replace(EngineSettings(), **overrides(options))
     reranker = CrossEncoder.load(options.reranker_model, device=device,
-                                 precision=resolve_precision(options.precision, "reranker", device))
+                                 precision=resolve_precision(s.precision, "reranker", device))
     texts = {d.id: d.full_text for d in corpus}
     alpha = options.rerank_interpolation
     return _Reranked(Pipeline(BM25Retriever.build(corpus), reranker=reranker, texts=texts,
-                              k_retrieve=options.rerank_depth, k=min(10, options.rerank_depth),
-                              batch_size=options.batch_size,
+                              k_retrieve=s.k_retrieve, k=min(10, s.k_retrieve), batch_size=s.batch_size,
                               interpolation=blend_for(reranker, "bm25") if alpha == "auto" else alpha))
 
 

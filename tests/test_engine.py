@@ -221,6 +221,29 @@ def test_harness_hybrid_rerank_is_the_engine(built, sample_dir, models):
         assert list(run[query.id].ids[:10]) == built.search(query.text, k=10).ids
 
 
+@pytest.mark.parametrize("shape", ["whole", "short-passages", "blend-fusion"])
+def test_bench_engine_scores_what_search_returns_on_non_default_engines(tmp_path, sample_dir, models, shape):
+    """#45: the harness used to replace an --engine's passage settings with its own defaults (ArguAna scored 0.000)."""
+    from twostage.eval.harness import run_bench
+    from twostage.eval.systems import SystemOptions
+    from twostage.indexer.beir import BeirDataset
+
+    retriever, reranker = models
+    settings = {"whole": {"passage_words": 0}, "short-passages": {"passage_words": 12, "passage_stride": 6,
+                                                                   "passage_whole_up_to": 0, "k_retrieve": 7},
+                "blend-fusion": {"fusion": "blend", "dense_weight": 0.3}}[shape]
+    engine = SearchEngine.build(BeirDataset(sample_dir).corpus, tmp_path / "e", retriever=retriever,
+                                reranker=reranker, **settings)
+    result = run_bench(sample_dir, "test", "dense,hybrid,hybrid+rerank", options=SystemOptions(engine=str(engine.root)))
+    for system in result.systems:
+        stage, rerank = system.name.split("+")[0], system.name.endswith("+rerank")
+        for query in result.split.queries:
+            want = engine.search(query.text, k=10, first_stage=stage, rerank=rerank)
+            assert list(system.run[query.id].ids[:10]) == want.ids, (system.name, query.id)
+    assert result.table().loc["dense", "ndcg@10"] > 0
+    engine.close()
+
+
 # ---- the command line ---------------------------------------------------------------------------------------
 def test_cli_build_search_update(tmp_path, sample_dir, models, capsys):
     retriever, reranker = models
