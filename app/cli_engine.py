@@ -218,7 +218,7 @@ def passage_line(passage: Any, width: int = 200) -> str:
 
 
 def _search(args: argparse.Namespace) -> int:
-    from twostage.engine.sharded import open_engine
+    from twostage.engine.door import open_engine
 
     where = parse_where(args.where)
     if args.k <= 0:
@@ -258,7 +258,7 @@ def _run(engine: Any, batch: list[str], args: argparse.Namespace, kw: dict[str, 
 
 
 def _add(args: argparse.Namespace) -> int:
-    from twostage.engine.sharded import open_engine
+    from twostage.engine.door import open_engine
 
     engine = open_engine(args.engine, verify=False)
     before = len(engine)
@@ -270,7 +270,7 @@ def _add(args: argparse.Namespace) -> int:
 
 
 def _delete(args: argparse.Namespace) -> int:
-    from twostage.engine.sharded import open_engine
+    from twostage.engine.door import open_engine
 
     ids = list(args.ids)
     if args.ids_file:
@@ -286,7 +286,7 @@ def _delete(args: argparse.Namespace) -> int:
 
 
 def _compact(args: argparse.Namespace) -> int:
-    from twostage.engine.sharded import open_engine
+    from twostage.engine.door import open_engine
 
     new = open_engine(args.engine, verify=False).compact()
     print(f"compacted: {len(new)} documents, version {new.version}")
@@ -294,7 +294,7 @@ def _compact(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from twostage.engine.sharded import open_engine
+    from twostage.engine.door import open_engine
 
     print(json.dumps(open_engine(args.engine, verify=not args.fast).info(), indent=2))
     return 0
@@ -325,7 +325,7 @@ def _serve(args: argparse.Namespace) -> int:
     from twostage.app.server import create_app
 
     app = create_app(args.engine, api_key=api_key, read_only=args.read_only, batching=not args.no_batching,
-                     max_wait_ms=args.max_wait_ms, verify=not args.fast, device=args.device)
+                     max_wait_ms=args.max_wait_ms, verify=not args.fast, device=args.device, ray=args.ray)
     engine = app.state.holder.engine
     mode = "read-only" if args.read_only else ("writes need the API key" if api_key else "writes open to anyone")
     print(f"serving {args.engine} ({len(engine)} documents, version {engine.version}) at "
@@ -445,4 +445,5 @@ def add_commands(sub: Any) -> None:
     sv.add_argument("--max-wait-ms", type=float, default=5.0,
                     help="how long a model batch waits for requests already in flight (default 5)")
     sv.add_argument("--fast", action="store_true", help="check file sizes only, not checksums, when loading")
+    sv.add_argument("--ray", action="store_true", help="a sharded engine: serve each shard from a local Ray actor")
     sv.set_defaults(func=_serve)

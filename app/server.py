@@ -341,21 +341,23 @@ def _search_out(result: SearchResult, version: str, full_text: bool) -> SearchOu
 
 def create_app(source: str | Path | Any, *, api_key: str | None = None, read_only: bool = False,
                batching: bool = True, max_wait_ms: float = 5.0, max_body_bytes: int = MAX_BODY_BYTES,
-               verify: bool = True, device: str = "auto") -> FastAPI:
-    """The HTTP app over an engine directory (or an open :class:`~twostage.engine.search_engine.SearchEngine`;
-    ``device``: where a directory's models run).
+               verify: bool = True, device: str = "auto", ray: bool = False) -> FastAPI:
+    """The HTTP app over an engine directory, single or sharded (or an open engine; ``device``: where a directory's
+    models run; ``ray``: a sharded engine's shards served by Ray actors).
 
     ``api_key``: writes need ``Authorization: Bearer KEY`` (or ``X-API-Key: KEY``); ``read_only`` refuses writes.
     ``batching``: concurrent searches share model calls, a batch waiting at most ``max_wait_ms`` for requests
     already in flight.
     """
-    from twostage.engine.search_engine import SearchEngine
+    from twostage.engine.door import open_engine
+    from twostage.engine.search import TwoStageSearch
 
     if api_key is not None and not api_key:
         raise ConfigError("the API key is empty; set it to a secret string or serve without one")
     if max_wait_ms < 0 or max_body_bytes <= 0:
         raise ConfigError("max_wait_ms must be >= 0 and max_body_bytes positive")
-    opened = source if isinstance(source, SearchEngine) else SearchEngine.load(source, verify=verify, device=device)
+    opened = source if isinstance(source, TwoStageSearch) else open_engine(source, verify=verify, device=device,
+                                                                            ray=ray)
     holder = EngineHolder(opened)
     stats = ServerStats()
     in_flight = [0]

@@ -100,6 +100,16 @@ class TwoStageSearch:
             return by_role["retriever"]
         return ", ".join(f"{role} {precision}" for role, precision in by_role.items())
 
+    def use_models(self, *, encoder: Any = None, reranker: Any = None) -> None:
+        """Search with these objects in place of the loaded models, e.g. wrappers that batch across requests
+        (:mod:`twostage.app.batching`). They must score exactly like the models they wrap; the engines that
+        :meth:`refresh` and the updates return share them."""
+        with self._models.lock:
+            if encoder is not None:
+                self._models.encoder = encoder
+            if reranker is not None:
+                self._models.reranker = reranker
+
     def _loaded(self, slot: str, ref: ModelRef, role: str, loader: Callable[..., Any]) -> Any:
         """The model in ``self._models.<slot>`` (``role`` retriever or reranker), loaded on first use (once, across
         threads) from the directory ``ref`` names, after its weights are checked against the manifest's sha256."""

@@ -181,16 +181,6 @@ class SearchEngine(TwoStageSearch):
             self.index.attach_encoder(encoder)
         return encoder
 
-    def use_models(self, *, encoder: Any = None, reranker: Any = None) -> None:
-        """Search with these objects in place of the loaded models, e.g. wrappers that batch across requests
-        (:mod:`twostage.app.batching`). They must score exactly like the models they wrap; the engines that
-        :meth:`refresh` and the updates return share them."""
-        with self._models.lock:
-            if encoder is not None:
-                self._models.encoder = encoder
-            if reranker is not None:
-                self._models.reranker = reranker
-
     def analyzer(self) -> Any:
         return self.bm25.analyzer
 

@@ -129,6 +129,7 @@ class ShardedEngine(TwoStageSearch):
         self.root, self.version_dir, self.names = root, version_dir, names
         self._shards, self._ray, self._lease = shards, ray, lease
         self._local = local  # the shards as objects in this process (None when they are Ray actors)
+        self._opening: tuple[Any, ...] = (False, None, None, None)  # ray, address, num_cpus, cpus_per_shard
         self._size = sum(self._call("size"))
         manifests = self._call("manifest")
         self.manifest = manifests[0]
@@ -188,7 +189,21 @@ class ShardedEngine(TwoStageSearch):
                     ray_mod.kill(s)
                 cause = next((line for line in reversed(str(exc).splitlines()) if "Error" in line), str(exc))
                 raise IndexFormatError(f"{root}: a shard could not be opened by its Ray actor: {cause.strip()}") from None
+        engine._opening = (ray, address, num_cpus, cpus_per_shard)
         return engine
+
+    def _reopen(self) -> ShardedEngine:
+        """The committed version now, opened as this one was (Ray or not), sharing this one's loaded models."""
+        engine = open_current(self.root, lambda v, lease: ShardedEngine._open(self.root, v, lease, False,
+                                                                               *self._opening), WHAT)
+        engine._models = self._models
+        return engine
+
+    def refresh(self, *, verify: bool = False) -> ShardedEngine:
+        """This engine at the newest committed version (``self`` when nothing changed); models are kept."""
+        if current_version(self.root, WHAT) == self.version_dir:
+            return self
+        return self._reopen()
 
     def close(self) -> None:
         """Release every shard's version (and stop the Ray actors)."""
@@ -205,6 +220,9 @@ class ShardedEngine(TwoStageSearch):
     # ---- properties (settings, version, precision, reranker: TwoStageSearch) ----------------------
     def __len__(self) -> int:
         return self._size
+
+    def __contains__(self, doc_id: object) -> bool:
+        return isinstance(doc_id, str) and self.holder([doc_id])[0] is not None
 
     @property
     def encoder(self) -> Any:
@@ -327,7 +345,7 @@ class ShardedEngine(TwoStageSearch):
                 _commit(self.root, names, len(base))
             finally:
                 base.close()
-        return ShardedEngine.load(self.root, verify=False)
+        return self._reopen()
 
     def _update(self, docs: list[Document], delete: list[str], *, replace_docs: bool) -> ShardedEngine:
         """Under the sharded writer lock: re-open the committed version, route the change, write every shard's next
@@ -366,7 +384,7 @@ class ShardedEngine(TwoStageSearch):
                 _commit(self.root, names, stats.num_docs)
             finally:
                 base.close()
-        return ShardedEngine.load(self.root, verify=False)
+        return self._reopen()
 
 
 def _change(docs: list[Document], vectors: np.ndarray | None, delete: list[str],
@@ -448,21 +466,4 @@ def read_sharded_manifest(version_dir: Path) -> list[tuple[str, str]]:
     return out
 
 
-def open_engine(path: str | Path, *, verify: bool = True, ray: bool = False,
-                device: str = "auto") -> SearchEngine | ShardedEngine:
-    """The engine at ``path``: a :class:`ShardedEngine` when its live version is a sharded manifest, else a
-    :class:`SearchEngine` (``ray`` applies to sharded engines only; ``device`` to single engines: a sharded one
-    runs its models on the CPU)."""
-    from twostage.retriever.device import resolve_device
-
-    root = Path(path)
-    if (root / "CURRENT").is_file() and format_of(current_version(root, WHAT)) == FORMAT:
-        if resolve_device(device) != "cpu" and device != "auto":
-            raise ConfigError(f"{root}: a sharded engine runs its models on the CPU; leave out --device {device}")
-        return ShardedEngine.load(root, verify=verify, ray=ray)
-    if ray:
-        raise ConfigError(f"{root}: --ray serves the shards of a sharded engine; this is a single engine")
-    return SearchEngine.load(root, verify=verify, device=device)
-
-
-__all__ = ["ShardedEngine", "open_engine", "read_sharded_manifest", "shard_of"]
+__all__ = ["ShardedEngine", "read_sharded_manifest", "shard_of"]

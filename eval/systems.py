@@ -58,11 +58,12 @@ def _build_engine(corpus: Corpus, options: SystemOptions) -> Any:
     import shutil
     import tempfile
 
+    from twostage.engine.door import open_engine
     from twostage.engine.search_engine import SearchEngine
 
     given = overrides(options)
     if options.engine:
-        engine = SearchEngine.load(options.engine, device=options.device)
+        engine = open_engine(options.engine, device=options.device)
         missing = [d.id for d in corpus if d.id not in engine][:3]
         if missing or len(engine) != len(corpus):
             raise ConfigError(f"engine {options.engine} holds other documents than this corpus (e.g. "
@@ -84,7 +85,7 @@ def _build_engine(corpus: Corpus, options: SystemOptions) -> Any:
 def overrides(options: SystemOptions) -> dict[str, Any]:
     """The engine settings the options set (everything else stays the engine's: passages, fusion, depths...)."""
     given = {"k_retrieve": options.rerank_depth, "precision": options.precision, "batch_size": options.batch_size}
-    out = {name: value for name, value in given.items() if value is not None}
+    out: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
     if options.rerank_interpolation != "auto":
         out["interpolation"] = options.rerank_interpolation
     return out

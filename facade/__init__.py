@@ -45,7 +45,7 @@ _WHERE = {
     "Index": "indexer.index", "build_index": "indexer.build",
     "CrossEncoder": "reranker.cross_encoder", "Pipeline": "reranker.pipeline", "SearchResult": "indexer.records",
     "SearchEngine": "engine.search_engine", "EngineSettings": "indexer.engine_dir",
-    "ShardedEngine": "engine.sharded", "open_engine": "engine.sharded",
+    "ShardedEngine": "engine.sharded", "open_engine": "engine.door",
     "RetrieverRecipe": "retriever.recipe", "train_retriever": "retriever.recipe",
     "RerankerConfig": "reranker.training", "train_reranker_on": "reranker.training",
     "run_bench": "eval.harness", "evaluate": "eval.metrics",
@@ -55,7 +55,8 @@ _WHERE = {
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from twostage.app.adapt import AdaptRecipe, adapt
     from twostage.engine.search_engine import SearchEngine
-    from twostage.engine.sharded import ShardedEngine, open_engine
+    from twostage.engine.door import open_engine
+    from twostage.engine.sharded import ShardedEngine
     from twostage.eval.harness import run_bench
     from twostage.eval.metrics import evaluate
     from twostage.indexer.beir import BeirDataset

@@ -228,3 +228,32 @@ def test_cli_builds_searches_and_updates_a_sharded_engine(tmp_path, models, caps
     assert main(["-q", "build", "--corpus", str(SAMPLE), "--out", str(tmp_path / "bad"), "--shards", "0"]) == 2
     assert "--shards must be a positive integer" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
+
+
+def test_serve_answers_a_sharded_engine_as_search_does(tmp_path, models, capsys):
+    """#45: `twostage serve` opens engines through the one door, so a sharded engine is served (it used to fail)."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from twostage.app.cli import main
+    from twostage.app.server import create_app
+
+    retriever, reranker = models
+    built = ShardedEngine.build(SAMPLE, tmp_path / "e", shards=2, retriever=retriever, reranker=reranker,
+                                backend="flat")
+    built.close()
+    with TestClient(create_app(tmp_path / "e", verify=False), raise_server_exceptions=False) as client:
+        for query in QUERIES[:6]:
+            assert main(["search", str(tmp_path / "e"), query, "--k", "5", "--json", "--fast"]) == 0
+            want = json.loads(capsys.readouterr().out)
+            got = client.post("/search", json={"query": query, "k": 5}).json()
+            assert [h["id"] for h in got["hits"]] == [h["id"] for h in want["hits"]]
+            np.testing.assert_allclose([h["score"] for h in got["hits"]], [h["score"] for h in want["hits"]],
+                                       rtol=0, atol=1e-6)
+        r = client.post("/documents", json={"documents": [{"id": "zz-new", "text": "zebra zeppelin zither"}]})
+        assert r.status_code == 200 and r.json()["documents"] == 206
+        hits = client.post("/search", json={"query": "zebra zeppelin zither", "k": 3, "first_stage": "bm25"}).json()
+        assert hits["hits"][0]["id"] == "zz-new" and hits["version"] == r.json()["version"]
+        assert client.get("/health").json()["documents"] == 206
+        r = client.request("DELETE", "/documents", json={"ids": ["zz-new"]})
+        assert r.status_code == 200 and r.json()["documents"] == 205

@@ -1,0 +1,34 @@
+"""The one way in: an engine directory opened as what it is, a single engine or a sharded one.
+
+The command line, the HTTP server and the harness all open engines here, so each of them serves and measures
+sharded engines (local shards or Ray actors) the same way as single ones.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from twostage.engine.search_engine import WHAT, SearchEngine, format_of
+from twostage.engine.sharded import FORMAT, ShardedEngine
+from twostage.indexer.errors import ConfigError
+from twostage.indexer.versions import current_version
+
+
+def open_engine(path: str | Path, *, verify: bool = True, ray: bool = False,
+                device: str = "auto") -> SearchEngine | ShardedEngine:
+    """The engine at ``path``: a :class:`ShardedEngine` when its live version is a sharded manifest, else a
+    :class:`SearchEngine` (``ray`` applies to sharded engines only; ``device`` to single engines: a sharded one
+    runs its models on the CPU)."""
+    from twostage.retriever.device import resolve_device
+
+    root = Path(path)
+    if (root / "CURRENT").is_file() and format_of(current_version(root, WHAT)) == FORMAT:
+        if resolve_device(device) != "cpu" and device != "auto":
+            raise ConfigError(f"{root}: a sharded engine runs its models on the CPU; leave out --device {device}")
+        return ShardedEngine.load(root, verify=verify, ray=ray)
+    if ray:
+        raise ConfigError(f"{root}: --ray serves the shards of a sharded engine; this is a single engine")
+    return SearchEngine.load(root, verify=verify, device=device)
+
+
+__all__ = ["open_engine"]
