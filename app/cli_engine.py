@@ -325,7 +325,18 @@ def _serve(args: argparse.Namespace) -> int:
     from twostage.app.server import create_app
 
     app = create_app(args.engine, api_key=api_key, read_only=args.read_only, batching=not args.no_batching,
-                     max_wait_ms=args.max_wait_ms, verify=not args.fast, device=args.device, ray=args.ray)
+                     max_wait_ms=args.max_wait_ms, verify=not args.fast, device=args.device, ray=args.ray,
+                     metrics=not args.no_metrics)
+    if not args.no_access_log:  # one JSON line a request on stderr (the library only logs it)
+        import logging
+
+        from twostage.app.observe import access_log
+
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        access_log.addHandler(handler)
+        access_log.setLevel(logging.INFO)
+        access_log.propagate = False
     engine = app.state.holder.engine
     mode = "read-only" if args.read_only else ("writes need the API key" if api_key else "writes open to anyone")
     print(f"serving {args.engine} ({len(engine)} documents, version {engine.version}) at "
@@ -446,4 +457,6 @@ def add_commands(sub: Any) -> None:
                     help="how long a model batch waits for requests already in flight (default 5)")
     sv.add_argument("--fast", action="store_true", help="check file sizes only, not checksums, when loading")
     sv.add_argument("--ray", action="store_true", help="a sharded engine: serve each shard from a local Ray actor")
+    sv.add_argument("--no-metrics", action="store_true", help="no GET /metrics (Prometheus)")
+    sv.add_argument("--no-access-log", action="store_true", help="no JSON access-log line a request on stderr")
     sv.set_defaults(func=_serve)

@@ -4,7 +4,9 @@
 >>> serve("engines/docs", host="127.0.0.1", port=8000)          # or let twostage run it
 
 Endpoints: ``POST /search``, ``POST /search/batch``, ``POST /documents`` (add or upsert), ``DELETE /documents``,
-``GET /health``, ``GET /stats``, the search page at ``/`` and the OpenAPI docs at ``/docs``. Searches run in
+``GET /health``, ``GET /stats``, ``GET /metrics`` (Prometheus, :mod:`twostage.app.observe`), ``POST /v1/embeddings``
+and ``POST /v1/rerank`` (OpenAI's and Cohere's shapes, :mod:`twostage.app.compat`), the search page at ``/`` and
+the OpenAPI docs at ``/docs``. Searches run in
 worker threads; concurrent ones share the query encoder's and the reranker's forward passes
 (:mod:`twostage.app.batching`). Writes go through the engine's locked, atomic updates; searches keep being
 answered from the old version until the new one is committed, then from the new one. Every error is a JSON body
@@ -35,7 +37,7 @@ logger = logging.getLogger(__name__)
 try:
     from fastapi import Depends, FastAPI, Request
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import HTMLResponse, JSONResponse
+    from fastapi.responses import HTMLResponse, JSONResponse, Response
     from pydantic import BaseModel, ConfigDict, Field, field_validator
     from starlette.exceptions import HTTPException
 except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -341,14 +343,16 @@ def _search_out(result: SearchResult, version: str, full_text: bool) -> SearchOu
 
 def create_app(source: str | Path | Any, *, api_key: str | None = None, read_only: bool = False,
                batching: bool = True, max_wait_ms: float = 5.0, max_body_bytes: int = MAX_BODY_BYTES,
-               verify: bool = True, device: str = "auto", ray: bool = False) -> FastAPI:
+               verify: bool = True, device: str = "auto", ray: bool = False, metrics: bool = True) -> FastAPI:
     """The HTTP app over an engine directory, single or sharded (or an open engine; ``device``: where a directory's
     models run; ``ray``: a sharded engine's shards served by Ray actors).
 
     ``api_key``: writes need ``Authorization: Bearer KEY`` (or ``X-API-Key: KEY``); ``read_only`` refuses writes.
     ``batching``: concurrent searches share model calls, a batch waiting at most ``max_wait_ms`` for requests
-    already in flight.
+    already in flight. ``metrics``: ``GET /metrics`` in Prometheus' format (:mod:`twostage.app.observe`).
     """
+    from twostage.app.compat import add_compat_routes
+    from twostage.app.observe import ServerMetrics, log_access, request_id
     from twostage.engine.door import open_engine
     from twostage.engine.search import TwoStageSearch
 
@@ -363,17 +367,26 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
     in_flight = [0]
     flight_lock = threading.Lock()
     batchers: list[Any] = []
+    load_seconds: dict[str, float] = {}
+    t = time.perf_counter()
+    loaded_encoder = opened.encoder  # loaded (and verified) now, not in the first request
+    load_seconds["retriever"] = time.perf_counter() - t
+    t = time.perf_counter()
+    loaded_reranker = opened.reranker
+    if loaded_reranker is not None:
+        load_seconds["reranker"] = time.perf_counter() - t
     if batching:
         from twostage.app.batching import BatchingEncoder, BatchingReranker
 
         options = {"max_wait_s": max_wait_ms / 1000, "expected": lambda: in_flight[0]}
         size = opened.settings.batch_size
-        encoder = BatchingEncoder(opened.encoder, batch_size=size, **options)
-        reranker = BatchingReranker(opened.reranker, batch_size=size, **options) if opened.reranker else None
+        encoder = BatchingEncoder(loaded_encoder, batch_size=size, **options)
+        reranker = BatchingReranker(loaded_reranker, batch_size=size, **options) if loaded_reranker else None
         opened.use_models(encoder=encoder, reranker=reranker)
         batchers = [b.batcher for b in (encoder, reranker) if b is not None]
-    else:  # load (and verify) the models now, not in the first request
-        _ = opened.encoder, opened.reranker
+    observed = ServerMetrics(lambda: holder.engine, batchers) if metrics else None
+    if observed is not None:
+        observed.load_seconds.update(load_seconds)
     write_lock = threading.Lock()
 
     @asynccontextmanager
@@ -390,10 +403,23 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
 
     @app.middleware("http")
     async def count(request: Request, call_next: Any) -> Any:
-        response = await call_next(request)
-        route = request.scope.get("route")
-        stats.count(f"{request.method} {route.path if route is not None else 'unmatched'}", response.status_code)
-        return response
+        t = time.perf_counter()
+        rid = request_id(request.headers.get("x-request-id"))
+        status = 500
+        try:
+            response = await call_next(request)
+            status = response.status_code
+            response.headers["X-Request-ID"] = rid
+            return response
+        finally:  # counted and logged however the request ended (a crash is the 500 the client sees)
+            seconds = time.perf_counter() - t
+            route = request.scope.get("route")
+            path = route.path if route is not None else "unmatched"
+            stats.count(f"{request.method} {path}", status)
+            if observed is not None:
+                observed.observe_request(request.method, path, status, seconds)
+            log_access(rid, request.method, request.url.path, status, seconds,
+                       request.client.host if request.client else None)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -456,6 +482,8 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
         request_ms = (time.perf_counter() - t) * 1000 / len(queries)
         for r in results:
             stats.record(_ms(dict(r.timings)), request_ms)
+            if observed is not None:
+                observed.observe_search(r.timings)
         return results, version
 
     @app.post("/search", response_model=SearchOut, summary="the k best documents for a query")
@@ -523,6 +551,23 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
                 "read_only": read_only, "api_key": api_key is not None,
                 "batching": {b.name: b.stats.to_dict() for b in batchers} if batching else None,
                 **stats.snapshot()}
+
+    def guard(run: Any) -> Any:
+        try:
+            return run()
+        except TwostageError as exc:
+            return _twostage_error(exc)
+        except Exception as exc:
+            return _server_error(exc)
+
+    add_compat_routes(app, searching, _error, guard)
+
+    @app.get("/metrics", summary="Prometheus metrics: requests, latency per stage, batches, the engine served")
+    def get_metrics() -> Response:
+        if observed is None:
+            return _error(404, "metrics are off (the server was started with --no-metrics)")
+        body, content_type = observed.exposition()
+        return Response(body, media_type=content_type)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def page() -> HTMLResponse:

@@ -1,0 +1,144 @@
+"""The endpoints other tools already speak: OpenAI's embeddings and Cohere's (and Jina's) rerank.
+
+``POST /v1/embeddings`` takes OpenAI's request (``input``: a string or a list of strings; ``model``;
+``encoding_format``: ``float`` or ``base64``, little-endian float32 as OpenAI sends it; ``dimensions`` must be the
+model's if given) and answers OpenAI's shape, with the engine's retriever vectors (``BiEncoder.encode``).
+``input_type`` (``query`` or ``document``, Cohere's ``search_query`` / ``search_document`` too; default
+``document``) says which side of the bi-encoder reads the texts. ``POST /v1/rerank`` (and ``/v2/rerank``, the
+path Cohere's v2 client calls) takes a ``query`` and ``documents`` (strings, or objects with ``text``), ``top_n``
+and ``return_documents``, and answers the indices ordered by ``relevance_score``: the engine's cross-encoder score
+(the sigmoid of its logit, the same number as a hit's ``stage_scores["rerank"]``).
+
+Fields these APIs define that mean nothing here (``user``, ``max_chunks_per_doc``...) are ignored, so clients
+that send them work; a body of the wrong shape is a 422 naming the field, a rerank on an engine without a
+reranker a 409.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MAX_INPUTS = 2048  # OpenAI's own limit on inputs a request
+MAX_DOCUMENTS = 1000
+MAX_CHARS = 100_000
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class EmbeddingsRequest(_Lenient):
+    input: str | list[str] = Field(..., description="a text or a list of texts (token arrays are not taken)")
+    model: str | None = Field(None, description="echoed back; the engine's retriever encodes")
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)
+    input_type: Literal["query", "document", "search_query", "search_document"] = "document"
+
+    @field_validator("input")
+    @classmethod
+    def _texts(cls, value: str | list[str]) -> str | list[str]:
+        texts = [value] if isinstance(value, str) else value
+        if not texts:
+            raise ValueError("is empty; give a text or a list of texts")
+        if len(texts) > MAX_INPUTS:
+            raise ValueError(f"{len(texts)} texts; at most {MAX_INPUTS} a request")
+        for i, t in enumerate(texts):
+            if not t.strip():
+                raise ValueError(f"text #{i + 1} is empty")
+            if len(t) > MAX_CHARS:
+                raise ValueError(f"text #{i + 1} has {len(t):,} characters; at most {MAX_CHARS:,}")
+        return value
+
+
+class RerankDocument(_Lenient):
+    text: str
+
+
+class RerankRequest(_Lenient):
+    query: str = Field(..., min_length=1, max_length=MAX_CHARS)
+    documents: list[str | RerankDocument] = Field(..., min_length=1, max_length=MAX_DOCUMENTS)
+    model: str | None = None
+    top_n: int | None = Field(None, ge=1)
+    return_documents: bool = False
+
+    @field_validator("query")
+    @classmethod
+    def _words(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("is blank; give it some words")
+        return value
+
+    def texts(self) -> list[str]:
+        return [d if isinstance(d, str) else d.text for d in self.documents]
+
+
+def add_compat_routes(app: Any, searching: Callable[[], AbstractContextManager[Any]],
+                      error: Callable[..., Any], guard: Callable[[Callable[[], Any]], Any]) -> None:
+    """Register the routes on ``app``: ``searching()`` yields the engine a request uses, ``error(status, text)``
+    makes an error response, ``guard(fn)`` runs ``fn`` and turns a raised error into a response."""
+
+    @app.post("/v1/embeddings", summary="OpenAI-style embeddings of texts by the engine's retriever")
+    def embeddings(body: EmbeddingsRequest) -> Any:
+        texts = [body.input] if isinstance(body.input, str) else list(body.input)
+        kind = "query" if body.input_type in ("query", "search_query") else "document"
+
+        def run() -> Any:
+            with searching() as engine:
+                encoder = engine.encoder
+                dim = int(encoder.dim) if hasattr(encoder, "dim") else None
+                if body.dimensions is not None and dim is not None and body.dimensions != dim:
+                    return error(422, f"dimensions: this model gives {dim}-dimensional vectors; leave out "
+                                      "dimensions or ask for that many")
+                vectors = np.asarray(encoder.encode(texts, kind=kind, batch_size=engine.settings.batch_size),
+                                     dtype=np.float32)
+                tokens = _tokens(encoder, texts)
+                name = body.model or engine.manifest.retriever.name
+            data = [{"object": "embedding", "index": i,
+                     "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode("ascii")
+                     if body.encoding_format == "base64" else v.tolist()} for i, v in enumerate(vectors)]
+            return {"object": "list", "data": data, "model": name,
+                    "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+        return guard(run)
+
+    def rerank(body: RerankRequest) -> Any:
+        texts = body.texts()
+
+        def run() -> Any:
+            with searching() as engine:
+                reranker = engine.reranker
+                if reranker is None:
+                    return error(409, "this engine has no reranker; build it with --reranker to rerank")
+                scores = np.asarray(reranker.predict([(body.query, t) for t in texts],
+                                                     batch_size=engine.settings.batch_size), dtype=np.float64)
+                tokens = _tokens(reranker, [body.query] * len(texts), texts)
+                name = body.model or engine.manifest.reranker.name
+            order = sorted(range(len(texts)), key=lambda i: (-scores[i], i))[:body.top_n or len(texts)]
+            results = [{"index": i, "relevance_score": float(scores[i]),
+                        **({"document": {"text": texts[i]}} if body.return_documents else {})} for i in order]
+            return {"id": uuid.uuid4().hex, "model": name, "results": results,
+                    "usage": {"total_tokens": tokens},
+                    "meta": {"api_version": {"version": "2"}, "billed_units": {"search_units": 1}}}
+
+        return guard(run)
+
+    app.post("/v1/rerank", summary="Cohere/Jina-style rerank of documents by the engine's cross-encoder")(rerank)
+    app.post("/v2/rerank", summary="the same rerank at the path Cohere's v2 client calls")(rerank)
+
+
+def _tokens(model: Any, texts: list[str], pairs: list[str] | None = None) -> int:
+    """Tokens the model reads (cut at its limit), as the usage fields report them; 0 when it has no tokenizer."""
+    tokenizer = getattr(model, "tokenizer", None)
+    limit = getattr(model, "max_length", None) or getattr(getattr(model, "config", None), "max_length", None)
+    if tokenizer is None:
+        return 0
+    ids = tokenizer(texts, pairs, truncation=limit is not None, max_length=limit)["input_ids"] if pairs else \
+        tokenizer(texts, truncation=limit is not None, max_length=limit)["input_ids"]
+    return int(sum(len(x) for x in ids))
