@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -111,7 +112,13 @@ def _eval(args: argparse.Namespace) -> int:
         if not judged & set(run):
             raise DataError(f"{path}: none of its {len(run)} queries has judgments in {args.data} split "
                             f"{args.split!r}; is it a run of this collection and split?")
-        tables[run.name] = evaluate(qrels, run, metrics, rel_level=args.rel_level)
+        tables[run.name] = evaluate(qrels, run, metrics, rel_level=args.rel_level,
+                                    ignore_identical_ids=args.ignore_identical_ids)
+        own = sum(1 for q, ranked in run.items() if q in judged and q in {str(d) for d in ranked.ids})
+        if own and not args.ignore_identical_ids:
+            print(f"note: {own} queries of {path.name} retrieve a document with their own id; a collection whose "
+                  "queries are in its corpus (ArguAna, Quora) is scored with --ignore-identical-ids, as BEIR and "
+                  "bench do", file=sys.stderr)
         rows[run.name] = {m: float(tables[run.name][m].mean()) for m in metrics}
         rows[run.name]["queries"] = len(tables[run.name])
         rows[run.name]["missing"] = sum(1 for q in tables[run.name].index if q not in run)
@@ -201,6 +208,8 @@ def add_commands(sub: Any) -> None:
     ev.add_argument("--metrics", default=None, help="comma-separated, e.g. ndcg@10,mrr@10,recall@100 (default: "
                     "ndcg@10, mrr@10, recall@10, recall@100, map@100)")
     ev.add_argument("--json", action="store_true", help="print the means as JSON")
+    ev.add_argument("--ignore-identical-ids", action="store_true",
+                    help="drop retrieved documents whose id equals the query id (ArguAna, Quora), as bench does")
     add_significance_flags(ev, baseline=None)
     ev.set_defaults(func=_eval)
 

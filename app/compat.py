@@ -68,15 +68,17 @@ class RerankRequest(_Lenient):
     top_n: int | None = Field(None, ge=1)
     return_documents: bool = False
 
-    @field_validator("query")
-    @classmethod
-    def _words(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("is blank; give it some words")
-        return value
+    _words = field_validator("query")(classmethod(lambda cls, value: not_blank(value)))
 
     def texts(self) -> list[str]:
         return [d if isinstance(d, str) else d.text for d in self.documents]
+
+
+def not_blank(value: str) -> str:
+    """A query with some words (pydantic reports the ValueError against the field)."""
+    if not value.strip():
+        raise ValueError("is blank; give it some words")
+    return value
 
 
 def add_compat_routes(app: Any, searching: Callable[[], AbstractContextManager[Any]],

@@ -40,6 +40,8 @@ try:
     from fastapi.responses import HTMLResponse, JSONResponse, Response
     from pydantic import BaseModel, ConfigDict, Field, field_validator
     from starlette.exceptions import HTTPException
+
+    from twostage.app.compat import not_blank
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingDependencyError("twostage serve needs FastAPI and uvicorn: "
                                  "pip install 'twostage-search[serve]'") from exc
@@ -79,12 +81,7 @@ class SearchRequest(SearchOptions):
     page_token: str | None = Field(None, max_length=200, description="a result's next_page: its next k hits, "
                                                                       "from the same engine version")
 
-    @field_validator("query")
-    @classmethod
-    def _words(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("is blank; give it some words")
-        return value
+    _words = field_validator("query")(classmethod(lambda cls, value: not_blank(value)))
 
 
 class BatchSearchRequest(SearchOptions):

@@ -217,6 +217,101 @@ def batch_curve(reranker: str, precision: str, data: Path, queries: list[str]) -
     return curve
 
 
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of ``GET /metrics``, by (name, labels)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{url}/metrics", timeout=60).text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def delta(after: dict, before: dict, name: str, **labels: str) -> float:
+    key = (name, tuple(sorted(labels.items())))
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
+def metrics_phase(built: Path, queries: list[str], requests: int, rounds: int, max_seconds: float) -> dict[str, Any]:
+    """#47: a server with /metrics and one without (--no-metrics), each fed the same load in alternating rounds.
+    Checks that the counters equal the requests sent, that the stage histograms add up to the request time, and
+    compares p50 with metrics on and off."""
+    servers = {"on": Server(built), "off": Server(built, "--no-metrics")}
+    out: dict[str, Any] = {"levels": []}
+    try:
+        for server in servers.values():
+            asyncio.run(load(server.url, queries[-8:], 2, 8, 60))
+        for c in (1, 4):
+            runs: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
+            check = {"sent": 0, "ok": 0, "errors": 0, "counted_ok": 0.0, "counted_errors": 0.0, "client_s": 0.0,
+                     "server_request_s": 0.0, "stage_total_s": 0.0, "stage_parts_s": 0.0, "stage_count": 0.0}
+            for round_ in range(rounds):
+                for name in (list(servers) if round_ % 2 == 0 else list(reversed(servers))):
+                    server = servers[name]
+                    before = scrape(server.url) if name == "on" else {}
+                    result = asyncio.run(load(server.url, queries, c, requests // (2 * rounds), max_seconds))
+                    runs[name].append(result)
+                    if name == "on":
+                        after = scrape(server.url)
+                        check["sent"] += result["requests"]
+                        check["errors"] += result["errors"]
+                        check["ok"] += result["requests"] - result["errors"]
+                        check["counted_ok"] += delta(after, before, "twostage_requests_total", method="POST",
+                                                     route="/search", status="200")
+                        check["counted_errors"] += sum(v for (n, lab), v in after.items()
+                                                       if n == "twostage_request_errors_total") - \
+                            sum(v for (n, lab), v in before.items() if n == "twostage_request_errors_total")
+                        check["client_s"] += float(np.sum(result["latencies"])) / 1000
+                        check["server_request_s"] += delta(after, before, "twostage_request_seconds_sum",
+                                                           method="POST", route="/search")
+                        check["stage_total_s"] += delta(after, before, "twostage_stage_seconds_sum", stage="total")
+                        check["stage_count"] += delta(after, before, "twostage_stage_seconds_count", stage="total")
+                        check["stage_parts_s"] += sum(
+                            delta(after, before, "twostage_stage_seconds_sum", stage=st)
+                            for st in ("encode", "bm25", "dense", "fuse", "rerank", "fetch"))
+            level = {"concurrency": c, **check}
+            for name, results in runs.items():
+                combined = combine(results)
+                level[f"{name}_p50_ms"], level[f"{name}_rps"] = combined["p50_ms"], combined["rps"]
+                level[f"{name}_requests"] = combined["requests"]
+                level[f"{name}_p50_rounds"] = [float(np.percentile(r["latencies"], 50)) for r in results]
+            out["levels"].append(level)
+            print(f"metrics c={c}: sent {check['sent']} ({check['errors']} errors), counted 200s "
+                  f"{check['counted_ok']:.0f}, errors {check['counted_errors']:.0f}; stage total "
+                  f"{check['stage_total_s']:.2f} s vs server request time {check['server_request_s']:.2f} s vs client "
+                  f"{check['client_s']:.2f} s; p50 on {level['on_p50_ms']:.1f} ms / off {level['off_p50_ms']:.1f} ms",
+                  flush=True)
+    finally:
+        for server in servers.values():
+            server.stop()
+    return out
+
+
+def metrics_markdown(report: dict[str, Any]) -> str:
+    lines = ["# `/metrics` under load (localhost)", "", f"Command: `{report['command']}`", "",
+             f"Machine: {report['machine']}; the load generator shares the 2 cores with the server. Engine: "
+             f"{report['engine']}. Two servers of the same engine, one with `GET /metrics` (and the access log) "
+             "and one started with `--no-metrics`, fed the same SciFact test queries (`POST /search`, k 10) in "
+             f"alternating rounds ({report['rounds']} per server and level); `/metrics` scraped before and after each "
+             "round of the server that has it.", "",
+             "| concurrency | requests sent (with metrics) | errors | `requests_total{status=200}` counted | "
+             "`request_errors_total` counted | stage `total` / server request time | stage `total` / client latency | "
+             "sum of the stages / `total` | p50 with / without metrics (ms) | rounds' p50 with; without |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for lv in report["metrics"]["levels"]:
+        lines.append(
+            f"| {lv['concurrency']} | {lv['sent']} | {lv['errors']} | {lv['counted_ok']:.0f} | "
+            f"{lv['counted_errors']:.0f} | {lv['stage_total_s'] / lv['server_request_s']:.3f} | "
+            f"{lv['stage_total_s'] / lv['client_s']:.3f} | {lv['stage_parts_s'] / lv['stage_total_s']:.3f} | "
+            f"{lv['on_p50_ms']:.1f} / {lv['off_p50_ms']:.1f} ({lv['on_p50_ms'] / lv['off_p50_ms']:.3f}x) | "
+            f"{', '.join(f'{x:.0f}' for x in lv['on_p50_rounds'])}; "
+            f"{', '.join(f'{x:.0f}' for x in lv['off_p50_rounds'])} |")
+    lines += ["", "Stage `total` is the sum of the engine's own stage timings (encode, BM25, dense, fusion, rerank, "
+              "document fetch) per query; the server's request time adds routing, validation and JSON; the client's "
+              "adds the loopback and, at concurrency 4, the time a request waits for a worker.", ""]
+    return "\n".join(lines)
+
+
 def machine() -> str:
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     model = next((line.split(":", 1)[1].strip() for line in flags.splitlines() if line.startswith("model name")), "?")
@@ -235,6 +330,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2, help="runs per level and mode, alternating their order")
     parser.add_argument("--add", type=int, default=1000, help="documents the writer adds during a load run")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "serve_load")
+    parser.add_argument("--metrics", action="store_true", help="only the /metrics check (#47): a server with metrics "
+                        "against one without; writes --out's folder/serve_metrics.md")
     args = parser.parse_args()
 
     from twostage.engine.search_engine import SearchEngine
@@ -254,6 +351,18 @@ def main() -> int:
     print(f"engine: {len(engine)} documents, first stage {settings.first_stage}, rerank top {settings.k_retrieve}, "
           f"precision {engine.precision}", flush=True)
     engine.close()
+    if args.metrics:
+        m = metrics_phase(built, queries, args.requests, args.rounds, args.max_seconds)
+        report = {"command": "python benchmarks/serve_load.py " + " ".join(sys.argv[1:]), "machine": machine(),
+                  "engine": f"SciFact corpus, first stage {settings.first_stage}, reranker on the top "
+                            f"{settings.k_retrieve} blended at {settings.interpolation}, precision {precision}",
+                  "rounds": args.rounds,
+                  "metrics": m}
+        out = args.out.parent / "serve_metrics"
+        out.with_suffix(".json").write_text(json.dumps(report, indent=2, default=float) + "\n")
+        out.with_suffix(".md").write_text(metrics_markdown(report))
+        print(f"wrote {out.with_suffix('.md')}")
+        return 0 if all(lv["errors"] == 0 and lv["counted_ok"] == lv["ok"] for lv in m["levels"]) else 1
 
     servers = {"batching": Server(built), "no batching": Server(built, "--no-batching")}
     rows = []

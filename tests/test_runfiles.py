@@ -281,3 +281,26 @@ def test_the_command_line_runs_ranx_as_python_unless_told(tmp_path, sample_dir, 
                           capture_output=True, text=True, env=environ, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"DISABLE_JIT {expected}" in done.stdout
+
+
+def test_eval_ignores_identical_ids_as_bench_does(make_beir, tmp_path, capsys):
+    """#46: ArguAna's queries are in its corpus; `twostage eval` of bench's run must score what bench scored."""
+    words = ["cats purr", "dogs bark", "rain falls", "snow melts", "birds sing", "fish swim"]
+    corpus = [{"_id": f"a{i}", "text": f"{w} argument {i}"} for i, w in enumerate(words)] + \
+        [{"_id": f"c{i}", "text": f"{w} counter {i}"} for i, w in enumerate(words)]
+    queries = [{"_id": f"a{i}", "text": f"{w} argument {i}"} for i, w in enumerate(words)]  # a query is a document
+    data = make_beir(corpus, queries, {"test": [(f"a{i}", f"c{i}", 1) for i in range(len(words))]}, name="argu")
+    out = tmp_path / "bench"
+    assert main(["-q", "bench", "--data", str(data), "--systems", "bm25", "--ignore-identical-ids",
+                 "--out", str(out)]) == 0
+    want = json.loads((out / "metrics.json").read_text())["bm25"]
+    capsys.readouterr()
+    run = out / "runs" / "bm25.trec"
+    assert main(["-q", "eval", "--run", str(run), "--data", str(data), "--json", "--ignore-identical-ids"]) == 0
+    got = json.loads(capsys.readouterr().out)["bm25"]
+    for m in ("ndcg@10", "mrr@10", "recall@100"):
+        assert got[m] == pytest.approx(want[m], abs=1e-6), m
+    assert main(["-q", "eval", "--run", str(run), "--data", str(data), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["bm25"]["ndcg@10"] < want["ndcg@10"]  # each query's own document ranks first
+    assert "retrieve a document with their own id" in captured.err and "--ignore-identical-ids" in captured.err
