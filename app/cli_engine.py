@@ -293,6 +293,18 @@ def _compact(args: argparse.Namespace) -> int:
     return 0
 
 
+def _swap(args: argparse.Namespace) -> int:
+    from twostage.app.swap import swap
+
+    decision = swap(args.engine, retriever=args.retriever, reranker=args.reranker, qrels=args.qrels,
+                    split=args.split, pseudo_queries=args.pseudo_queries, metric=args.metric,
+                    min_gain=args.min_gain, force=args.force, test=args.test, show_progress=not args.quiet)
+    print(decision.line())
+    if not decision.promoted:
+        print("the engine is unchanged; --force promotes the candidate anyway")
+    return 0 if decision.promoted else 1
+
+
 def _info(args: argparse.Namespace) -> int:
     from twostage.engine.door import open_engine
 
@@ -439,6 +451,24 @@ def add_commands(sub: Any) -> None:
     c = sub.add_parser("compact", help="rewrite the dense index without deleted documents")
     c.add_argument("engine", type=Path)
     c.set_defaults(func=_compact)
+    sw = sub.add_parser("swap", help="rebuild an engine with new model(s) and promote it only if it is not worse "
+                                     "(exit 0 promoted, 1 refused)")
+    sw.add_argument("engine", type=Path)
+    sw.add_argument("--retriever", default=None, help="the new bi-encoder (name or directory)")
+    sw.add_argument("--reranker", default=None, help="the new cross-encoder (name or directory)")
+    sw.add_argument("--qrels", type=Path, default=None, help="a BEIR directory whose queries and --split judgments "
+                    "judge the two (never a test split you report)")
+    sw.add_argument("--split", default="dev", help="the qrels split (default: dev)")
+    sw.add_argument("--pseudo-queries", type=int, default=0, metavar="N",
+                    help="judge by N pseudo-queries made from the engine's documents instead of qrels")
+    sw.add_argument("--metric", default="ndcg@10", help="the metric compared (default ndcg@10)")
+    sw.add_argument("--min-gain", type=float, default=0.0, help="promote when the candidate's mean is at least the "
+                    "current one's plus this (default 0: not worse; negative: allow that much loss)")
+    sw.add_argument("--test", default="t", choices=["t", "fisher"], help="the paired test reported (default t)")
+    sw.add_argument("--force", action="store_true", help="promote whatever the comparison says (it is still "
+                    "reported)")
+    sw.set_defaults(func=_swap)
+
     i = sub.add_parser("info", help="what an engine holds (settings, models, counts)")
     i.add_argument("engine", type=Path)
     i.add_argument("--fast", action="store_true", help="check file sizes only, not checksums")

@@ -157,8 +157,9 @@ class EngineHolder:
     commit never pulls files from under a running search.
     """
 
-    def __init__(self, engine: Any, check_every_s: float = 0.25) -> None:
+    def __init__(self, engine: Any, check_every_s: float = 0.25, prepare: Any = None) -> None:
         self._engine = engine
+        self._prepare = prepare  # called on a newer version with other models (a swap) before it is served
         self._users: Counter[int] = Counter()
         self._retired: dict[int, Any] = {}
         self._lock = threading.Lock()
@@ -206,6 +207,8 @@ class EngineHolder:
             self._checked = now
             new = self._engine.refresh()
             if new is not self._engine:
+                if self._prepare is not None and not new.shares_models(self._engine):
+                    self._prepare(new)  # its models load (and batch) before any request reaches it
                 self.swap(new)
         except Exception:  # a version another process committed cannot be opened: keep serving this one
             logger.exception("could not open the engine's newest version; still serving %s", self._engine.version)
@@ -359,37 +362,47 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
         raise ConfigError("max_wait_ms must be >= 0 and max_body_bytes positive")
     opened = source if isinstance(source, TwoStageSearch) else open_engine(source, verify=verify, device=device,
                                                                             ray=ray)
-    holder = EngineHolder(opened)
     stats = ServerStats()
     in_flight = [0]
     flight_lock = threading.Lock()
     batchers: list[Any] = []
     load_seconds: dict[str, float] = {}
-    t = time.perf_counter()
-    loaded_encoder = opened.encoder  # loaded (and verified) now, not in the first request
-    load_seconds["retriever"] = time.perf_counter() - t
-    t = time.perf_counter()
-    loaded_reranker = opened.reranker
-    if loaded_reranker is not None:
-        load_seconds["reranker"] = time.perf_counter() - t
-    if batching:
-        from twostage.app.batching import BatchingEncoder, BatchingReranker
 
-        options = {"max_wait_s": max_wait_ms / 1000, "expected": lambda: in_flight[0]}
-        size = opened.settings.batch_size
-        encoder = BatchingEncoder(loaded_encoder, batch_size=size, **options)
-        reranker = BatchingReranker(loaded_reranker, batch_size=size, **options) if loaded_reranker else None
-        opened.use_models(encoder=encoder, reranker=reranker)
-        batchers = [b.batcher for b in (encoder, reranker) if b is not None]
+    def prepare(engine: Any) -> None:
+        """Load (and verify) the engine's models now, not in a request; with batching, wrap them in batchers."""
+        t = time.perf_counter()
+        loaded_encoder = engine.encoder
+        load_seconds["retriever"] = time.perf_counter() - t
+        t = time.perf_counter()
+        loaded_reranker = engine.reranker
+        if loaded_reranker is not None:
+            load_seconds["reranker"] = time.perf_counter() - t
+        if batching:
+            from twostage.app.batching import BatchingEncoder, BatchingReranker
+
+            options = {"max_wait_s": max_wait_ms / 1000, "expected": lambda: in_flight[0]}
+            size = engine.settings.batch_size
+            encoder = BatchingEncoder(loaded_encoder, batch_size=size, **options)
+            reranker = BatchingReranker(loaded_reranker, batch_size=size, **options) if loaded_reranker else None
+            engine.use_models(encoder=encoder, reranker=reranker)
+            new = [b.batcher for b in (encoder, reranker) if b is not None]
+            for old in [b for b in batchers if b.name in {n.name for n in new}]:  # the swapped-out models' ones
+                batchers.remove(old)
+                retired.append(old)
+            batchers.extend(new)
+
+    retired: list[Any] = []
+    prepare(opened)
+    holder = EngineHolder(opened, prepare=prepare)
     observed = ServerMetrics(lambda: holder.engine, batchers) if metrics else None
     if observed is not None:
-        observed.load_seconds.update(load_seconds)
+        observed.load_seconds = load_seconds
     write_lock = threading.Lock()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
-        for b in batchers:
+        for b in batchers + retired:
             b.close()
         holder.close()
 

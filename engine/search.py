@@ -59,6 +59,18 @@ class Models:
     reranker: Any = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     device: str = "cpu"  # where they run (resolved: cpu or cuda[:N]; twostage.retriever.device)
+    weights: tuple[str, str | None] | None = None  # the sha256 of the retriever's and reranker's weights they are
+
+    def for_manifest(self, manifest: EngineManifest) -> Models:
+        """These models for a version naming ``manifest``'s models (the first version they serve claims them), or
+        fresh ones on the same device when it names other weights (a version written by a model swap)."""
+        weights = (manifest.retriever.sha256, manifest.reranker.sha256 if manifest.reranker else None)
+        with self.lock:
+            if self.weights is None:
+                self.weights = weights
+            if self.weights == weights:
+                return self
+        return Models(device=self.device, weights=weights)
 
 
 class TwoStageSearch:
@@ -99,6 +111,10 @@ class TwoStageSearch:
         if len(set(by_role.values())) == 1:
             return by_role["retriever"]
         return ", ".join(f"{role} {precision}" for role, precision in by_role.items())
+
+    def shares_models(self, other: TwoStageSearch) -> bool:
+        """Whether ``other`` searches with this engine's loaded models (a version a model swap wrote does not)."""
+        return self._models is other._models
 
     def use_models(self, *, encoder: Any = None, reranker: Any = None) -> None:
         """Search with these objects in place of the loaded models, e.g. wrappers that batch across requests

@@ -51,7 +51,7 @@ from twostage.indexer.errors import ConfigError, DataError, IndexFormatError, Pa
 from twostage.indexer.filters import Where
 from twostage.indexer.index import Index, IndexChange, link_or_copy, write_index_files
 from twostage.indexer.manifest import library_versions, verify_files
-from twostage.indexer.passages import best_per_document, group_starts, join, passage_id, split_all
+from twostage.indexer.passages import best_per_document, group_starts, join, passage_id, split_all, split_id
 from twostage.indexer.records import Document, RankedList
 from twostage.indexer.topk import top_k
 from twostage.indexer.vectors import BackendConfig
@@ -83,7 +83,7 @@ class SearchEngine(TwoStageSearch):
         self.root, self.version_dir, self.manifest = root, version_dir, manifest
         self.index, self.bm25 = index, bm25
         self._lease = lease
-        self._models = models or Models()
+        self._models = (models or Models()).for_manifest(manifest)
         live_rows = np.flatnonzero(~index.deleted)
         if len(bm25.doc_ids) != len(live_rows) or not all(  # compared a slice at a time: no second copy of every id
                 np.array_equal(bm25.doc_ids[s:s + _SLICE], index.doc_ids[live_rows[s:s + _SLICE]])
@@ -215,6 +215,18 @@ class SearchEngine(TwoStageSearch):
                 "bm25": {"documents": len(self.bm25), "config": to_json_dict(self.bm25.config)},
                 "metadata_fields": sorted(self.index.metadata_fields()), "metadata_kinds": self.index.metadata_kinds(),
                 "versions": m.versions}
+
+    def document_ids(self) -> list[str]:
+        """The ids of the live documents, in the order they are stored."""
+        if not self.shape.enabled:
+            return list(self.bm25.doc_ids)
+        return [split_id(str(pid))[0] for pid in self.bm25.doc_ids[self._groups]] if len(self._groups) else []
+
+    def iter_documents(self, chunk: int = 1024) -> Iterator[Document]:
+        """Every live document as it was added (whole, not in passages), ``chunk`` read at a time."""
+        ids = self.document_ids()
+        for start in range(0, len(ids), chunk):
+            yield from self.documents(ids[start:start + chunk])
 
     def documents(self, ids: Iterable[str]) -> list[Document]:
         """The stored documents with these ids (a KeyError names an unknown one)."""
