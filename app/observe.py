@@ -26,7 +26,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from twostage.indexer.errors import MissingDependencyError
@@ -44,7 +44,9 @@ def request_id(given: str | None) -> str:
 class ServerMetrics:
     """The app's Prometheus registry and the instruments requests and searches feed."""
 
-    def __init__(self, engine: Callable[[], Any], batchers: Iterable[Any] = ()) -> None:
+    def __init__(self, engine: Callable[[], Any], batchers: list[Any] | None = None,
+                 load_seconds: dict[str, float] | None = None) -> None:
+        """``batchers`` and ``load_seconds`` are read when scraped (the server updates them after a model swap)."""
         try:
             from prometheus_client import CollectorRegistry, Counter, Histogram
         except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -60,8 +62,8 @@ class ServerMetrics:
                                  ("method", "route"), buckets=_SECONDS, registry=self.registry)
         self.stages = Histogram("twostage_stage_seconds", "Seconds of each search stage, per query", ("stage",),
                                 buckets=_SECONDS, registry=self.registry)
-        self.load_seconds: dict[str, float] = {}
-        self.registry.register(_EngineCollector(engine, list(batchers), self.load_seconds))
+        self.load_seconds = load_seconds if load_seconds is not None else {}
+        self.registry.register(_EngineCollector(engine, batchers if batchers is not None else [], self.load_seconds))
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         self.requests.labels(method, route, str(status)).inc()

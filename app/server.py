@@ -394,9 +394,7 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
     retired: list[Any] = []
     prepare(opened)
     holder = EngineHolder(opened, prepare=prepare)
-    observed = ServerMetrics(lambda: holder.engine, batchers) if metrics else None
-    if observed is not None:
-        observed.load_seconds = load_seconds
+    observed = ServerMetrics(lambda: holder.engine, batchers, load_seconds) if metrics else None
     write_lock = threading.Lock()
 
     @asynccontextmanager

@@ -127,4 +127,6 @@ def test_a_server_moves_to_swapped_models_without_a_restart(engine_dir, models, 
             [h["score"] for h in after["hits"]] != [h["score"] for h in first["hits"]]
         stats = client.get("/stats").json()
         assert stats["engine"]["version"] == d.version_after
+        metrics = client.get("/metrics").text
+        assert f'version="{d.version_after}"' in metrics and 'twostage_model_load_seconds{model="retriever"}' in metrics
     assert json.dumps(stats)  # serialisable
