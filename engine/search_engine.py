@@ -370,7 +370,7 @@ class SearchEngine(TwoStageSearch):
         passage engine adds every passage of each document in that version."""
         docs = list(iter_documents(documents))
         rows = split_all(docs, self.shape) if self.shape.enabled else docs
-        vectors, truncated = self._encode(rows, show_progress)
+        vectors, truncated = self.encode_rows(rows, show_progress)
 
         def make(base: SearchEngine) -> tuple[IndexChange, list[Document]]:
             if base.shape.enabled:
@@ -386,7 +386,7 @@ class SearchEngine(TwoStageSearch):
         all of a document's passages)."""
         docs = list(iter_documents(documents))
         rows = split_all(docs, self.shape) if self.shape.enabled else docs
-        vectors, truncated = self._encode(rows, show_progress)
+        vectors, truncated = self.encode_rows(rows, show_progress)
 
         def make(base: SearchEngine) -> tuple[IndexChange, list[Document]]:
             old = base._passage_ids([d.id for d in docs if d.id in base]) if base.shape.enabled else []
@@ -428,7 +428,7 @@ class SearchEngine(TwoStageSearch):
             engine._models = Models(device=self._models.device)  # the models load again in the new precision
         return engine
 
-    def _encode(self, docs: list[Document], show_progress: bool) -> tuple[np.ndarray, int]:
+    def encode_rows(self, docs: list[Document], show_progress: bool = False) -> tuple[np.ndarray, int]:
         """The vectors of these rows (documents or passages), and how many were longer than the encoder reads."""
         encoder = self.encoder  # loads and attaches the verified encoder
         vectors = self.index.encode_documents(docs, batch_size=self.settings.batch_size)

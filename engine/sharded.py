@@ -367,11 +367,11 @@ class ShardedEngine(TwoStageSearch):
                 route = [[d for d, t in zip(docs, target) if t == s] for s in range(n)]
                 gone = [[i for i in delete if where[i] == s] for s in range(n)]
                 shards = [s.engine for s in base._local]
-                models = Models(encoder=self.encoder)
-                for s in shards:
-                    s._models = models
+                encoder = self.encoder
+                for s in shards:  # every shard encodes with the one encoder already loaded here
+                    s.use_models(encoder=encoder)
                 # encoded in one pass, as one engine would (a document's vector depends on its batch's padding)
-                encoded = shards[0]._encode(docs, False)[0] if docs else None
+                encoded = shards[0].encode_rows(docs)[0] if docs else None
                 vectors = [encoded[target == s] if route[s] else None for s in range(n)]
                 bm25_of, stats = _bm25_updates(shards, route, gone, replace_docs)
                 names = []

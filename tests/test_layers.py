@@ -104,6 +104,46 @@ def test_no_private_names_imported_across_modules():
                     assert not private, f"{path.relative_to(ROOT)}:{node.lineno} imports {private} from {node.module}"
 
 
+def privates_defined(tree: ast.AST) -> set[str]:
+    """The `_names` a module defines: functions, classes, module names, and attributes set or declared on
+    self/cls or in a class body."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+            names.add(node.attr)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                if isinstance(target, ast.Name):
+                    names.add(target.id)
+    return {n for n in names if n.startswith("_")}
+
+
+def test_no_private_attribute_touched_outside_its_module():
+    """#45: `obj._name` only where `_name` belongs to the module (its own classes' attributes); another module's
+    object is used through its public methods. Tests and benchmarks may look inside."""
+    bad = []
+    for folder in PACKAGE:
+        for path in (ROOT / folder).rglob("*.py"):
+            tree = ast.parse(path.read_text(), str(path))
+            mine = privates_defined(tree)
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
+                        and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")) \
+                        and node.attr not in mine:
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno} .{node.attr} of {ast.unparse(node.value)}")
+    assert not bad, "private attributes of other modules' objects: " + "; ".join(bad)
+
+
+def test_the_private_attribute_guard_would_fail():
+    tree = ast.parse("class A:\n    def f(self, other):\n        return other._secret + self._mine\n")
+    mine = privates_defined(tree)
+    touched = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr.startswith("_")
+               and not (isinstance(n.value, ast.Name) and n.value.id == "self")}
+    assert touched - mine == {"_secret"} and "_mine" in mine
+
+
 def mermaid_blocks(path: Path) -> list[str]:
     return re.findall(r"```mermaid\n(.*?)```", path.read_text(), re.S)
 
