@@ -44,7 +44,7 @@ DIM, TOPICS, WORDS, PER_DOC = 384, 2000, 20000, 8
 
 class SyntheticEncoder:
     """text -> topic vector + 1.5 * mean of word vectors (fixed random tables, seed 0): clusters whose spread is
-    about half their distance from the origin, as in benchmarks/ann.py."""
+    about half their distance from the origin, as in benchmarks/experiments/ann.py."""
 
     def __init__(self) -> None:
         rng = np.random.default_rng(0)

@@ -39,7 +39,7 @@ def scripts(suffix: str) -> list[Path]:
 
 def test_top_level_holds_the_canonical_few():
     top = [p.name for p in BENCH.iterdir() if p.suffix in (".py", ".sh")]
-    assert len(top) <= 12, f"benchmarks/ holds {len(top)} scripts: move one-off experiments to benchmarks/experiments/"
+    assert len(top) <= 8, f"benchmarks/ holds {len(top)} scripts: move one-off experiments to benchmarks/experiments/"
 
 
 def test_every_python_script_prints_help():

@@ -2,8 +2,8 @@
 sentence-transformers' on each device), and SciFact test nDCG@10 of dense, hybrid and hybrid+rerank.
 
 Usage (on a machine with a CUDA GPU, from the repository root):
-    python benchmarks/gpu.py --retriever MODEL_DIR --reranker MODEL_DIR [--data ../shared/data/scifact] --out DIR
-    python benchmarks/gpu.py --report DIR [DIR ...] --md benchmarks/results/gpu.md
+    python benchmarks/experiments/gpu.py --retriever MODEL_DIR --reranker MODEL_DIR [--data ../shared/data/scifact] --out DIR
+    python benchmarks/experiments/gpu.py --report DIR [DIR ...] --md benchmarks/results/gpu.md
 
 What runs, for each device in --devices (default cpu,cuda) and precision (fp32; bf16 too on a GPU):
 - encode: every SciFact document (title and text, as one string) with our BiEncoder and with
@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT.parent / "shared" / "data" / "scifact"
 TOLERANCE = 0.002
 METRICS = ("ndcg@10", "recall@100")
@@ -293,7 +293,7 @@ def main() -> int:
         return 2
     if args.out is None:
         ap.error("--out is required")
-    command = "python benchmarks/gpu.py " + " ".join(sys.argv[1:])
+    command = "python benchmarks/experiments/gpu.py " + " ".join(sys.argv[1:])
     halves = ["retriever", "reranker"] if args.stage == "all" else [args.stage]
     for half in halves:
         if half == "retriever":

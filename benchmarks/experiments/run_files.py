@@ -2,7 +2,7 @@
 `twostage rerank` of the BM25 run against `bench`'s bm25+rerank, and the significance report's tests.
 
 Usage (from the repository root, with a trained reranker, e.g. the one-command run's):
-    python benchmarks/run_files.py --reranker runs/models/scifact-e2e-fit/reranker
+    python benchmarks/experiments/run_files.py --reranker runs/models/scifact-e2e-fit/reranker
 
 1. `twostage bench --systems bm25,rank-bm25,bm25+rerank --reranker-model M --baseline bm25 --test fisher
    --correction holm` writes runs/*.trec, metrics.json and significance.csv.
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT.parent / "shared" / "data" / "scifact"
 TREC = {"ndcg@10": "ndcg_cut_10", "recall@100": "recall_100", "map@100": "map_cut_100", "recall@10": "recall_10"}
 
@@ -189,7 +189,7 @@ def main() -> None:
     report["checks"] = checks
     ok = all(checks.values())
 
-    command = f"python benchmarks/run_files.py --reranker {args.reranker}" + \
+    command = f"python benchmarks/experiments/run_files.py --reranker {args.reranker}" + \
         (f" --retriever {args.retriever}" if args.retriever else "")
     timing = f"bench {report['bench_s']:.0f} s, rerank {report['rerank_s']:.0f} s" + \
         (f", bench with the hybrid baseline {report['bench_hybrid_s']:.0f} s" if args.retriever else "")

@@ -1,8 +1,8 @@
 """ANN benchmark: every backend against exact search, on SciFact embeddings and on synthetic clustered vectors.
 
 Usage (from the repository root):
-    python benchmarks/ann.py --data scifact                # MiniLM embeddings of the SciFact corpus and queries
-    python benchmarks/ann.py --data synthetic --n 1000000  # 1M x 384 clustered vectors, 1,000 held-out queries
+    python benchmarks/experiments/ann.py --data scifact                # MiniLM embeddings of the SciFact corpus and queries
+    python benchmarks/experiments/ann.py --data synthetic --n 1000000  # 1M x 384 clustered vectors, 1,000 held-out queries
 
 For each backend: build time, index size on disk, resident memory added by the build, queries per second
 (all queries in one batch, both cores) and recall@10 against exact search on the same vectors. Exact search
@@ -118,7 +118,7 @@ def main() -> None:
                 break  # one build per HNSW backend serves its three ef_search settings
     table = rows
     lines = [f"# ANN benchmark: {args.data} ({len(docs):,} x {docs.shape[1]} vectors, {len(queries):,} queries)\n",
-             f"Command: `python benchmarks/ann.py --data {args.data}" + (f" --n {args.n}`" if args.data == "synthetic" else "`"),
+             f"Command: `python benchmarks/experiments/ann.py --data {args.data}" + (f" --n {args.n}`" if args.data == "synthetic" else "`"),
              f"\nCosine similarity; recall@10 against exact search; queries/s with all queries in one batch on this "
              f"{os.cpu_count()}-core machine; exact search: {exact_qps:.0f} queries/s. Data made in {make_s:.0f} s.\n",
              "| backend | search setting | build s | index MB | RSS growth MB | queries/s | x exact | recall@10 |",

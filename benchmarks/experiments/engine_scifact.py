@@ -2,7 +2,7 @@
 `search_batch` against one query at a time.
 
 Usage (from the repository root, after the one-command run trained its models):
-    python benchmarks/engine_scifact.py --retriever runs/models/scifact-e2e/retriever \\
+    python benchmarks/experiments/engine_scifact.py --retriever runs/models/scifact-e2e/retriever \\
         --reranker runs/models/scifact-e2e/reranker
 
 1. The harness's `hybrid+rerank` (run_bench, which builds its own engine from the corpus).
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT.parent / "shared" / "data" / "scifact"
 
 
@@ -124,7 +124,7 @@ def main() -> None:
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     md = f"""# The engine on SciFact test (300 queries), 2-core CPU
 
-Command: `python benchmarks/engine_scifact.py --retriever {args.retriever} --reranker {args.reranker} --precision {args.precision} --rounds {args.rounds}`
+Command: `python benchmarks/experiments/engine_scifact.py --retriever {args.retriever} --reranker {args.reranker} --precision {args.precision} --rounds {args.rounds}`
 
 Models: the one-command run's bi-encoder and reranker (`twostage bench --data ../shared/data/scifact --split test
 --systems all --train-split train`, trained on SciFact train only). Engine settings (the defaults): first stage
