@@ -114,8 +114,9 @@ def _eval(args: argparse.Namespace) -> int:
                             f"{args.split!r}; is it a run of this collection and split?")
         tables[run.name] = evaluate(qrels, run, metrics, rel_level=args.rel_level,
                                     ignore_identical_ids=args.ignore_identical_ids)
-        own = sum(1 for q, ranked in run.items() if q in judged and q in {str(d) for d in ranked.ids})
-        if own and not args.ignore_identical_ids:
+        own = 0 if args.ignore_identical_ids else \
+            sum(1 for q, ranked in run.items() if q in judged and q in {str(d) for d in ranked.ids})
+        if own:
             print(f"note: {own} queries of {path.name} retrieve a document with their own id; a collection whose "
                   "queries are in its corpus (ArguAna, Quora) is scored with --ignore-identical-ids, as BEIR and "
                   "bench do", file=sys.stderr)

@@ -385,11 +385,8 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
             encoder = BatchingEncoder(loaded_encoder, batch_size=size, **options)
             reranker = BatchingReranker(loaded_reranker, batch_size=size, **options) if loaded_reranker else None
             engine.use_models(encoder=encoder, reranker=reranker)
-            new = [b.batcher for b in (encoder, reranker) if b is not None]
-            for old in [b for b in batchers if b.name in {n.name for n in new}]:  # the swapped-out models' ones
-                batchers.remove(old)
-                retired.append(old)
-            batchers.extend(new)
+            retired.extend(batchers)  # a swapped-out version's: closed when the app stops
+            batchers[:] = [b.batcher for b in (encoder, reranker) if b is not None]
 
     retired: list[Any] = []
     prepare(opened)

@@ -31,7 +31,7 @@ from twostage.indexer.filters import CheckedFilter, Where, check_filter, parse_f
 from twostage.indexer.passages import by_document, split_id
 from twostage.indexer.records import Document, Hit, RankedList, SearchResult
 from twostage.indexer.topk import check_k
-from twostage.reranker.interpolation import blend_for, reorders
+from twostage.reranker.interpolation import reorders, resolve_blend
 from twostage.reranker.pipeline import rerank_lists
 from twostage.retriever.hybrid import dense_weights, fuse
 from twostage.retriever.precision import resolve_precision, resolve_precisions
@@ -311,7 +311,7 @@ class TwoStageSearch:
             firsts = lists[s.first_stage]
         timings["fuse_s"] = time.perf_counter() - t
         t = time.perf_counter()
-        alpha = s.interpolation if s.interpolation != "auto" else blend_for(reranker, s.first_stage)
+        alpha = resolve_blend(s.interpolation, reranker, s.first_stage)
         scored = reranker is not None and reorders(alpha)
         heads = sorted({str(d) for f in firsts for d in f.ids[:s.k_retrieve]}) if scored else []
         per_query = None
@@ -331,7 +331,7 @@ class TwoStageSearch:
                 texts = {p.id: p.full_text for p in self.passages(sorted(pids))}
             per_query = [lambda d, c=c: texts[d] if d in texts else texts[c[d]] for c in chosen]
         reranked = rerank_lists(reranker, queries, firsts, texts.__getitem__, k=end, k_retrieve=s.k_retrieve,
-                                interpolation=None if alpha is None else float(alpha), batch_size=s.batch_size,
+                                interpolation=alpha, batch_size=s.batch_size,
                                 per_query=per_query)
         if scored:
             timings["rerank_s"] = time.perf_counter() - t

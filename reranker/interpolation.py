@@ -121,6 +121,14 @@ def select_interpolation(model: Any, first_stages: Mapping[str, Any], queries: S
                                tuple((name, one_se_blend(curve), means(curve)) for name, curve in curves.items()))
 
 
+def resolve_blend(interpolation: float | str | None, reranker: Any, first_stage: str | None) -> float | None:
+    """The blend an engine's ``interpolation`` setting means: its number, None (the reranker alone), or for
+    ``auto`` the blend the reranker chose on dev for ``first_stage``."""
+    if interpolation == "auto":
+        return blend_for(reranker, first_stage)
+    return None if interpolation is None else float(interpolation)
+
+
 def blend_for(reranker: Any, first_stage: str | None) -> float | None:
     """The blend ``reranker`` chose on dev for ``first_stage`` (its overall choice for a first stage it was not
     tuned on; None: rank by the reranker alone)."""
