@@ -25,15 +25,15 @@ from typing import Any
 
 import numpy as np
 
+from twostage.engine.training import choose_blend, dev_scorer, temporary_engine
 from twostage.indexer.atomic import write_json
 from twostage.indexer.codec import to_json_dict
 from twostage.indexer.corpus import Corpus, CorpusSource, load_corpus
 from twostage.indexer.engine_dir import EngineSettings
 from twostage.indexer.errors import ConfigError
-from twostage.reranker.training import RerankerConfig, choose_blend, dev_scorer, mix_negatives, train_reranker
+from twostage.reranker.training import RerankerConfig, mix_negatives, train_reranker
 from twostage.retriever.bm25 import BM25Retriever
 from twostage.retriever.examples import PairExample
-from twostage.retriever.hybrid import dense_weights
 from twostage.retriever.mining import MiningConfig, mine_hard_negatives
 from twostage.retriever.pseudo_queries import PseudoQueryConfig, as_queries_and_qrels, make_pseudo_queries
 from twostage.retriever.trainer import TrainConfig, train
@@ -94,7 +94,6 @@ def adapt(corpus: CorpusSource | Corpus, out: str | Path, *, base: str = "all-Mi
     from twostage.retriever.dense import DenseRetriever
     from twostage.retriever.device import resolve_device
     from twostage.retriever.fit import seed_everything
-    from twostage.retriever.hybrid import HybridRetriever
 
     where = resolve_device(device)  # cuda on a machine without it: one ConfigError, before anything is written
     recipe = replace(recipe, retriever=replace(recipe.retriever, device=where),
@@ -172,25 +171,24 @@ def adapt(corpus: CorpusSource | Corpus, out: str | Path, *, base: str = "all-Mi
         negs = mix_negatives(rq, rqrels, corpus, {"bm25": bm25.scores, "dense": dense.scores}, config, config.negatives)
         groups = [PairExample(p.text, corpus.get(p.doc_id).full_text, tuple(corpus.get(n).full_text for n in negs[p.id]))
                   for p in picked]
-        # epochs and the blend are chosen on the first stage the engine searches (the others use the same blend)
-        first_stages = {"hybrid": HybridRetriever([bm25, dense], depth=settings.depth, k_rrf=settings.k_rrf,
-                                                  fusion=settings.fusion, weights=dense_weights(settings.dense_weight))}
-        texts_of = {d.id: d.full_text for d in corpus}
-        dev_fn = dev_scorer(first_stages, dev_queries, dev_qrels, texts_of, settings.k_retrieve,
-                            ndcg10_by_query) if dev_q else None
+        # epochs and the blend are chosen through an engine with the adapted retriever and these settings, on the
+        # first stage it searches (the others use the same blend)
         seed_everything(config.seed)
         model_ce = CrossEncoder.load(base, allow_untrained_head=True, device=where)
         reranker_dir = out / "reranker"
-        fit_started = time.perf_counter()
-        res = train_reranker(model_ce, groups, config, reranker_dir, dev=dev_fn, show_progress=show_progress,
-                             info={"kind": "adapt", "base": base, "groups": len(groups)})
-        fit_wall = time.perf_counter() - fit_started
-        if res.best_dev is not None:
-            dev_scores["reranker"] = res.best_dev
-        if dev_fn is not None:
-            chosen = choose_blend(res, first_stages, dev_queries, dev_qrels, texts_of, settings.k_retrieve,
-                                  ndcg10_by_query)
-            dev_scores["reranker_blend"] = float(chosen.training["interpolation"]["alpha"])
+        with temporary_engine(corpus, out / "retriever", settings, device=where) as engine:
+            dev_fn = dev_scorer(engine, dev_queries, dev_qrels, settings.rerank_depth, ndcg10_by_query,
+                                ("hybrid",)) if dev_q else None
+            fit_started = time.perf_counter()
+            res = train_reranker(model_ce, groups, config, reranker_dir, dev=dev_fn, show_progress=show_progress,
+                                 info={"kind": "adapt", "base": base, "groups": len(groups)})
+            fit_wall = time.perf_counter() - fit_started
+            if res.best_dev is not None:
+                dev_scores["reranker"] = res.best_dev
+            if dev_fn is not None:
+                chosen = choose_blend(res, engine, dev_queries, dev_qrels, settings.rerank_depth, ndcg10_by_query,
+                                      ("hybrid",))
+                dev_scores["reranker_blend"] = float(chosen.training["interpolation"]["alpha"])
         seconds["train_reranker_s"] = res.seconds
         seconds["reranker_mining_and_blend_s"] = time.perf_counter() - t - fit_wall
     write_json(out / "adapt.json", {"base": base, "documents": len(corpus), "pseudo_queries": len(train_q),

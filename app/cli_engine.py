@@ -55,6 +55,39 @@ def parse_where(items: list[str] | None) -> dict[str, Any] | None:
     return parts[0] if len(parts) == 1 else {"$and": parts}
 
 
+class _Renamed(argparse.Action):
+    """An old flag name: sets the new flag's value and says on stderr, in one line, that the name changed."""
+
+    def __init__(self, option_strings: list[str], dest: str, new: str = "", **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(f"twostage: {option_string} is now {self.new}; the old name goes in the next release", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def add_renamed_flag(parser: argparse.ArgumentParser, old: str, new: str, type: Any = None) -> None:
+    """``old`` (hidden) as another name of the flag ``new``, with a one-line notice when used."""
+    dest = new.lstrip("-").replace("-", "_")
+    parser.add_argument(old, dest=dest, type=type, action=_Renamed, new=new, help=argparse.SUPPRESS,
+                        default=argparse.SUPPRESS)
+
+
+def parse_blend(value: str | None, flag: str = "--rerank-blend") -> float | str | None:
+    """A --rerank-blend value: auto, none (the reranker alone) or a number in [0, 1] (None: not given)."""
+    if value is None or value in ("auto", "none"):
+        return value
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not 0 <= number <= 1:
+        raise ConfigError(f"{flag} must be auto, none or a number in [0, 1], got {value!r}")
+    return number
+
+
 def add_device_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="where the models run: cpu, cuda, cuda:N or auto (default: "
                         "a CUDA GPU when torch sees one, else the CPU)")
@@ -95,11 +128,12 @@ def corpus_of(args: argparse.Namespace) -> Any:
 
 def _settings(args: argparse.Namespace) -> EngineSettings:
     defaults = EngineSettings()
-    return EngineSettings(first_stage=args.first_stage, k_retrieve=args.k_retrieve, precision=args.precision,
-                          backend=args.backend, batch_size=args.batch_size, depth=defaults.depth,
+    blend = parse_blend(args.rerank_blend)
+    return EngineSettings(first_stage=args.first_stage, rerank_depth=args.rerank_depth, precision=args.precision,
+                          backend=args.backend, batch_size=args.batch_size, first_stage_depth=args.first_stage_depth,
                           passage_words=args.passage_words, passage_stride=args.passage_stride,
                           passage_title=not args.no_passage_title, passage_whole_up_to=args.passage_whole_up_to,
-                          rerank_whole_up_to=args.rerank_whole_up_to, interpolation=defaults.interpolation,
+                          rerank_whole_up_to=args.rerank_whole_up_to, rerank_blend=None if blend == "none" else blend,
                           fusion=args.fusion if args.fusion is not None else defaults.fusion,
                           dense_weight=args.dense_weight if args.dense_weight is not None else defaults.dense_weight)
 
@@ -143,7 +177,7 @@ def _build(args: argparse.Namespace) -> int:
     shards = f" in {args.shards} shards" if args.shards else ""
     print(f"built {args.out}: {len(engine)} documents{shards}, version {engine.version}; first stage {s.first_stage}, "
           f"reranker {engine.manifest.reranker.name if engine.manifest.reranker else 'none'} "
-          f"(top {s.k_retrieve}), {s.backend} index")
+          f"(top {s.rerank_depth}), {s.backend} index")
     _print_reading(engine, corpus)
     return 0
 
@@ -228,9 +262,10 @@ def _search(args: argparse.Namespace) -> int:
     if args.page_token is not None and (args.queries is not None or args.offset):
         raise ConfigError("--page-token continues one query: give the query, not --queries or --offset")
     engine = open_engine(args.engine, verify=not args.fast, ray=args.ray, device=args.device)
-    kw = {"where": where, "k_retrieve": args.k_retrieve, "first_stage": args.first_stage,
+    kw = {"where": where, "rerank_depth": args.rerank_depth, "first_stage": args.first_stage,
           "rerank": False if args.no_rerank else None, "fusion": args.fusion, "dense_weight": args.dense_weight,
-          "k_rrf": args.k_rrf, "depth": args.depth}
+          "k_rrf": args.k_rrf, "first_stage_depth": args.first_stage_depth,
+          "rerank_blend": parse_blend(args.rerank_blend), "min_relevance": args.min_relevance}
     if args.page_token is not None:
         query = next(_queries(args))
         _print_result(engine.search(query, args.k, page_token=args.page_token, **kw), args.json)
@@ -253,8 +288,21 @@ def _run(engine: Any, batch: list[str], args: argparse.Namespace, kw: dict[str, 
     for r in results:
         _print_result(r, args.json)
         if not r.hits and not args.json:
-            print("    (no hits)")
+            print(f"    (no hit at or above min_relevance {args.min_relevance}: nothing relevant)"
+                  if args.min_relevance else "    (no hits)")
     return sum(len(r.hits) for r in results)
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from twostage.engine.calibration import calibrate
+    from twostage.engine.search_engine import SearchEngine
+
+    engine, fitted, said = calibrate(SearchEngine.load(args.engine, verify=False, device=args.device), args.data,
+                                     args.split)
+    print(f"calibrated {args.engine} on {said}: {fitted.pairs} reranked pairs ({fitted.positives} relevant), "
+          f"p = sigmoid({fitted.a:.3f} * logit(score) + {fitted.b:.3f}), log loss {fitted.log_loss:.4f}; "
+          f"version {engine.version}. Search with --min-relevance P to drop hits below P.")
+    return 0
 
 
 def _add(args: argparse.Namespace) -> int:
@@ -375,7 +423,14 @@ def add_commands(sub: Any) -> None:
                    help="first adapt --retriever and a reranker to this corpus without labels (as twostage adapt "
                    "--out MODELS_DIR; resumed if interrupted), then build with them")
     b.add_argument("--first-stage", default=d.first_stage, choices=FIRST_STAGES)
-    b.add_argument("--k-retrieve", type=int, default=d.k_retrieve, help=f"candidates reranked (default {d.k_retrieve})")
+    b.add_argument("--rerank-depth", type=int, default=d.rerank_depth,
+                   help=f"candidates the reranker reads (default {d.rerank_depth})")
+    add_renamed_flag(b, "--k-retrieve", "--rerank-depth", int)
+    b.add_argument("--first-stage-depth", type=int, default=d.first_stage_depth,
+                   help=f"candidates each first stage gives the fusion (default {d.first_stage_depth})")
+    b.add_argument("--rerank-blend", default="auto",
+                   help="the reranker's weight against the first stage: auto (the blend the reranker chose on dev, "
+                        "written into the engine as numbers), none (the reranker alone) or a number in [0, 1]")
     b.add_argument("--fusion", default=None, choices=FUSIONS,
                    help=f"how hybrid fuses BM25 and dense: reciprocal rank or a blend of normalised scores (default "
                    f"{d.fusion}; --adapt chooses it on its dev pseudo-queries)")
@@ -417,7 +472,11 @@ def add_commands(sub: Any) -> None:
     s.add_argument("query", nargs="?", default=None, help="the query (or --queries FILE)")
     s.add_argument("--queries", default=None, help="a file with one query per line, or - for stdin")
     s.add_argument("--k", type=int, default=10)
-    s.add_argument("--k-retrieve", type=int, default=None, help="candidates reranked (default: the engine's)")
+    s.add_argument("--rerank-depth", type=int, default=None, help="candidates the reranker reads (default: the "
+                   "engine's)")
+    add_renamed_flag(s, "--k-retrieve", "--rerank-depth", int)
+    s.add_argument("--rerank-blend", default=None, help="the reranker's weight against the first stage for this "
+                   "search: none (the reranker alone) or a number in [0, 1] (default: the engine's)")
     s.add_argument("--first-stage", default=None, choices=FIRST_STAGES, help="default: the engine's")
     s.add_argument("--no-rerank", action="store_true", help="the first stage only")
     s.add_argument("--where", action="append", metavar="FILTER",
@@ -428,7 +487,12 @@ def add_commands(sub: Any) -> None:
     s.add_argument("--fusion", default=None, choices=FUSIONS, help="hybrid fusion for this search")
     s.add_argument("--dense-weight", type=float, default=None, help="blend fusion: dense's weight in [0, 1]")
     s.add_argument("--k-rrf", type=float, default=None, help="rrf fusion: the k of 1 / (k + rank)")
-    s.add_argument("--depth", type=int, default=None, help="candidates each first stage gives the fusion")
+    s.add_argument("--first-stage-depth", type=int, default=None,
+                   help="candidates each first stage gives the fusion (default: the engine's)")
+    add_renamed_flag(s, "--depth", "--first-stage-depth", int)
+    s.add_argument("--min-relevance", type=float, default=None, metavar="P",
+                   help="drop hits whose calibrated probability of relevance is below P (needs `twostage calibrate` "
+                        "or a reranker trained with dev queries); a query may then get no hit")
     s.add_argument("--json", action="store_true", help="one JSON object per query, one per line")
     s.add_argument("--fast", action="store_true", help="check file sizes only, not checksums")
     s.add_argument("--ray", action="store_true", help="a sharded engine: serve each shard from a local Ray actor")
@@ -468,6 +532,15 @@ def add_commands(sub: Any) -> None:
     sw.add_argument("--force", action="store_true", help="promote whatever the comparison says (it is still "
                     "reported)")
     sw.set_defaults(func=_swap)
+
+    cal = sub.add_parser("calibrate", help="fit the reranker's score to a probability of relevance on judged "
+                         "queries (not test) and write it into the engine; then search with --min-relevance")
+    cal.add_argument("engine", type=Path)
+    cal.add_argument("--data", required=True, type=Path, help="BEIR directory of the engine's collection")
+    cal.add_argument("--split", default="dev", help="judged queries to fit on (default dev; the reranker's training "
+                     "split means only the queries it held out)")
+    add_device_flag(cal)
+    cal.set_defaults(func=_calibrate)
 
     i = sub.add_parser("info", help="what an engine holds (settings, models, counts)")
     i.add_argument("engine", type=Path)

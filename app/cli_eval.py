@@ -9,18 +9,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from twostage.app.cli_engine import add_device_flag
+from twostage.app.cli_engine import add_device_flag, add_renamed_flag, parse_blend
 from twostage.indexer.engine_dir import PRECISIONS, EngineSettings
 from twostage.indexer.errors import ConfigError, DataError
 
 
-def _interpolation(value: str) -> float | str | None:
-    if value in ("auto", "none"):
-        return None if value == "none" else "auto"
-    try:
-        return float(value)
-    except ValueError:
-        raise ConfigError(f"--rerank-interpolation must be auto, none or a number in [0, 1], got {value!r}") from None
+def _blend(value: str) -> float | str | None:
+    blend = parse_blend(value)
+    return None if blend == "none" else blend
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -32,6 +28,14 @@ def _bench(args: argparse.Namespace) -> int:
     from twostage.eval.systems import NEEDS_MODEL, NEEDS_RERANKER, SYSTEMS, SystemOptions, resolve_systems
 
     retriever_model, reranker_model, trained = args.retriever_model, args.reranker_model, None
+    collections = list(args.data)
+    if len(collections) > 1 and (args.train_split or args.engine):
+        raise ConfigError("--train-split and --engine apply to one collection: bench each with its own --data, or "
+                          "give the suite --retriever-model / --reranker-model")
+    if len({Path(d).name for d in collections}) < len(collections):
+        raise ConfigError("two --data directories have the same name; the suite names each collection by its folder")
+    identical = _identical_ids(args.ignore_identical_ids, collections)
+    args.data = collections[0]
     if args.train_split:
         from twostage.app.train_models import TrainSettings, load_settings, train_models
 
@@ -51,22 +55,24 @@ def _bench(args: argparse.Namespace) -> int:
     options = SystemOptions(retriever_model=retriever_model, engine=args.engine, precision=args.precision,
                             backend=args.backend,
                             reranker_model=reranker_model, rerank_depth=args.rerank_depth,
-                            rerank_interpolation=_interpolation(args.rerank_interpolation),
+                            rerank_blend=_blend(args.rerank_blend),
                             batch_size=args.batch_size, show_progress=not args.quiet, device=args.device)
     check_test(args.test, args.correction)
     systems = list(SYSTEMS) if args.systems.strip() == "all" else resolve_systems(args.systems)
     if len(systems) > 1 and args.baseline not in resolve_systems(args.systems, options):
         raise ConfigError(f"--baseline {args.baseline}: not among --systems {args.systems}; add it there or pick "
                           "one of them")
+    if len(collections) > 1:
+        return _suite(args, collections, identical, options, retriever_model, reranker_model)
     t = time.perf_counter()
-    result = run_bench(args.data, args.split, args.systems, k=args.k, ignore_identical_ids=args.ignore_identical_ids,
+    result = run_bench(args.data, args.split, args.systems, k=args.k, ignore_identical_ids=identical[0],
                        options=options, rel_level=args.rel_level, show_progress=not args.quiet)
     phases = {**(trained.seconds if trained else {}), "evaluate_s": time.perf_counter() - t}
     config = {"command": args.command_line, "data": str(args.data), "split": args.split,
               "systems": [s.name for s in result.systems], "k": args.k,
-              "ignore_identical_ids": args.ignore_identical_ids, "retriever_model": retriever_model,
+              "ignore_identical_ids": identical[0], "retriever_model": retriever_model,
               "reranker_model": reranker_model, "rerank_depth": args.rerank_depth,
-              "rerank_interpolation": args.rerank_interpolation, "precision": args.precision,
+              "rerank_blend": args.rerank_blend, "precision": args.precision,
               "train_split": args.train_split, "train_settings": trained.settings if trained else None,
               "baseline": args.baseline, "test": args.test, "correction": args.correction, "rel_level": args.rel_level,
               "phase_seconds": phases}
@@ -152,24 +158,87 @@ def _rerank(args: argparse.Namespace) -> int:
     from twostage.eval.run import Run
 
     run = Run.from_trec(args.run)
-    reranked = rerank_run(run, args.data, args.reranker, depth=args.depth,
-                          interpolation=_interpolation(args.interpolation), precision=args.precision,
+    reranked = rerank_run(run, args.data, args.reranker, rerank_depth=args.rerank_depth,
+                          rerank_blend=_blend(args.rerank_blend), precision=args.precision,
                           batch_size=args.batch_size, source=str(args.run), show_progress=not args.quiet,
                           device=args.device)
     reranked.to_trec(args.out)
-    print(f"reranked the top {args.depth} of {len(run)} queries with {args.reranker}: wrote {args.out}")
+    print(f"reranked the top {args.rerank_depth} of {len(run)} queries with {args.reranker}: wrote {args.out}")
+    return 0
+
+
+def _identical_ids(given: list[str] | None, collections: list[Path]) -> list[bool]:
+    """Per collection: whether to drop a hit whose id is the query's (the flag alone: every collection; with names:
+    those collections, named by folder)."""
+    if given is None:
+        return [False] * len(collections)
+    if not given:
+        return [True] * len(collections)
+    names = {Path(d).name for d in collections}
+    unknown = sorted(set(given) - names)
+    if unknown:
+        raise ConfigError(f"--ignore-identical-ids {' '.join(unknown)}: no such --data collection (the names are the "
+                          f"folders: {', '.join(sorted(names))})")
+    return [Path(d).name in given for d in collections]
+
+
+def _suite(args: argparse.Namespace, collections: list[Path], identical: list[bool], options: Any,
+           retriever_model: str | None, reranker_model: str | None) -> int:
+    """Bench every collection into OUT/<name>/, then the matrix report OUT/suite.md (twostage.eval.suite)."""
+    import time
+
+    from twostage.eval.harness import run_bench
+    from twostage.eval.report import significance_of, write_outputs
+    from twostage.eval.suite import CollectionScores, read_anchors, suite_report
+    from twostage.indexer.atomic import write_json
+
+    anchors = read_anchors(args.anchors)
+    args.out.mkdir(parents=True, exist_ok=True)
+    scores, seconds = [], {}
+    for data, ignore in zip(collections, identical):
+        t = time.perf_counter()
+        result = run_bench(data, args.split, args.systems, k=args.k, ignore_identical_ids=ignore, options=options,
+                           rel_level=args.rel_level, show_progress=not args.quiet)
+        seconds[data.name] = time.perf_counter() - t
+        config = {"command": args.command_line, "data": str(data), "split": args.split,
+                  "systems": [s.name for s in result.systems], "k": args.k, "ignore_identical_ids": ignore,
+                  "retriever_model": retriever_model, "reranker_model": reranker_model,
+                  "rerank_depth": args.rerank_depth, "rerank_blend": args.rerank_blend, "precision": args.precision,
+                  "baseline": args.baseline, "test": args.test, "correction": args.correction,
+                  "rel_level": args.rel_level, "phase_seconds": {"evaluate_s": seconds[data.name]}}
+        write_outputs(result, args.out / data.name, config)
+        table = result.table()
+        sig = significance_of(result, config)
+        scores.append(CollectionScores(
+            data.name, len(result.split.queries),
+            {str(name): {m: float(row[m]) for m in ("ndcg@10", "recall@100") if m in row} for name, row in
+             table.iterrows()},
+            {(str(r.system), str(r.metric)): (float(r.delta), float(r.p_value)) for r in sig.itertuples()}))
+        print(f"{data.name}: " + ", ".join(f"{n} {v['ndcg@10']:.3f}" for n, v in scores[-1].means.items()),
+              flush=True)
+    report = suite_report(scores, anchors, command=args.command_line or "twostage bench", baseline=args.baseline)
+    (args.out / "suite.md").write_text(report, encoding="utf-8")
+    write_json(args.out / "suite.json", {"collections": {c.name: {"queries": c.queries, "means": c.means}
+                                                         for c in scores}, "seconds": seconds})
+    print(report)
+    print(f"wrote {args.out}/suite.md, suite.json and one folder per collection")
     return 0
 
 
 def add_commands(sub: Any) -> None:
     bench = sub.add_parser("bench", help="evaluate systems on a BEIR directory against BM25")
-    bench.add_argument("--data", required=True, type=Path, help="BEIR directory (corpus.jsonl, queries.jsonl, qrels/)")
+    bench.add_argument("--data", required=True, type=Path, action="append",
+                       help="BEIR directory (corpus.jsonl, queries.jsonl, qrels/); repeat it for a suite: each "
+                            "collection into OUT/<folder name>/ and the matrix report OUT/suite.md")
+    bench.add_argument("--anchors", default=None, type=Path, help="a suite's published numbers (tab-separated: "
+                       "collection, system, ndcg@10, recall@100, source; default: the package's anchors.tsv)")
     bench.add_argument("--split", default="test", help="qrels split to evaluate (default: test)")
     bench.add_argument("--systems", default="bm25", help="comma-separated system names, or 'all' (default: bm25)")
     bench.add_argument("--out", required=True, type=Path, help="output directory (replaced atomically)")
     bench.add_argument("--k", type=int, default=100, help="depth of every run (default: 100)")
-    bench.add_argument("--ignore-identical-ids", action="store_true",
-                       help="drop retrieved documents whose id equals the query id (ArguAna, Quora)")
+    bench.add_argument("--ignore-identical-ids", nargs="*", default=None, metavar="NAME",
+                       help="drop retrieved documents whose id equals the query id (ArguAna, Quora); in a suite, "
+                            "only for the collections named (folder names), or every one when none is named")
     bench.add_argument("--retriever-model", default=None, help="bi-encoder name or directory (dense systems)")
     bench.add_argument("--engine", default=None, help="an engine directory built from this corpus (twostage build): "
                        "the dense, hybrid and +rerank systems search it with its models")
@@ -178,7 +247,7 @@ def add_commands(sub: Any) -> None:
     bench.add_argument("--reranker-model", default=None, help="cross-encoder name or directory (+rerank systems)")
     bench.add_argument("--rerank-depth", type=int, default=None,
                        help=f"candidates the cross-encoder reads (default: an --engine's own, else "
-                            f"{EngineSettings().k_retrieve})")
+                            f"{EngineSettings().rerank_depth})")
     bench.add_argument("--train-split", default=None, help="train the missing models on this split first (a dev "
                        "part is held out of it; the evaluated split is never used), e.g. train")
     bench.add_argument("--base", default=None, help="base model for --train-split (default all-MiniLM-L6-v2)")
@@ -186,7 +255,8 @@ def add_commands(sub: Any) -> None:
                        "(the shape config.json records; missing fields keep their defaults)")
     bench.add_argument("--models-dir", type=Path, default=None, help="where --train-split puts the models "
                        "(default: OUT.models)")
-    bench.add_argument("--rerank-interpolation", default="auto", help="blend with the first stage's score: auto (an --engine's own setting, else "
+    add_renamed_flag(bench, "--rerank-interpolation", "--rerank-blend")
+    bench.add_argument("--rerank-blend", default="auto", help="the reranker's weight against the first stage: auto (an --engine's own setting, else "
                        "(the value saved with the reranker, if any), none (reranker alone) or a number in [0, 1]")
     bench.add_argument("--precision", default=None, choices=list(PRECISIONS),
                        help="inference precision of both models (default: an --engine's own, else auto: with the "
@@ -219,10 +289,12 @@ def add_commands(sub: Any) -> None:
     rr.add_argument("--data", required=True, type=Path, help="BEIR directory holding the run's queries and documents")
     rr.add_argument("--reranker", required=True, help="cross-encoder directory or name")
     rr.add_argument("--out", required=True, type=Path, help="the reranked TREC run to write")
-    rr.add_argument("--depth", type=int, default=EngineSettings().k_retrieve,
-                    help=f"candidates per query the reranker reads (default {EngineSettings().k_retrieve}); the rest "
+    rr.add_argument("--rerank-depth", type=int, default=EngineSettings().rerank_depth,
+                    help=f"candidates per query the reranker reads (default {EngineSettings().rerank_depth}); the rest "
                          "follow in the run's order")
-    rr.add_argument("--interpolation", default="auto", help="blend with the run's scores: auto (the value the "
+    add_renamed_flag(rr, "--depth", "--rerank-depth", int)
+    add_renamed_flag(rr, "--interpolation", "--rerank-blend")
+    rr.add_argument("--rerank-blend", default="auto", help="the reranker's weight against the run's scores: auto (the value the "
                     "reranker chose on dev for the run's first stage, from its tag), none or a number in [0, 1]")
     rr.add_argument("--precision", default=EngineSettings().precision, choices=list(PRECISIONS),
                     help="inference precision of the reranker (default: auto, as the engine)")

@@ -149,16 +149,14 @@ def _train_retriever(args: argparse.Namespace) -> int:
 
 
 def _train_reranker(args: argparse.Namespace) -> int:
+    from twostage.engine.training import train_reranker_on
     from twostage.eval.metrics import ndcg10_by_query
-    from twostage.reranker.training import train_reranker_on
-    from twostage.retriever.biencoder import BiEncoder
 
     settings = settings_from_flags(args, RERANKER)
     config = settings.reranker
-    retriever = BiEncoder.load(args.retriever_model, precision=cpu_precision(config.bf16)) \
-        if args.retriever_model else None
     result = train_reranker_on(args.data, args.split, settings.base, args.out, config,
-                               dev_fraction=settings.dev_fraction, dev_depth=settings.dev_depth, retriever=retriever,
+                               dev_fraction=settings.dev_fraction, dev_depth=settings.dev_depth,
+                               retriever=args.retriever_model or None,
                                resume=not args.no_resume, dev_metric=ndcg10_by_query, show_progress=not args.quiet,
                                command=args.command_line)
     print(f"trained on {result.training['groups']} groups, {result.steps} steps in {result.seconds:.0f} s; "

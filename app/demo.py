@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from twostage.app.train_models import TrainSettings
@@ -106,7 +105,8 @@ def run_demo(data: str | Path, out: str | Path, *, base: str = "all-MiniLM-L6-v2
 def reranker_sentence(engine: SearchEngine, table: pd.DataFrame, dev_queries: int) -> str:
     """One sentence on what the reranker did in the engine as tuned: reordered (with its weight and its measured
     difference on test), or switched off by the dev selection (and what it would have done)."""
-    from twostage.reranker.interpolation import reorders, resolve_blend
+    from twostage.engine.knobs import blend_of
+    from twostage.reranker.interpolation import reorders
 
     s = engine.settings
     first = s.first_stage
@@ -118,13 +118,13 @@ def reranker_sentence(engine: SearchEngine, table: pd.DataFrame, dev_queries: in
         return (f"The reranker was switched off by the dev selection: on the {dev_queries} dev queries {first} alone "
                 f"scored at least as well, so the engine serves {first} ({first}+rerank on the test queries: "
                 f"{with_rr - alone:+.3f} nDCG@10).")
-    alpha = resolve_blend(s.interpolation, engine.reranker, first)
+    alpha = blend_of(s, engine.reranker, first)
     if not reorders(alpha):
         return (f"The reranker was switched off by its dev selection: it chose weight 0.0 after {first} on the "
                 f"{dev_queries} dev queries, so the engine's lists are {first}'s and no pair is scored "
                 f"({first}+rerank equals {first} on the test queries).")
     weight = "its own scores" if alpha is None else f"weight {alpha:.1f} (chosen on dev)"
-    return (f"The reranker reorders the top {s.k_retrieve} of {first} with {weight}: {with_rr - alone:+.3f} nDCG@10 "
+    return (f"The reranker reorders the top {s.rerank_depth} of {first} with {weight}: {with_rr - alone:+.3f} nDCG@10 "
             f"on the test queries against {first} alone.")
 
 

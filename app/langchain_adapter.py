@@ -37,7 +37,7 @@ class TwostageRetriever(BaseRetriever):
     """A :class:`~twostage.SearchEngine` (or sharded engine) as a LangChain retriever.
 
     ``k`` hits per query; ``where`` a filter (:mod:`twostage.indexer.filters`); ``search_options`` the search
-    knobs (``first_stage``, ``rerank``, ``k_retrieve``, ...) for every call.
+    knobs (``first_stage``, ``rerank``, ``rerank_depth``, ...) for every call.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)

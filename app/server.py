@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from twostage.indexer.errors import ConfigError, DataError, MissingDependencyError, PageExpiredError, TwostageError
 from twostage.indexer.records import Document, SearchResult
@@ -62,18 +62,35 @@ class SearchOptions(_Strict):
     where: dict[str, Any] | None = Field(None, description="a filter on the metadata, e.g. {\"year\": {\"$gte\": "
                                                            "2020}} (docs/filters.md)")
     offset: int = Field(0, ge=0, le=MAX_K, description="skip this many hits (a page)")
-    k_retrieve: int | None = Field(None, ge=1, le=MAX_K, description="candidates reranked (default: the engine's)")
+    rerank_depth: int | None = Field(None, ge=1, le=MAX_K, description="candidates the reranker reads (default: the "
+                                                                      "engine's)")
+    rerank_blend: Annotated[float, Field(ge=0, le=1)] | Literal["none"] | None = Field(None, description="the reranker's weight "
+                                                         "against the first stage; \"none\": the reranker alone "
+                                                         "(default: the engine's)")
     first_stage: Literal["hybrid", "dense", "bm25"] | None = None
     rerank: bool | None = Field(None, description="false: the first stage only")
     fusion: Literal["rrf", "blend"] | None = Field(None, description="hybrid fusion (default: the engine's)")
     dense_weight: float | None = Field(None, ge=0, le=1, description="blend fusion: dense's weight")
     k_rrf: float | None = Field(None, ge=0, le=10_000, description="rrf fusion: the k of 1 / (k + rank)")
-    depth: int | None = Field(None, ge=1, le=MAX_K, description="candidates each first stage gives the fusion")
+    first_stage_depth: int | None = Field(None, ge=1, le=MAX_K,
+                                          description="candidates each first stage gives the fusion")
+    min_relevance: float | None = Field(None, ge=0, le=1, description="drop hits whose calibrated probability of "
+                                        "relevance is below this; a query may get no hit (nothing relevant)")
+    k_retrieve: int | None = Field(None, ge=1, le=MAX_K, description="deprecated: rerank_depth's old name",
+                                   json_schema_extra={"deprecated": True})
+    depth: int | None = Field(None, ge=1, le=MAX_K, description="deprecated: first_stage_depth's old name",
+                              json_schema_extra={"deprecated": True})
     full_text: bool = Field(False, description="return each hit's whole text, not only its best passage")
 
     def knobs(self) -> dict[str, Any]:
-        return {"k_retrieve": self.k_retrieve, "first_stage": self.first_stage, "rerank": self.rerank,
-                "fusion": self.fusion, "dense_weight": self.dense_weight, "k_rrf": self.k_rrf, "depth": self.depth}
+        for old, new in (("k_retrieve", "rerank_depth"), ("depth", "first_stage_depth")):
+            if getattr(self, old) is not None and getattr(self, new) is not None:
+                raise ConfigError(f"give {new} only ({old} is its old name)")
+        return {"rerank_depth": self.rerank_depth if self.k_retrieve is None else self.k_retrieve,
+                "first_stage": self.first_stage, "rerank": self.rerank, "rerank_blend": self.rerank_blend,
+                "fusion": self.fusion, "dense_weight": self.dense_weight, "k_rrf": self.k_rrf,
+                "first_stage_depth": self.first_stage_depth if self.depth is None else self.depth,
+                "min_relevance": self.min_relevance}
 
 
 class SearchRequest(SearchOptions):
@@ -136,6 +153,7 @@ class SearchOut(BaseModel):
     hits: list[HitOut]
     timings_ms: dict[str, float]
     next_page: str | None = None
+    nothing_relevant: bool = Field(False, description="true when min_relevance left no hit: nothing relevant found")
 
 
 class BatchSearchOut(BaseModel):
@@ -336,9 +354,10 @@ def _ms(timings: dict[str, float]) -> dict[str, float]:
     return {name.removesuffix("_s"): round(seconds * 1000, 3) for name, seconds in timings.items()}
 
 
-def _search_out(result: SearchResult, version: str, full_text: bool) -> SearchOut:
-    return SearchOut(query=result.query, version=version, hits=[_hit_out(h, full_text) for h in result.hits],
-                     timings_ms=_ms(dict(result.timings)), next_page=result.next_page)
+def _search_out(result: SearchResult, version: str, body: SearchOptions) -> SearchOut:
+    return SearchOut(query=result.query, version=version, hits=[_hit_out(h, body.full_text) for h in result.hits],
+                     timings_ms=_ms(dict(result.timings)), next_page=result.next_page,
+                     nothing_relevant=bool(body.min_relevance) and not result.hits)
 
 
 def create_app(source: str | Path | Any, *, api_key: str | None = None, read_only: bool = False,
@@ -497,7 +516,7 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
         if isinstance(out, JSONResponse):
             return out
         results, version = out
-        return _search_out(results[0], version, body.full_text)
+        return _search_out(results[0], version, body)
 
     @app.post("/search/batch", response_model=BatchSearchOut, summary="/search for many queries in one call")
     def search_batch(body: BatchSearchRequest) -> Any:
@@ -505,7 +524,7 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
         if isinstance(out, JSONResponse):
             return out
         results, version = out
-        return BatchSearchOut(version=version, results=[_search_out(r, version, body.full_text) for r in results])
+        return BatchSearchOut(version=version, results=[_search_out(r, version, body) for r in results])
 
     def write(change: Any) -> Any:
         try:
@@ -550,7 +569,7 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
         engine = holder.engine
         s = engine.settings
         return {"engine": {"path": str(engine.root), "version": engine.version, "documents": len(engine),
-                           "first_stage": s.first_stage, "k_retrieve": s.k_retrieve, "rerank": engine.reranks,
+                           "first_stage": s.first_stage, "rerank_depth": s.rerank_depth, "rerank": engine.reranks,
                            "reranker": engine.manifest.reranker.name if engine.manifest.reranker else None,
                            "precision": engine.precision},
                 "read_only": read_only, "api_key": api_key is not None,

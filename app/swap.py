@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from twostage.indexer.engine_dir import with_changes
 from twostage.indexer.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -76,10 +77,13 @@ def swap(path: str | Path, *, retriever: str | Path | None = None, reranker: str
     try:
         queries, judged, judged_by = _judgments(current, qrels, split, pseudo_queries, seed)
         keep = current.manifest
+        # a new reranker brings its own dev-chosen blends (resolved into the candidate's manifest by the build)
+        settings = with_changes(current.settings, {"rerank_blend": "auto", "rerank_calibration": None}) \
+            if reranker else current.settings
         candidate = SearchEngine.build(current.iter_documents(), staging / "engine",
                                        retriever=retriever or keep.retriever.path,
                                        reranker=reranker or (keep.reranker.path if keep.reranker else None),
-                                       settings=current.settings, show_progress=show_progress,
+                                       settings=settings, show_progress=show_progress,
                                        device=current.device)
         before = _per_query(current, queries, judged, metric)
         after = _per_query(candidate, queries, judged, metric)

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from twostage.engine.training import train_reranker_on
 from twostage.indexer.codec import from_json_dict, to_json_dict
 from twostage.indexer.engine_dir import EngineSettings
 from twostage.indexer.errors import ConfigError
-from twostage.reranker.training import RerankerConfig, train_reranker_on
-from twostage.retriever.device import cpu_precision
+from twostage.reranker.training import RerankerConfig
 from twostage.retriever.recipe import RetrieverRecipe, train_retriever
 
 logger = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ class TrainSettings:
     base: str = "all-MiniLM-L6-v2"
     dev_fraction: float = 0.1
     seed: int = 42
-    dev_depth: int = EngineSettings().k_retrieve  # the reranker is chosen and blended at the depth the engine reads
+    dev_depth: int = EngineSettings().rerank_depth  # the reranker is chosen and blended at the depth the engine reads
     retriever: RetrieverRecipe = field(default_factory=RetrieverRecipe)
     reranker: RerankerConfig = field(default_factory=RerankerConfig)
 
@@ -69,7 +69,6 @@ def train_models(data: str | Path, train_split: str, eval_split: str, models_dir
     """Train what is needed into ``models_dir`` (``retriever/``, ``reranker/``); a given ``retriever`` is used
     as is (for the reranker's dense negatives)."""
     from twostage.eval.metrics import ndcg10_by_query
-    from twostage.retriever.biencoder import BiEncoder
 
     if train_split == eval_split:
         raise ConfigError(f"--train-split {train_split} is the evaluated split: models must never see the test "
@@ -90,9 +89,8 @@ def train_models(data: str | Path, train_split: str, eval_split: str, models_dir
         t = time.perf_counter()
         out = models_dir / "reranker"
         config = settings.reranker
-        encoder = BiEncoder.load(retriever, precision=cpu_precision(config.bf16)) if retriever else None
         train_reranker_on(data, train_split, settings.base, out, config, dev_fraction=settings.dev_fraction,
-                          dev_depth=settings.dev_depth, dev_metric=ndcg10_by_query, retriever=encoder,
+                          dev_depth=settings.dev_depth, dev_metric=ndcg10_by_query, retriever=retriever,
                           show_progress=show_progress)
         reranker = str(out)
         seconds["train_reranker_s"] = time.perf_counter() - t

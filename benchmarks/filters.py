@@ -219,7 +219,7 @@ def check_filters(engine: Any, docs: list[Any], queries: list[str], count: int, 
     ``k`` against the brute force. Returns counts of agreements and the first disagreement."""
     df = frame(docs)
     rng = random.Random(seed)
-    n = engine.settings.depth
+    n = engine.settings.first_stage_depth
     agree = {"bm25": 0, "dense": 0, "hybrid": 0}
     ops: dict[str, int] = {}
     first_bad = None

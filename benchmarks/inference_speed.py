@@ -228,7 +228,7 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=20, help="queries reranked per round")
     ap.add_argument("--ours", default=None, help="our modes, comma-separated (default: all; bf16 only where the CPU "
                     "has native bf16: emulated it is 4x slower than fp32)")
-    ap.add_argument("--depth", type=int, default=20, help="candidates per query (the engine's k_retrieve)")
+    ap.add_argument("--depth", type=int, default=20, help="candidates per query (the engine's rerank_depth)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip-quality", action="store_true")
     ap.add_argument("--quality-from", type=Path, default=None, help="take the nDCG@10 columns from an earlier run's "
@@ -247,7 +247,7 @@ def main() -> None:
     from twostage.indexer.records import RankedList
     from twostage.reranker.cross_encoder import CrossEncoder
     from twostage.reranker.interpolation import blend_for
-    from twostage.reranker.pipeline import rerank_lists
+    from twostage.reranker.rerank import rerank_lists
     from twostage.retriever.hybrid import rrf
 
     ds = BeirDataset(args.data)
@@ -299,7 +299,7 @@ def main() -> None:
     quality = json.loads(args.quality_from.read_text())["quality"] if args.quality_from else {}
     if not args.skip_quality and not args.quality_from:
         qtexts = [q.text for q in queries]
-        bm_lists = bm25.search_batch(qtexts, EngineSettings().depth)
+        bm_lists = bm25.search_batch(qtexts, EngineSettings().first_stage_depth)
         ids = np.array([d.id for d in corpus], dtype=object)
         alpha = blend_for(ce_meta, "hybrid")
         for m in order:
@@ -313,7 +313,7 @@ def main() -> None:
             sims = qv @ cv.T
             dense = {}
             for i, q in enumerate(queries):
-                top = np.argsort(-sims[i], kind="stable")[:EngineSettings().depth]
+                top = np.argsort(-sims[i], kind="stable")[:EngineSettings().first_stage_depth]
                 dense[q.id] = RankedList(ids[top], sims[i, top].astype(np.float32))
             hybrid = [rrf([bm_lists[i], dense[q.id]], EngineSettings().k_rrf) for i, q in enumerate(queries)]
 
@@ -322,8 +322,8 @@ def main() -> None:
                     w.ask({"op": "predict", "mode": m, "groups": [pairs], "save": str(scratch / "s.npy")})
                     return np.load(scratch / "s.npy")
 
-            reranked = rerank_lists(Remote(), qtexts, hybrid, texts.__getitem__, k=10, k_retrieve=args.depth,
-                                    interpolation=alpha)
+            reranked = rerank_lists(Remote(), qtexts, hybrid, texts.__getitem__, k=10, rerank_depth=args.depth,
+                                    blend=alpha)
             quality[m] = {"dense": mean_ndcg10(split.qrels, dense),
                           "hybrid": mean_ndcg10(split.qrels, {q.id: h for q, h in zip(queries, hybrid)}),
                           "hybrid+rerank": mean_ndcg10(split.qrels,

@@ -6,7 +6,7 @@ Usage (from the repository root, the serve extra installed):
         --reranker runs/models/scifact-e2e/reranker [--data ../shared/data/scifact] [--requests 160]
 
 Builds a search engine over the SciFact corpus with the two models (engine defaults: hybrid first stage, the
-reranker on the top k_retrieve, precision auto), starts two servers on 127.0.0.1 (one with batching, one with
+reranker on the top rerank_depth, precision auto), starts two servers on 127.0.0.1 (one with batching, one with
 `--no-batching`), and for concurrency 1, 4 and 16 sends SciFact test queries (`POST /search`, default depth) to
 each in turn: bounded by --requests per level and --max-seconds per level. Then, against a fresh copy of the
 engine, a writer adds --add documents in batches of 100 through `POST /documents` while 4 clients keep searching;
@@ -348,14 +348,14 @@ def main() -> int:
     engine = SearchEngine.load(built, verify=True)
     settings = engine.settings
     precision = engine.precision
-    print(f"engine: {len(engine)} documents, first stage {settings.first_stage}, rerank top {settings.k_retrieve}, "
+    print(f"engine: {len(engine)} documents, first stage {settings.first_stage}, rerank top {settings.rerank_depth}, "
           f"precision {engine.precision}", flush=True)
     engine.close()
     if args.metrics:
         m = metrics_phase(built, queries, args.requests, args.rounds, args.max_seconds)
         report = {"command": "python benchmarks/serve_load.py " + " ".join(sys.argv[1:]), "machine": machine(),
                   "engine": f"SciFact corpus, first stage {settings.first_stage}, reranker on the top "
-                            f"{settings.k_retrieve} blended at {settings.interpolation}, precision {precision}",
+                            f"{settings.rerank_depth} blended at {settings.rerank_blend}, precision {precision}",
                   "rounds": args.rounds,
                   "metrics": m}
         out = args.out.parent / "serve_metrics"
@@ -402,7 +402,7 @@ def main() -> int:
 
     report = {"command": "python benchmarks/serve_load.py " + " ".join(sys.argv[1:]), "machine": machine(),
               "engine": {"documents": w["documents_before"], "first_stage": settings.first_stage,
-                         "k_retrieve": settings.k_retrieve, "precision": f"{precision} ({settings.precision})"},
+                         "rerank_depth": settings.rerank_depth, "precision": f"{precision} ({settings.precision})"},
               "rounds": args.rounds, "levels": rows, "reranker_pairs_per_s": curve, "writer": w}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
@@ -422,7 +422,7 @@ def markdown(report: dict[str, Any]) -> str:
              f"Command: `{report['command']}`", "", f"Machine: {report['machine']}. The load generator (httpx, "
              "asyncio) runs on the same 2 cores as the server.", "",
              f"Engine: SciFact corpus, {e['documents']} documents, first stage {e['first_stage']}, reranker on the top "
-             f"{e['k_retrieve']} (default depth), precision {e['precision']}. Each request: `POST /search` "
+             f"{e['rerank_depth']} (default depth), precision {e['precision']}. Each request: `POST /search` "
              "`{query, k: 10}` with a SciFact test query. Each level runs "
              f"{report['rounds']} rounds per mode in alternating order (on, off, off, on); requests/s is all requests "
              "over all seconds, percentiles over all requests.", "",
@@ -438,8 +438,8 @@ def markdown(report: dict[str, Any]) -> str:
     curve = report["reranker_pairs_per_s"]
     lines += ["The reranker alone on this machine (same model and precision, 640 SciFact pairs), pairs/s by batch "
               "size: " + ", ".join(f"{b}: {v:.0f}" for b, v in curve.items()) + ". One request reranks "
-              f"{e['k_retrieve']} pairs, so the cores cap throughput near "
-              f"{max(curve.values()) / e['k_retrieve']:.1f} requests/s whatever the batching.", ""]
+              f"{e['rerank_depth']} pairs, so the cores cap throughput near "
+              f"{max(curve.values()) / e['rerank_depth']:.1f} requests/s whatever the batching.", ""]
     s = w["search"]
     lines += ["## A writer during the load", "",
               f"{w['added']} documents added through `POST /documents` in {len(w['writes'])} commits of 100 "

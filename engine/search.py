@@ -3,74 +3,47 @@
 :class:`TwoStageSearch` holds the search path both :class:`~twostage.engine.search_engine.SearchEngine` and
 :class:`~twostage.engine.sharded.ShardedEngine` answer with: the query is encoded once, the subclass returns
 each first stage's candidates (``candidates``: one engine's indexes, or the merge of every shard's), then the
-lists are fused (RRF), the reranker reads the top ``k_retrieve`` and is blended with the first stage, and the hits
+lists are fused (RRF), the reranker reads the top ``rerank_depth`` and is blended with the first stage, and the hits
 are filled in from the document store.
+
+:meth:`TwoStageSearch.with_settings` and :meth:`TwoStageSearch.with_reranker` give read-only views of an engine
+(other settings, another reranker object) that share its loaded models and its version: the harness measures
+systems, and training chooses the reranker's epoch and blend, through such views, so what is measured and tuned is
+what the engine serves.
 """
 
 from __future__ import annotations
 
+import copy
 import hmac
-import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from twostage.engine.knobs import blend_of, settings_for
+from twostage.engine.models import Models
 from twostage.engine.pages import PageToken, decode_page_token, encode_page_token, fingerprint, page_key
 from twostage.indexer.engine_dir import (
     EngineManifest,
     EngineSettings,
-    ModelRef,
+    with_changes,
 )
 from twostage.indexer.errors import ConfigError, PageExpiredError
 from twostage.indexer.filters import CheckedFilter, Where, check_filter, parse_filter
 from twostage.indexer.passages import by_document, split_id
 from twostage.indexer.records import Document, Hit, RankedList, SearchResult
 from twostage.indexer.topk import check_k
-from twostage.reranker.interpolation import reorders, resolve_blend
-from twostage.reranker.pipeline import rerank_lists
+from twostage.reranker.interpolation import reorders
+from twostage.reranker.rerank import Reranked, rerank_lists
 from twostage.retriever.hybrid import dense_weights, fuse
-from twostage.retriever.precision import resolve_precision, resolve_precisions
+from twostage.retriever.precision import resolve_precisions
 
 StageScores = dict[str, dict[str, float]]
-
-
-def verified_model_dir(ref: ModelRef, role: str) -> Path:
-    """The directory of a model the engine names, after checking its weights are the ones it was built with."""
-    from twostage.retriever.weights import resolve_model, sha256_of_weights
-
-    path = Path(ref.path) if Path(ref.path).is_dir() else resolve_model(ref.name)
-    digest = sha256_of_weights(path)
-    if digest != ref.sha256:
-        raise ConfigError(f"{role} {ref.name!r} at {path}: its weights' sha256 {digest[:12]}... no longer matches the "
-                          f"engine's {ref.sha256[:12]}...; restore that model, or rebuild the engine with it")
-    return path
-
-
-@dataclass
-class Models:
-    """Models loaded on first use (info, delete and compact never need them), once even across threads."""
-
-    encoder: Any = None
-    reranker: Any = None
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    device: str = "cpu"  # where they run (resolved: cpu or cuda[:N]; twostage.retriever.device)
-    weights: tuple[str, str | None] | None = None  # the sha256 of the retriever's and reranker's weights they are
-
-    def for_manifest(self, manifest: EngineManifest) -> Models:
-        """These models for a version naming ``manifest``'s models (the first version they serve claims them), or
-        fresh ones on the same device when it names other weights (a version written by a model swap)."""
-        weights = (manifest.retriever.sha256, manifest.reranker.sha256 if manifest.reranker else None)
-        with self.lock:
-            if self.weights is None:
-                self.weights = weights
-            if self.weights == weights:
-                return self
-        return Models(device=self.device, weights=weights)
 
 
 class TwoStageSearch:
@@ -82,6 +55,30 @@ class TwoStageSearch:
     version_dir: Path
     _models: Models
     encoder: Any
+    read_only: bool = False  # a view (with_settings, with_reranker): it searches, it never writes or releases
+
+    def with_settings(self, **changes: Any) -> Any:
+        """A read-only view of this engine with other search settings (the :class:`EngineSettings` names; old names
+        mapped with a DeprecationWarning), sharing its version and loaded models. The engine itself is unchanged;
+        :meth:`configure` writes settings into a new version."""
+        view = copy.copy(self)
+        view.manifest = replace(self.manifest, settings=with_changes(self.settings, changes, "with_settings"))
+        view.read_only = True
+        return view
+
+    def with_reranker(self, reranker: Any) -> Any:
+        """A read-only view of this engine that reranks with ``reranker`` (any object with ``predict(pairs,
+        batch_size=)`` or ``score(query, texts)``), e.g. a model being trained, scored through the engine's path."""
+        view = copy.copy(self)
+        view._models = Models(encoder=self.encoder, reranker=reranker, device=self._models.device,
+                              weights=self._models.weights)
+        view.read_only = True
+        return view
+
+    def check_writable(self) -> None:
+        if self.read_only:
+            raise ConfigError("this engine object is a read-only view (with_settings / with_reranker); write "
+                                "through the engine it was made from")
 
     @property
     def settings(self) -> EngineSettings:
@@ -92,9 +89,14 @@ class TwoStageSearch:
         return self.version_dir.name
 
     @property
+    def has_reranker(self) -> bool:
+        """Whether the engine has a reranker (named in its manifest, or given to a view)."""
+        return self.manifest.reranker is not None or self._models.reranker is not None
+
+    @property
     def reranks(self) -> bool:
         """Whether searches rerank by default: the settings say so and the engine has a reranker."""
-        return bool(self.settings.rerank and self.manifest.reranker is not None)
+        return bool(self.settings.rerank and self.has_reranker)
 
     @property
     def device(self) -> str:
@@ -126,32 +128,24 @@ class TwoStageSearch:
             if reranker is not None:
                 self._models.reranker = reranker
 
-    def _loaded(self, slot: str, ref: ModelRef, role: str, loader: Callable[..., Any]) -> Any:
-        """The model in ``self._models.<slot>`` (``role`` retriever or reranker), loaded on first use (once, across
-        threads) from the directory ``ref`` names, after its weights are checked against the manifest's sha256."""
-        if getattr(self._models, slot) is None:
-            with self._models.lock:
-                if getattr(self._models, slot) is None:
-                    device = self._models.device
-                    precision = resolve_precision(self.settings.precision, role, device)
-                    setattr(self._models, slot, loader(verified_model_dir(ref, role), precision=precision,
-                                                       device=device, trust_remote_code=ref.trust_remote_code))
-        return getattr(self._models, slot)
-
     def _load_encoder(self) -> Any:
         """The bi-encoder, loaded (its weights verified against the manifest) on first use."""
         from twostage.retriever.biencoder import BiEncoder
 
-        return self._loaded("encoder", self.manifest.retriever, "retriever", BiEncoder.load)
+        return self._models.loaded("encoder", self.manifest.retriever, "retriever", BiEncoder.load,
+                                   self.settings.precision)
 
     @property
     def reranker(self) -> Any:
         """The cross-encoder (None when the engine has none), loaded and verified on first use."""
+        if self._models.reranker is not None:  # loaded, or given (use_models, with_reranker)
+            return self._models.reranker
         if self.manifest.reranker is None:
             return None
         from twostage.reranker.cross_encoder import CrossEncoder
 
-        return self._loaded("reranker", self.manifest.reranker, "reranker", CrossEncoder.load)
+        return self._models.loaded("reranker", self.manifest.reranker, "reranker", CrossEncoder.load,
+                                   self.settings.precision)
 
     def documents(self, ids: Iterable[str]) -> list[Document]:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -181,7 +175,7 @@ class TwoStageSearch:
 
     def search(self, query: str, k: int = 10, *, where: Where = None, offset: int = 0, page_token: str | None = None,
                **knobs: Any) -> SearchResult:
-        """The ``k`` best documents for ``query``: first stage, then the reranker on the top ``k_retrieve``.
+        """The ``k`` best documents for ``query``: first stage, then the reranker on the top ``rerank_depth``.
 
         Hits carry id, title, text, metadata, the final score and each stage's score; ``timings`` the seconds
         of each stage. ``where`` is a filter (:mod:`twostage.indexer.filters`: a JSON object such as
@@ -253,15 +247,15 @@ class TwoStageSearch:
         return self._ranked(check_queries([query]), k, where, knobs, offset)[0][0]
 
     def as_retriever(self, *, first_stage: str | None = None, rerank: bool | None = None,
-                     k_retrieve: int | None = None) -> EngineRetriever:
+                     rerank_depth: int | None = None) -> EngineRetriever:
         """This engine as a plain retriever (``search`` / ``search_batch`` -> RankedList), e.g. for the harness."""
-        return EngineRetriever(self, first_stage, rerank, k_retrieve)
+        return EngineRetriever(self, first_stage, rerank, rerank_depth)
 
     def window(self, knobs: Mapping[str, Any]) -> int:
-        """How many hits one query ranks, and so how deep pages go: the depth (or k_retrieve, when larger and
-        reranking)."""
+        """How many hits one query ranks, and so how deep pages go: the first stage's depth (or the rerank depth,
+        when larger and reranking)."""
         s, rerank = settings_for(self.settings, knobs)
-        return max(s.depth, s.k_retrieve) if rerank and self.manifest.reranker is not None else s.depth
+        return max(s.first_stage_depth, s.rerank_depth) if rerank and self.has_reranker else s.first_stage_depth
 
     def check_where(self, where: Where) -> Where:
         """A JSON filter parsed and checked against the metadata's fields and types (every shard's); a function
@@ -283,14 +277,14 @@ class TwoStageSearch:
             raise ConfigError(f"offset must be an integer >= 0, got {offset!r}")
         where = self.check_where(where)
         reranker = self.reranker if rerank else None
-        window = max(s.depth, s.k_retrieve) if reranker is not None else s.depth
+        window = max(s.first_stage_depth, s.rerank_depth) if reranker is not None else s.first_stage_depth
         if offset >= window:
-            raise ConfigError(f"offset {offset} is past the {window} hits one query ranks (the engine's depth); "
-                              "raise depth (a knob), or narrow the query with a filter")
+            raise ConfigError(f"offset {offset} is past the {window} hits one query ranks (the engine's first_stage_depth); "
+                              "raise first_stage_depth (a knob), or narrow the query with a filter")
         # pages (offset > 0) read one fixed list of `window` hits, so consecutive pages never overlap or skip;
         # a first page asking for more than the window ranks deeper
         end = min(offset + k, window) if offset else k
-        n_first = max(end, s.k_retrieve) if reranker is not None else end
+        n_first = max(end, s.rerank_depth) if reranker is not None else end
         n = max(window, n_first)
         timings: dict[str, float] = {}
         vectors = None
@@ -311,15 +305,19 @@ class TwoStageSearch:
             firsts = lists[s.first_stage]
         timings["fuse_s"] = time.perf_counter() - t
         t = time.perf_counter()
-        alpha = resolve_blend(s.interpolation, reranker, s.first_stage)
-        scored = reranker is not None and reorders(alpha)
-        heads = sorted({str(d) for f in firsts for d in f.ids[:s.k_retrieve]}) if scored else []
+        alpha = blend_of(s, reranker, s.first_stage)
+        if s.min_relevance and (reranker is None or s.rerank_calibration is None):
+            raise ConfigError("min_relevance needs a calibrated reranker: this engine has "
+                              + ("no reranker" if reranker is None else "no calibration (fit one on judged dev queries "
+                                 "with `twostage calibrate ENGINE --qrels DIR`)") + "; or search without it")
+        scored = reranker is not None and (reorders(alpha) or s.min_relevance > 0)
+        heads = sorted({str(d) for f in firsts for d in f.ids[:s.rerank_depth]}) if scored else []
         per_query = None
         if chosen is None:
             texts = {d.id: d.full_text for d in self.documents(heads)}  # one read for every query's candidates
         else:  # a document is read by its chosen passage (title in front, as the first stages read it), or whole
             # when it has at most rerank_whole_up_to words (as far as the reranker reads)
-            pids = {c[str(d)] for c, f in zip(chosen, firsts) for d in f.ids[:s.k_retrieve]} if scored else set()
+            pids = {c[str(d)] for c, f in zip(chosen, firsts) for d in f.ids[:s.rerank_depth]} if scored else set()
             if s.rerank_whole_up_to:  # one read: each candidate with its passages
                 texts = {}
                 for doc, passages, _ in self.documents_with_passages(heads):
@@ -330,9 +328,15 @@ class TwoStageSearch:
             else:
                 texts = {p.id: p.full_text for p in self.passages(sorted(pids))}
             per_query = [lambda d, c=c: texts[d] if d in texts else texts[c[d]] for c in chosen]
-        reranked = rerank_lists(reranker, queries, firsts, texts.__getitem__, k=end, k_retrieve=s.k_retrieve,
-                                interpolation=alpha, batch_size=s.batch_size,
-                                per_query=per_query)
+        reranked = rerank_lists(reranker, queries, firsts, texts.__getitem__, k=end, rerank_depth=s.rerank_depth,
+                                blend=alpha, batch_size=s.batch_size, per_query=per_query,
+                                always_score=s.min_relevance > 0)
+        if scored and s.rerank_calibration is not None:  # each reranked document's probability of relevance
+            relevance = [relevance_of(r.rerank_scores, s.rerank_calibration) for r in reranked]
+            if s.min_relevance:
+                reranked = [above(r, rel, s.min_relevance) for r, rel in zip(reranked, relevance)]
+        else:
+            relevance = [{} for _ in reranked]
         if scored:
             timings["rerank_s"] = time.perf_counter() - t
         stage_scores = []
@@ -342,29 +346,27 @@ class TwoStageSearch:
             scores["first_stage"] = dict(zip(map(str, first.ids), first.scores.astype(float).tolist()))
             if res.rerank_scores:
                 scores["rerank"] = dict(res.rerank_scores)
+            if relevance[i]:
+                scores["relevance"] = relevance[i]
             stage_scores.append(scores)
         pages = [RankedList(r.ranked.ids[offset:end], r.ranked.scores[offset:end]) for r in reranked]
         return pages, stage_scores, timings, chosen
 
 
-KNOBS = ("first_stage", "k_retrieve", "rerank", "fusion", "dense_weight", "k_rrf", "depth")
+def relevance_of(rerank_scores: Mapping[str, float], calibration: tuple[float, float]) -> dict[str, float]:
+    """Each reranked document's calibrated probability of relevance (:mod:`twostage.engine.calibration`)."""
+    from twostage.engine.calibration import probability
+
+    ids = list(rerank_scores)
+    return dict(zip(ids, probability(np.array([rerank_scores[d] for d in ids]), calibration).tolist()))
 
 
-def settings_for(settings: EngineSettings, knobs: Mapping[str, Any]) -> tuple[EngineSettings, bool]:
-    """The engine's settings with one call's knobs (None: the engine's), checked; and whether to rerank."""
-    unknown = sorted(set(knobs) - set(KNOBS))
-    if unknown:
-        raise ConfigError(f"unknown search option(s) {', '.join(unknown)}; known: {', '.join(KNOBS)}")
-    given = {name: value for name, value in knobs.items() if value is not None}
-    rerank = given.pop("rerank", settings.rerank)
-    if not isinstance(rerank, bool):
-        raise ConfigError(f"rerank must be true or false, got {rerank!r}")
-    if "first_stage" in given and given["first_stage"] not in ("hybrid", "dense", "bm25"):
-        raise ConfigError(f"first_stage must be hybrid, dense or bm25, got {given['first_stage']!r}")
-    for name in ("k_retrieve", "depth"):
-        if name in given:
-            given[name] = check_k(given[name])
-    return (replace(settings, **given) if given else settings), rerank
+def above(reranked: Reranked, relevance: Mapping[str, float], threshold: float) -> Reranked:
+    """``reranked`` without the documents whose probability of relevance is below ``threshold`` (the documents
+    below the rerank depth have none: they go too)."""
+    keep = np.array([relevance.get(str(d), -1.0) >= threshold for d in reranked.ranked.ids], dtype=bool)
+    ranked = RankedList(reranked.ranked.ids[keep], reranked.ranked.scores[keep])
+    return Reranked(ranked, reranked.rerank_scores)
 
 
 def callable_where(where: Where) -> bool:
@@ -375,14 +377,14 @@ class EngineRetriever:
     """An engine seen as a retriever: ``search(query, k)`` and ``search_batch`` -> RankedList."""
 
     def __init__(self, engine: TwoStageSearch, first_stage: str | None, rerank: bool | None,
-                 k_retrieve: int | None) -> None:
-        self.engine, self.first_stage, self.rerank, self.k_retrieve = engine, first_stage, rerank, k_retrieve
+                 rerank_depth: int | None) -> None:
+        self.engine, self.first_stage, self.rerank, self.rerank_depth = engine, first_stage, rerank, rerank_depth
 
     def search(self, query: str, k: int = 10) -> RankedList:
         return self.search_batch([query], k)[0]
 
     def search_batch(self, queries: Sequence[str], k: int = 10) -> list[RankedList]:
-        knobs = {"first_stage": self.first_stage, "rerank": self.rerank, "k_retrieve": self.k_retrieve}
+        knobs = {"first_stage": self.first_stage, "rerank": self.rerank, "rerank_depth": self.rerank_depth}
         return self.engine._ranked(check_queries(queries), k, None, knobs)[0]
 
 

@@ -30,7 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from twostage.engine.search import Models, TwoStageSearch
+from twostage.engine.knobs import resolved_blends
+from twostage.engine.models import Models
+from twostage.engine.search import TwoStageSearch
 from twostage.indexer.build import (
     check_out_dir,
     chunk_documents,
@@ -46,6 +48,7 @@ from twostage.indexer.engine_dir import (
     ModelRef,
     engine_files,
     read_engine_manifest,
+    with_changes,
 )
 from twostage.indexer.errors import ConfigError, DataError, IndexFormatError, PageExpiredError
 from twostage.indexer.filters import Where
@@ -160,8 +163,8 @@ class SearchEngine(TwoStageSearch):
             engine.close()
 
     def close(self) -> None:
-        """Release this version (a later commit may then remove it from disk)."""
-        if self._lease is not None:
+        """Release this version (a later commit may then remove it from disk); a view releases nothing."""
+        if self._lease is not None and not self.read_only:
             self._lease.release()
 
     # ---- properties (settings, version, precision, reranker: TwoStageSearch) ----------------------
@@ -350,7 +353,7 @@ class SearchEngine(TwoStageSearch):
         both models run Python code shipped with them (off by default; recorded in the manifest, so the engine
         loads them the same way later).
         """
-        settings = with_overrides(settings or EngineSettings(), overrides)
+        settings = with_changes(settings or EngineSettings(), overrides, "build")
         device = resolve_device(device)
         if chunk_size <= 0:
             raise ConfigError(f"chunk_size must be positive, got {chunk_size}")
@@ -360,7 +363,7 @@ class SearchEngine(TwoStageSearch):
             raise ConfigError(f"{out}: holds something other than a search engine; choose another --out")
         prepared = encode_corpus(corpus, out, settings, retriever, reranker, chunk_size, resume, show_progress,
                                  device, trust_remote_code)
-        write_streamed(out, prepared, settings)
+        write_streamed(out, prepared, resolved_blends(settings, prepared.models.reranker))
         prepared.discard()
         return open_current(out, lambda v, lease: cls._open(out, v, lease, False, prepared.models), WHAT)
 
@@ -415,7 +418,10 @@ class SearchEngine(TwoStageSearch):
     def configure(self, settings: EngineSettings | None = None, **changes: Any) -> SearchEngine:
         """A new version with other search settings (first stage, depths, blend, rerank, precision); the documents
         and indexes are carried over as they are. Index-shape settings (backend, metric) need a rebuild."""
-        new = with_overrides(settings or self.settings, changes)
+        self.check_writable()
+        new = with_changes(settings or self.settings, changes, "configure")
+        if new.rerank_blend == "auto" and self.manifest.reranker is not None:  # the reranker's dev choice, as numbers
+            new = resolved_blends(new, self.reranker)
         for fixed in ("backend", "metric"):
             if getattr(new, fixed) != getattr(self.index.manifest, fixed):
                 raise ConfigError(f"{fixed} is the shape of the dense index; rebuild the engine to change it")
@@ -444,6 +450,7 @@ class SearchEngine(TwoStageSearch):
         caller (a shard's, with the whole corpus's statistics); by default it is built here. ``truncated``: how many
         of the new rows were longer than the retriever reads (a whole-document engine counts them).
         """
+        self.check_writable()
         with writer_lock(self.root):
             base = self if pinned else self.refresh()
             change, new_docs = make(base)
@@ -474,14 +481,6 @@ def counts(bm25: BM25Retriever, passages: bool) -> tuple[int, int]:
     if not passages:
         return len(bm25), 0
     return len(group_starts(bm25.doc_ids.arrow)), len(bm25)
-
-
-def with_overrides(settings: EngineSettings, overrides: dict[str, Any]) -> EngineSettings:
-    unknown = sorted(set(overrides) - set(EngineSettings.__dataclass_fields__))
-    if unknown:
-        raise ConfigError(f"unknown engine setting(s) {', '.join(unknown)}; known: "
-                          f"{', '.join(EngineSettings.__dataclass_fields__)}")
-    return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
 
 
 def format_of(version_dir: Path) -> str | None:

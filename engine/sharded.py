@@ -38,17 +38,17 @@ from typing import Any
 
 import numpy as np
 
-from twostage.engine.search import Models, TwoStageSearch
+from twostage.engine.knobs import resolved_blends
+from twostage.engine.models import Models
+from twostage.engine.search import TwoStageSearch
 from twostage.engine.search_engine import (
     SearchEngine,
     encode_corpus,
-    format_of,
-    with_overrides,
     write_streamed,
 )
 from twostage.indexer.build import check_unique_ids, chunk_documents, slice_chunks
 from twostage.indexer.corpus import CorpusSource, iter_documents
-from twostage.indexer.engine_dir import EngineSettings
+from twostage.indexer.engine_dir import EngineSettings, with_changes
 from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
 from twostage.indexer.filters import Where, merge_kinds
 from twostage.indexer.index import IndexChange
@@ -206,7 +206,9 @@ class ShardedEngine(TwoStageSearch):
         return self._reopen()
 
     def close(self) -> None:
-        """Release every shard's version (and stop the Ray actors)."""
+        """Release every shard's version (and stop the Ray actors); a view releases nothing."""
+        if self.read_only:
+            return
         if self._ray is not None:
             for s in self._shards:
                 self._ray.kill(s)
@@ -293,11 +295,12 @@ class ShardedEngine(TwoStageSearch):
             raise ConfigError("a sharded engine holds whole documents (passage_words 0); build one engine for "
                               "passages, or leave passage_words out")
         # shards are contiguous slices of rows, which would cut a document's passages apart: whole documents
-        settings = with_overrides(settings or EngineSettings(), overrides)
+        settings = with_changes(settings or EngineSettings(), overrides, "build")
         if settings.passage_words:
             logger.info("a sharded engine holds whole documents: passage_words %d set to 0", settings.passage_words)
             settings = replace(settings, passage_words=0)
         enc = encode_corpus(corpus, root, settings, retriever, reranker, chunk_size, resume, show_progress)
+        settings = resolved_blends(settings, enc.models.reranker)
         total = sum(int(c["rows"]) for c in enc.done)
         bounds = contiguous_bounds(total, shards)
         check_unique_ids(enc.work, enc.done)  # across shards (each shard's build checks its own rows)
@@ -334,6 +337,7 @@ class ShardedEngine(TwoStageSearch):
     def compact(self) -> ShardedEngine:
         """Rewrite every shard's dense part without its deleted rows (each shard's BM25 already holds only live
         documents), then commit the sharded manifest naming the compacted versions."""
+        self.check_writable()
         with writer_lock(self.root):
             base = open_current(self.root, lambda v, lease: ShardedEngine._open(self.root, v, lease, False), WHAT)
             try:
@@ -350,6 +354,7 @@ class ShardedEngine(TwoStageSearch):
     def _update(self, docs: list[Document], delete: list[str], *, replace_docs: bool) -> ShardedEngine:
         """Under the sharded writer lock: re-open the committed version, route the change, write every shard's next
         version (BM25 rebuilt with the new global statistics), then commit the manifest that names them."""
+        self.check_writable()
         with writer_lock(self.root):
             base = open_current(self.root, lambda v, lease: ShardedEngine._open(self.root, v, lease, False), WHAT)
             try:

@@ -9,10 +9,13 @@ harness's ``bm25+rerank`` system does with its own BM25 list.
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
+from typing import Any
 
 from twostage.eval.run import Run
 from twostage.indexer.beir import BeirDataset
+from twostage.indexer.engine_dir import EngineSettings
 from twostage.indexer.errors import ConfigError, DataError
 from twostage.indexer.topk import check_k
 
@@ -20,12 +23,14 @@ logger = logging.getLogger(__name__)
 FIRST_STAGES = ("bm25", "dense", "hybrid")
 
 
-def rerank_run(run: Run, data: str | Path | BeirDataset, reranker: str | Path, *, depth: int = 100,
-               interpolation: float | str | None = "auto", precision: str = "auto", batch_size: int = 32,
-               source: str = "run", show_progress: bool = False, device: str = "auto") -> Run:
-    """``run`` with the top ``depth`` of each query reranked by ``reranker`` (a directory or name).
+def rerank_run(run: Run, data: str | Path | BeirDataset, reranker: str | Path, *,
+               rerank_depth: int = EngineSettings().rerank_depth, rerank_blend: float | str | None = "auto",
+               precision: str = "auto", batch_size: int = 32, source: str = "run", show_progress: bool = False,
+               device: str = "auto", **old_names: Any) -> Run:
+    """``run`` with the top ``rerank_depth`` of each query reranked by ``reranker`` (a directory or name); the
+    defaults are the engine's (``depth`` and ``interpolation``, the old names, still work with a warning).
 
-    ``interpolation``: ``"auto"`` takes the blend the reranker chose on dev for the run's first stage (the run's
+    ``rerank_blend``: ``"auto"`` takes the blend the reranker chose on dev for the run's first stage (the run's
     name, when it is bm25, dense or hybrid; else its overall choice), ``None`` ranks by the reranker alone, a number
     in [0, 1] is the blend. Every query and document of the run must be in ``data`` (else a DataError naming it).
     Queries are reranked one at a time, as the harness does, so the scores equal its ``+rerank`` systems'.
@@ -34,11 +39,19 @@ def rerank_run(run: Run, data: str | Path | BeirDataset, reranker: str | Path, *
 
     from twostage.reranker.cross_encoder import CrossEncoder
     from twostage.reranker.interpolation import blend_for
-    from twostage.reranker.pipeline import rerank_lists
+    from twostage.reranker.rerank import rerank_lists
     from twostage.retriever.device import resolve_device
     from twostage.retriever.precision import resolve_precision
 
-    depth = check_k(depth)
+    unknown = sorted(set(old_names) - {"depth", "interpolation"})
+    if unknown:
+        raise ConfigError(f"rerank_run: unknown argument(s) {', '.join(unknown)}")
+    for old, new in (("depth", "rerank_depth"), ("interpolation", "rerank_blend")):
+        if old in old_names:
+            warnings.warn(f"rerank_run: {old} is now called {new}; the old name goes in the next release",
+                          DeprecationWarning, stacklevel=2)
+    depth = check_k(old_names.get("depth", rerank_depth))
+    interpolation = old_names.get("interpolation", rerank_blend)
     dataset = data if isinstance(data, BeirDataset) else BeirDataset(data)
     queries, corpus = dataset.queries, dataset.corpus
     for qid, ranked in run.items():
@@ -62,6 +75,6 @@ def rerank_run(run: Run, data: str | Path | BeirDataset, reranker: str | Path, *
     out = {}
     for qid, ranked in tqdm(run.items(), total=len(run), desc="rerank", unit="q", disable=not show_progress):
         out[qid] = rerank_lists(model, [queries[qid].text], [ranked], lambda d: corpus.get(d).full_text,
-                                k=len(ranked), k_retrieve=depth, interpolation=alpha,
+                                k=len(ranked), rerank_depth=depth, blend=alpha,
                                 batch_size=batch_size)[0].ranked
     return Run(f"{run.name}+rerank", out)

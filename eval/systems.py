@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from twostage.indexer.corpus import Corpus
-from twostage.indexer.engine_dir import EngineSettings
+from twostage.indexer.engine_dir import EngineSettings, with_changes
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.protocols import Retriever as SearchSystem
 from twostage.indexer.records import RankedList
@@ -26,7 +26,7 @@ class SystemOptions:
     reranker_model: str | None = None
     # None (and "auto" for the blend): an --engine's own setting, else the engine default; a value overrides it
     rerank_depth: int | None = None
-    rerank_interpolation: float | str | None = "auto"  # see twostage.reranker.pipeline.Pipeline
+    rerank_blend: float | str | None = "auto"  # EngineSettings.rerank_blend; "auto": the engine's own
     precision: str | None = None
     backend: str = EngineSettings().backend
     batch_size: int | None = None
@@ -43,7 +43,7 @@ _ENGINES: weakref.WeakKeyDictionary[Corpus, dict[tuple[Any, ...], Any]] = weakre
 def engine_for(corpus: Corpus, options: SystemOptions, *, need_reranker: bool = False) -> Any:
     """The search engine the harness's dense, hybrid and +rerank systems are views of."""
     key = (options.retriever_model, options.engine, options.reranker_model, options.precision, options.backend,
-           options.batch_size, options.rerank_depth, str(options.rerank_interpolation), options.device)
+           options.batch_size, options.rerank_depth, str(options.rerank_blend), options.device)
     shared = _ENGINES.setdefault(corpus, {})
     if key not in shared:
         shared[key] = _build_engine(corpus, options)
@@ -68,10 +68,8 @@ def _build_engine(corpus: Corpus, options: SystemOptions) -> Any:
         if missing or len(engine) != len(corpus):
             raise ConfigError(f"engine {options.engine} holds other documents than this corpus (e.g. "
                               f"{', '.join(missing) or 'a different count'}); build it from the same corpus")
-        if given:  # the harness's own engine object (cached here only): its files are not changed
-            engine.manifest = replace(engine.manifest, settings=replace(engine.settings, **given))
-        return engine
-    settings = replace(EngineSettings(backend=options.backend), **given)
+        return engine.with_settings(**given) if given else engine  # a view: the engine and its files unchanged
+    settings = with_changes(EngineSettings(backend=options.backend), given)
     if not options.retriever_model:
         raise ConfigError("the dense systems need a model: pass --retriever-model NAME_OR_DIR (or --engine DIR)")
     tmp = tempfile.mkdtemp(prefix="twostage-bench-")
@@ -84,10 +82,10 @@ def _build_engine(corpus: Corpus, options: SystemOptions) -> Any:
 
 def overrides(options: SystemOptions) -> dict[str, Any]:
     """The engine settings the options set (everything else stays the engine's: passages, fusion, depths...)."""
-    given = {"k_retrieve": options.rerank_depth, "precision": options.precision, "batch_size": options.batch_size}
+    given = {"rerank_depth": options.rerank_depth, "precision": options.precision, "batch_size": options.batch_size}
     out: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
-    if options.rerank_interpolation != "auto":
-        out["interpolation"] = options.rerank_interpolation
+    if options.rerank_blend != "auto":
+        out["rerank_blend"] = options.rerank_blend
     return out
 
 
@@ -99,34 +97,37 @@ def _view(first_stage: str, rerank: bool) -> SystemFactory:
 
 
 def _bm25_rerank(corpus: Corpus, options: SystemOptions) -> SearchSystem:
-    """BM25 then the reranker: a view of the engine when there is a retriever model, else a Pipeline over BM25."""
+    """BM25 then the reranker: a view of the engine when there is a retriever model; else BM25's whole-document
+    lists reranked by the engine's reranking function (no engine: nothing to read passages from)."""
     if options.retriever_model or options.engine:
         return _view("bm25", True)(corpus, options)
     from twostage.reranker.cross_encoder import CrossEncoder
     from twostage.reranker.interpolation import blend_for
-    from twostage.reranker.pipeline import Pipeline
 
     if not options.reranker_model:
         raise ConfigError("the +rerank systems need a cross-encoder: pass --reranker-model NAME_OR_DIR")
     device = resolve_device(options.device)
-    s = replace(EngineSettings(), **overrides(options))
+    s = with_changes(EngineSettings(), overrides(options))
     reranker = CrossEncoder.load(options.reranker_model, device=device,
                                  precision=resolve_precision(s.precision, "reranker", device))
-    texts = {d.id: d.full_text for d in corpus}
-    alpha = options.rerank_interpolation
-    return _Reranked(Pipeline(BM25Retriever.build(corpus), reranker=reranker, texts=texts,
-                              k_retrieve=s.k_retrieve, k=min(10, s.k_retrieve), batch_size=s.batch_size,
-                              interpolation=blend_for(reranker, "bm25") if alpha == "auto" else alpha))
+    blend = blend_for(reranker, "bm25") if s.rerank_blend == "auto" else s.blend_for("bm25")
+    return _BM25Reranked(BM25Retriever.build(corpus), reranker, {d.id: d.full_text for d in corpus}, s, blend)
 
 
-class _Reranked:
-    """A Pipeline as a harness system (``search(query, k)`` -> the reranked head, then the first stage's rest)."""
+class _BM25Reranked:
+    """BM25's top ``rerank_depth`` reranked (:func:`~twostage.reranker.rerank.rerank_lists`), then BM25's rest."""
 
-    def __init__(self, pipeline: Any) -> None:
-        self.pipeline = pipeline
+    def __init__(self, bm25: BM25Retriever, reranker: Any, texts: dict[str, str], settings: EngineSettings,
+                 blend: float | None) -> None:
+        self.bm25, self.reranker, self.texts, self.settings, self.blend = bm25, reranker, texts, settings, blend
 
     def search(self, query: str, k: int) -> RankedList:
-        return self.pipeline.ranked(query, k)
+        from twostage.reranker.rerank import rerank_lists
+
+        s = self.settings
+        first = self.bm25.search(query, max(k, s.rerank_depth))
+        return rerank_lists(self.reranker, [query], [first], self.texts.__getitem__, k=k, rerank_depth=s.rerank_depth,
+                            blend=self.blend, batch_size=s.batch_size)[0].ranked
 
 
 SystemFactory = Callable[[Corpus, SystemOptions], SearchSystem]

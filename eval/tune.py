@@ -10,7 +10,6 @@ enough dev queries (``MIN_FUSION_QUERIES``: a weight chosen on a handful of quer
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -95,16 +94,14 @@ def tune_engine(engine: Any, queries: Sequence[Query], qrels: Qrels, *, metric: 
     fusion = None
     if len(queries) >= MIN_FUSION_QUERIES:
         texts = [q.text for q in queries]
-        lists = {fs: engine.as_retriever(first_stage=fs, rerank=False).search_batch(texts, current.depth)
+        lists = {fs: engine.as_retriever(first_stage=fs, rerank=False).search_batch(texts, current.first_stage_depth)
                  for fs in ("bm25", "dense")}
         fusion = tune_fusion(queries, qrels, lists["bm25"], lists["dense"], metric=metric, current=current)
         tuned = replace(current, fusion=fusion.fusion, dense_weight=fusion.dense_weight)
         if tuned != current:
-            if apply:
-                engine = engine.configure(tuned)
-            else:  # score the rest with the tuned fusion, without writing a version
-                engine = copy.copy(engine)
-                engine.manifest = replace(engine.manifest, settings=tuned)
+            # with apply, a new version; else a view that scores the rest with the tuned fusion, nothing written
+            engine = engine.configure(tuned) if apply else engine.with_settings(fusion=tuned.fusion,
+                                                                                   dense_weight=tuned.dense_weight)
             current = tuned
     candidates = [(fs, rr) for fs in FIRST_STAGES for rr in ((True, False) if engine.manifest.reranker else (False,))]
     texts = [q.text for q in queries]

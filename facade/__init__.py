@@ -21,14 +21,13 @@ __all__ = [
     "WriterBusyError", "ModelNotFoundError", "UntrainedHeadError", "FilterError", "PageExpiredError",
     # corpora and data sets
     "Corpus", "load_corpus", "iter_documents", "BeirDataset",
-    # first stages, index, second stage
-    "BM25Config", "BM25Retriever", "BiEncoder", "DenseRetriever", "HybridRetriever", "rrf",
-    "Index", "build_index", "CrossEncoder", "Pipeline", "SearchResult",
+    # the models and BM25 (building blocks: twostage.retriever.hybrid, twostage.indexer.index, ...)
+    "BM25Retriever", "BiEncoder", "CrossEncoder", "SearchResult",
     # the engine
     "SearchEngine", "EngineSettings", "ShardedEngine", "open_engine",
     # training and evaluation
     "RetrieverRecipe", "train_retriever", "RerankerConfig", "train_reranker_on", "run_bench", "evaluate",
-    "adapt", "AdaptRecipe", "fuse",
+    "adapt", "AdaptRecipe",
 ]
 
 _WHERE = {
@@ -40,16 +39,14 @@ _WHERE = {
     "FilterError": "indexer.errors", "PageExpiredError": "indexer.errors",
     "Corpus": "indexer.corpus", "load_corpus": "indexer.corpus", "iter_documents": "indexer.corpus",
     "BeirDataset": "indexer.beir",
-    "BM25Config": "retriever.bm25", "BM25Retriever": "retriever.bm25", "BiEncoder": "retriever.biencoder",
-    "DenseRetriever": "retriever.dense", "HybridRetriever": "retriever.hybrid", "rrf": "retriever.hybrid",
-    "Index": "indexer.index", "build_index": "indexer.build",
-    "CrossEncoder": "reranker.cross_encoder", "Pipeline": "reranker.pipeline", "SearchResult": "indexer.records",
+    "BM25Retriever": "retriever.bm25", "BiEncoder": "retriever.biencoder",
+    "CrossEncoder": "reranker.cross_encoder", "SearchResult": "indexer.records",
     "SearchEngine": "engine.search_engine", "EngineSettings": "indexer.engine_dir",
     "ShardedEngine": "engine.sharded", "open_engine": "engine.door",
     "RetrieverRecipe": "retriever.recipe", "train_retriever": "retriever.recipe",
-    "RerankerConfig": "reranker.training", "train_reranker_on": "reranker.training",
+    "RerankerConfig": "reranker.training", "train_reranker_on": "engine.training",
     "run_bench": "eval.harness", "evaluate": "eval.metrics",
-    "adapt": "app.adapt", "AdaptRecipe": "app.adapt", "fuse": "retriever.hybrid",
+    "adapt": "app.adapt", "AdaptRecipe": "app.adapt",
 }
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
@@ -60,7 +57,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from twostage.eval.harness import run_bench
     from twostage.eval.metrics import evaluate
     from twostage.indexer.beir import BeirDataset
-    from twostage.indexer.build import build_index
     from twostage.indexer.corpus import Corpus, iter_documents, load_corpus
     from twostage.indexer.engine_dir import EngineSettings
     from twostage.indexer.errors import (
@@ -76,15 +72,12 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         UntrainedHeadError,
         WriterBusyError,
     )
-    from twostage.indexer.index import Index
     from twostage.indexer.records import Document, Hit, Judgment, Passage, Qrels, Query, RankedList, SearchResult
     from twostage.reranker.cross_encoder import CrossEncoder
-    from twostage.reranker.pipeline import Pipeline
-    from twostage.reranker.training import RerankerConfig, train_reranker_on
+    from twostage.engine.training import train_reranker_on
+    from twostage.reranker.training import RerankerConfig
     from twostage.retriever.biencoder import BiEncoder
-    from twostage.retriever.bm25 import BM25Config, BM25Retriever
-    from twostage.retriever.dense import DenseRetriever
-    from twostage.retriever.hybrid import HybridRetriever, fuse, rrf
+    from twostage.retriever.bm25 import BM25Retriever
     from twostage.retriever.recipe import RetrieverRecipe, train_retriever
 
 

@@ -14,7 +14,8 @@ together and switched together. Everything here is validated before any library 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from twostage.indexer.manifest import check_file_entries, describe_files, manife
 from twostage.indexer.passages import PassageShape
 
 FORMAT = "twostage.engine"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: first_stage_depth, rerank_depth, rerank_blend (format 1: depth, k_retrieve, interpolation)
 FIRST_STAGES = ("hybrid", "dense", "bm25")
 FUSIONS = ("rrf", "blend")
 PRECISIONS = ("auto", "fp32", "bf16", "int8", "openvino-fp32", "openvino-int8")
@@ -37,16 +38,28 @@ class EngineSettings:
     The defaults are the measured best of the one-command SciFact run (benchmarks/results/scifact-e2e and
     rerank-scifact): hybrid first stage (RRF of BM25 and dense top 100), the reranker reads the top 20 and is
     blended with the first stage by the weight chosen on dev data when it was trained.
+
+    The same names are used by the Python API, the CLI flags (``--first-stage-depth``, ``--rerank-depth``,
+    ``--rerank-blend``), the HTTP fields and the manifest. ``rerank_blend="auto"`` is resolved when the engine is
+    built with a reranker (or configured, or swapped to one): the blend the reranker chose on dev for each first
+    stage is written into the manifest as numbers (``rerank_blend`` for the engine's first stage,
+    ``rerank_blend_by_first_stage`` for each), so the search path never reads policy from a model.
     """
 
     first_stage: str = "hybrid"
     fusion: str = "rrf"  # "rrf" (reciprocal rank) or "blend" (min-max normalised scores, dense_weight for dense)
     k_rrf: float = 60.0
     dense_weight: float = 0.5  # blend only: dense's weight, BM25's is 1 - dense_weight
-    depth: int = 100  # candidates each first stage gives the fusion
-    k_retrieve: int = 20  # candidates the reranker reads
+    first_stage_depth: int = 100  # candidates each first stage gives the fusion
+    rerank_depth: int = 20  # candidates the reranker reads
     rerank: bool = True  # rerank when the engine has a reranker (False: the first stage's order)
-    interpolation: float | str | None = "auto"  # "auto": the reranker's dev-chosen blend; None: reranker alone
+    # the weight of the reranker's score against the first stage's (reranker.interpolation): a number in [0, 1];
+    # None: the reranker alone; "auto": the reranker's dev-chosen blend, resolved into numbers when the engine is built
+    rerank_blend: float | str | None = "auto"
+    rerank_blend_by_first_stage: dict[str, float | None] = field(default_factory=dict)  # per first stage, resolved
+    # Platt's (a, b): the reranker's score as a probability of relevance (engine.calibration), fitted on dev pairs
+    rerank_calibration: tuple[float, float] | None = None
+    min_relevance: float = 0.0  # drop hits whose probability of relevance is below this (0: keep every hit)
     precision: str = "auto"  # "auto": per model, see resolve_precision
     batch_size: int = 32
     backend: str = "hnswlib"
@@ -58,6 +71,13 @@ class EngineSettings:
     rerank_whole_up_to: int = 300  # the reranker reads a document of at most this many words whole, a longer one by
     # its best passage (0: every document by its best passage); a search-time choice (benchmarks/results/rerank_reads)
 
+    def blend_for(self, first_stage: str) -> float | None:
+        """The resolved blend with ``first_stage`` (its own when the manifest has one, else ``rerank_blend``); call
+        only when ``rerank_blend`` is not "auto" (an engine built before blends were resolved: the reranker's)."""
+        by_stage = self.rerank_blend_by_first_stage
+        alpha = by_stage.get(first_stage, self.rerank_blend)
+        return None if alpha is None else float(alpha)  # type: ignore[arg-type]  # not "auto": checked by callers
+
     @property
     def passages(self) -> PassageShape:
         return PassageShape(self.passage_words, self.passage_stride, self.passage_title, self.passage_whole_up_to)
@@ -67,7 +87,7 @@ class EngineSettings:
             raise ConfigError(f"first_stage must be one of {', '.join(FIRST_STAGES)}, got {self.first_stage!r}")
         if self.fusion not in FUSIONS:
             raise ConfigError(f"fusion must be one of {', '.join(FUSIONS)}, got {self.fusion!r}")
-        for name in ("depth", "k_retrieve", "batch_size"):
+        for name in ("first_stage_depth", "rerank_depth", "batch_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
@@ -76,10 +96,18 @@ class EngineSettings:
             raise ConfigError(f"dense_weight must be a number in [0, 1], got {self.dense_weight!r}")
         if not isinstance(self.k_rrf, (int, float)) or self.k_rrf < 0:
             raise ConfigError(f"k_rrf must be a number >= 0, got {self.k_rrf!r}")
-        if self.interpolation not in ("auto", None) and not (
-                isinstance(self.interpolation, (int, float)) and not isinstance(self.interpolation, bool)
-                and 0 <= self.interpolation <= 1):
-            raise ConfigError(f"interpolation must be 'auto', None or a number in [0, 1], got {self.interpolation!r}")
+        if self.rerank_blend != "auto" and not is_blend(self.rerank_blend):
+            raise ConfigError(f"rerank_blend must be 'auto', None or a number in [0, 1], got {self.rerank_blend!r}")
+        by_stage = self.rerank_blend_by_first_stage
+        if not isinstance(by_stage, dict) or any(k not in FIRST_STAGES or not is_blend(v) for k, v in by_stage.items()):
+            raise ConfigError("rerank_blend_by_first_stage must map first stages (hybrid, dense, bm25) to None or a "
+                              f"number in [0, 1], got {by_stage!r}")
+        cal = self.rerank_calibration
+        if cal is not None and (not isinstance(cal, tuple) or len(cal) != 2 or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in cal)):
+            raise ConfigError(f"rerank_calibration must be None or two finite numbers (a, b), got {cal!r}")
+        if not is_blend(self.min_relevance) or self.min_relevance is None:
+            raise ConfigError(f"min_relevance must be a number in [0, 1], got {self.min_relevance!r}")
         if not isinstance(self.rerank, bool):
             raise ConfigError(f"rerank must be true or false, got {self.rerank!r}")
         if self.precision not in PRECISIONS:
@@ -90,6 +118,45 @@ class EngineSettings:
         if not isinstance(self.passage_title, bool):
             raise ConfigError(f"passage_title must be true or false, got {self.passage_title!r}")
         self.passages  # noqa: B018 - checks passage_words and passage_stride
+
+
+def is_blend(value: Any) -> bool:
+    """None, or a number in [0, 1] (not a bool)."""
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1)
+
+
+# the names of format 1 (and of the CLI flags, HTTP fields and knobs before it): still read, with a notice
+RENAMED = {"depth": "first_stage_depth", "k_retrieve": "rerank_depth", "interpolation": "rerank_blend"}
+
+
+def renamed(given: dict[str, Any], where: str) -> dict[str, Any]:
+    """``given`` with the old names of :data:`RENAMED` replaced by the new ones, a DeprecationWarning per old name
+    (``where`` names the caller, e.g. ``search``); both an old name and its new one is an error."""
+    import warnings
+
+    out = dict(given)
+    for old, new in RENAMED.items():
+        if old in out:
+            if new in out:
+                raise ConfigError(f"{where}: give {new} only ({old} is its old name)")
+            warnings.warn(f"{where}: {old} is now called {new}; the old name goes in the next release",
+                          DeprecationWarning, stacklevel=3)
+            out[new] = out.pop(old)
+    return out
+
+
+def with_changes(settings: EngineSettings, changes: dict[str, Any], where: str = "settings") -> EngineSettings:
+    """``settings`` with ``changes`` (old names mapped; None values ignored, except ``rerank_blend=None``, the
+    reranker alone, and ``rerank_calibration=None``, none). A new ``rerank_blend`` applies to every first stage unless ``rerank_blend_by_first_stage`` is
+    given too."""
+    changes = {k: v for k, v in renamed(changes, where).items() if v is not None or k in ("rerank_blend", "rerank_calibration")}
+    unknown = sorted(set(changes) - set(EngineSettings.__dataclass_fields__))
+    if unknown:
+        raise ConfigError(f"unknown engine setting(s) {', '.join(unknown)}; known: "
+                          f"{', '.join(EngineSettings.__dataclass_fields__)}")
+    if "rerank_blend" in changes and "rerank_blend_by_first_stage" not in changes:
+        changes["rerank_blend_by_first_stage"] = {}
+    return replace(settings, **changes) if changes else settings
 
 
 @dataclass(frozen=True)
@@ -139,6 +206,8 @@ def read_engine_manifest(version_dir: Path) -> EngineManifest:
     data = read_manifest_json(version_dir, FORMAT, FORMAT_VERSION, "a search engine directory", "`twostage build`")
     try:
         saved = data["settings"]
+        if data.get("format_version") == 1 and isinstance(saved, dict):  # format 1's names
+            saved = {RENAMED.get(k, k): v for k, v in saved.items()}
         if isinstance(saved, dict) and "passage_words" not in saved:  # an engine from before passages
             saved = {**saved, "passage_words": 0}
         if isinstance(saved, dict) and "passage_whole_up_to" not in saved:  # cut at passage_words, as it was built

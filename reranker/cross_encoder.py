@@ -58,6 +58,7 @@ class CrossEncoder(torch.nn.Module):
         self.precision = "fp32"
         self.interpolation: float | None = None  # blend with the first stage chosen on dev (reranker.interpolation)
         self.blends: dict[str, float] = {}  # first stage -> its own blend chosen on dev (interpolation.blend_for)
+        self.calibration: tuple[float, float] | None = None  # Platt (a, b) fitted on dev pairs (engine.calibration)
         self.runtime: OpenVINORunner | None = None  # predict() runs here when the precision is an OpenVINO one
         self.path: Path | None = None
 
@@ -95,6 +96,7 @@ class CrossEncoder(torch.nn.Module):
         ce = cls(model, tokenizer, max_length=cap_max_length(model, int(limit)), head_trained=bool(head_trained), name=str(name_or_path))
         ce.allow_untrained_head = allow_untrained_head
         ce.interpolation, ce.blends = _read_blends(path, meta)
+        ce.calibration = _read_calibration(path, meta)
         if device:
             ce.to(device)
         ce.eval()
@@ -181,6 +183,8 @@ class CrossEncoder(torch.nn.Module):
                         "interpolation": self.interpolation}
             if self.blends:
                 settings["interpolation_by_first_stage"] = dict(self.blends)
+            if self.calibration is not None:
+                settings["calibration"] = list(self.calibration)
             write_model_meta(tmp, "cross-encoder", self.name, settings, training)
         return path
 
@@ -200,6 +204,20 @@ def _read_meta(path: Path) -> dict[str, Any]:
     """The settings a cross-encoder directory records; none for a bi-encoder given as a base to train from."""
     meta = read_model_meta(path)
     return meta[1] if meta is not None and meta[0] == "cross-encoder" else {}
+
+
+def _read_calibration(path: Path, meta: dict[str, Any]) -> tuple[float, float] | None:
+    """The saved Platt calibration (a, b) of the score, checked: two finite numbers (or none saved)."""
+    import math
+
+    value = meta.get("calibration")
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != 2 or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value):
+        raise ConfigError(f"{path}/twostage.json: calibration must be two finite numbers [a, b], got {value!r}; "
+                          "restore the model directory or train it again")
+    return (float(value[0]), float(value[1]))
 
 
 def _read_blends(path: Path, meta: dict[str, Any]) -> tuple[float | None, dict[str, float]]:

@@ -12,14 +12,13 @@ and the one nearest the first stage is the one least likely to make a ranking wo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from twostage.indexer.errors import ConfigError
-from twostage.indexer.records import Qrels, Query, RankedList
 
 GRID = tuple(round(a, 2) for a in np.linspace(0.0, 1.0, 11))
 
@@ -88,45 +87,6 @@ def one_se_blend(curve: Sequence[tuple[float, np.ndarray]]) -> float:
         if m >= means[best] - se - 1e-12:
             return float(alpha)
     raise AssertionError("unreachable: the best alpha is within its own error")  # pragma: no cover
-
-
-def select_interpolation(model: Any, first_stages: Mapping[str, Any], queries: Sequence[Query], qrels: Qrels,
-                         texts: Mapping[str, str], depth: int,
-                         metric: Callable[[Qrels, dict[str, RankedList]], np.ndarray],
-                         grid: Sequence[float] = GRID) -> InterpolationChoice:
-    """Score each first stage's top ``depth`` once, then try every ``alpha`` of ``grid`` for each first stage and
-    for their mean; ``metric`` gives one value per query (:func:`one_se_blend` chooses by their spread too)."""
-    if not queries:
-        raise ConfigError("choosing the interpolation needs held-out queries")
-    curves: dict[str, list[tuple[float, np.ndarray]]] = {}
-    for name, fs in first_stages.items():
-        per_query = {}
-        for q in queries:
-            first = fs.search(q.text, depth)
-            rerank = model.score(q.text, [texts[str(d)] for d in first.ids]) if len(first) else np.zeros(0)
-            per_query[q.id] = (first, rerank)
-        curves[name] = []
-        for alpha in grid:
-            run = {}
-            for qid, (first, rerank) in per_query.items():
-                order, scores = rerank_order(first.scores, rerank, float(alpha))
-                run[qid] = RankedList(first.ids[order], scores[order])
-            curves[name].append((float(alpha), np.asarray(metric(qrels, run), dtype=np.float64)))
-    mean = [(float(a), np.mean([curve[i][1] for curve in curves.values()], axis=0)) for i, a in enumerate(grid)]
-
-    def means(curve: list[tuple[float, np.ndarray]]) -> tuple[tuple[float, float], ...]:
-        return tuple((a, float(np.mean(v))) for a, v in curve)
-
-    return InterpolationChoice(one_se_blend(mean), means(mean),
-                               tuple((name, one_se_blend(curve), means(curve)) for name, curve in curves.items()))
-
-
-def resolve_blend(interpolation: float | str | None, reranker: Any, first_stage: str | None) -> float | None:
-    """The blend an engine's ``interpolation`` setting means: its number, None (the reranker alone), or for
-    ``auto`` the blend the reranker chose on dev for ``first_stage``."""
-    if interpolation == "auto":
-        return blend_for(reranker, first_stage)
-    return None if interpolation is None else float(interpolation)
 
 
 def blend_for(reranker: Any, first_stage: str | None) -> float | None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,18 +28,14 @@ import torch.nn.functional as F
 
 from twostage.indexer.beir import BeirDataset
 from twostage.indexer.corpus import Corpus
-from twostage.indexer.engine_dir import EngineSettings
 from twostage.indexer.errors import ConfigError, DataError
 from twostage.indexer.records import Judgment, Qrels, Query
 from twostage.reranker.cross_encoder import CrossEncoder
 from twostage.retriever.bm25 import BM25Retriever
-from twostage.retriever.device import cpu_precision
 from twostage.retriever.examples import PairExample
-from twostage.retriever.fit import FitResult, fit, seed_everything
-from twostage.retriever.hybrid import HybridRetriever
+from twostage.retriever.fit import FitResult, fit
 from twostage.retriever.mining import MiningConfig, mine_hard_negatives
-from twostage.retriever.recipe import DevMetric
-from twostage.retriever.training_data import hold_out
+from twostage.retriever.training_data import positives
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +63,7 @@ class RerankerConfig:
     mine_from: tuple[str, ...] = ("bm25", "dense")  # negatives are split evenly between these first stages
     title_groups: int = 1500  # (title, text) weak-supervision groups drawn from the corpus
     title_negatives: int = 3
+    max_positives: int = 0  # at most this many groups a query, the highest-graded documents first (0: one per judgment)
     checkpoint_every: int = 50  # steps
     mining: MiningConfig = field(default_factory=lambda: MiningConfig(num_negatives=7, depth=50, skip_top=0))
 
@@ -144,7 +141,7 @@ def groups_from_split(ds: BeirDataset, split: str, config: RerankerConfig, queri
     queries = list(queries if queries is not None else sp.queries)
     negs = mix_negatives(queries, sp.qrels, corpus, _scorers(corpus, config, scorers), config, config.negatives)
     groups = [PairExample(q.text, corpus.get(d).full_text, tuple(corpus.get(n).full_text for n in negs[q.id]))
-              for q in queries for d in sorted(sp.qrels.relevant(q.id)) if d in corpus]
+              for q in queries for d in positives(sp.qrels, q.id, config.max_positives, config.seed) if d in corpus]
     if not groups:
         raise DataError(f"{ds.root}/{split}: no training group (no relevant document in the corpus)")
     return groups
@@ -208,87 +205,3 @@ def train_reranker(model: CrossEncoder, groups: Sequence[PairExample], config: R
     """
     return fit(RerankerTask(model, groups, config), config, out, dev=dev, resume=resume,
                show_progress=show_progress, info=info, desc="train reranker")
-
-
-def train_reranker_on(data: str | Path | BeirDataset, split: str, base: str, out: str | Path,
-                      config: RerankerConfig = RerankerConfig(), *, dev_fraction: float = 0.0,
-                      dev_depth: int = EngineSettings().k_retrieve,
-                      dev_metric: DevMetric | None = None,
-                      retriever: Any = None, resume: bool = True, show_progress: bool = False,
-                      command: str | None = None) -> FitResult:
-    """Train a reranker from ``base`` on a BEIR split.
-
-    ``retriever`` (a bi-encoder) mines the dense negatives (the base model when none is given). With
-    ``dev_fraction``, held-out train queries pick the best epoch by ``dev_metric(qrels, run)`` on the first stages'
-    top ``dev_depth`` reranked (BM25, dense and their hybrid as the engine fuses them; by default the engine's
-    depth), then the score interpolation with each first stage (saved with the model, used by the engine and
-    :class:`Pipeline`).
-    """
-    ds = data if isinstance(data, BeirDataset) else BeirDataset(data)
-    sp = ds.split(split)
-    corpus = ds.corpus
-    queries, dev_queries = hold_out(list(sp.queries), dev_fraction, config.seed)
-    bm25 = BM25Retriever.build(corpus)
-    first_stages: dict[str, Any] = {"bm25": bm25}
-    if retriever is None and "dense" in config.mine_from:  # no fine-tuned bi-encoder given: the base model mines
-        from twostage.retriever.biencoder import BiEncoder
-
-        logger.info("mining dense negatives with the base model %s (pass a fine-tuned bi-encoder to use it)", base)
-        retriever = BiEncoder.load(base, precision=cpu_precision(config.bf16))
-    if retriever is not None:
-        from twostage.retriever.dense import DenseRetriever
-
-        first_stages["dense"] = DenseRetriever.build(corpus, retriever, show_progress=show_progress)
-        engine = EngineSettings()
-        first_stages["hybrid"] = HybridRetriever([bm25, first_stages["dense"]], depth=engine.depth,
-                                                 k_rrf=engine.k_rrf)
-    scorers = {name: first_stages[name].scores for name in ("bm25", "dense") if name in first_stages}
-    groups = groups_from_split(ds, split, config, queries, scorers)
-    if config.title_groups:
-        groups += title_groups(corpus, config.title_groups, config, bm25)
-    dev = None
-    texts = {d.id: d.full_text for d in corpus}
-    qrels = sp.qrels.subset(q.id for q in dev_queries)
-    if dev_queries and dev_metric is not None:
-        dev = dev_scorer(first_stages, dev_queries, qrels, texts, dev_depth, dev_metric)
-
-    seed_everything(config.seed)  # the new head's weights are the seed's
-    model = CrossEncoder.load(base, allow_untrained_head=True)
-    info = {"data": str(ds.root), "split": split, "base": base, "train_queries": len(queries),
-            "dev_queries": [q.id for q in dev_queries], "title_groups": config.title_groups, "command": command}
-    result = train_reranker(model, groups, config, out, dev=dev, resume=resume, show_progress=show_progress,
-                            info=info)
-    if dev is not None:
-        result = choose_blend(result, first_stages, dev_queries, qrels, texts, dev_depth, dev_metric)
-    return result
-
-
-def dev_scorer(first_stages: Mapping[str, Any], queries: Sequence[Query], qrels: Qrels, texts: Mapping[str, str],
-               depth: int, metric: DevMetric) -> Callable[[CrossEncoder], float]:
-    """The dev score a training run picks its epoch by: ``metric`` of the reranker alone over each first stage's top
-    ``depth`` for ``queries``, averaged over the first stages."""
-    from twostage.reranker.pipeline import Pipeline
-
-    def dev(model: CrossEncoder) -> float:
-        def alone(fs: Any) -> float:
-            pipe = Pipeline(fs, reranker=model, texts=texts, k_retrieve=depth, k=min(10, depth), interpolation=None)
-            return float(np.mean(metric(qrels, {q.id: pipe.ranked(q.text, depth) for q in queries})))
-
-        return float(np.mean([alone(fs) for fs in first_stages.values()]))
-
-    return dev
-
-
-def choose_blend(result: FitResult, first_stages: Mapping[str, Any], queries: Sequence[Query], qrels: Qrels,
-                 texts: Mapping[str, str], depth: int, metric: DevMetric) -> FitResult:
-    """Choose the trained reranker's blend with each first stage on dev ``queries``
-    (:func:`~twostage.reranker.interpolation.select_interpolation`) and save it with the model in
-    ``result.model_dir``; the returned result's training record holds the choice."""
-    from twostage.reranker.interpolation import select_interpolation
-
-    trained = CrossEncoder.load(result.model_dir)
-    choice = select_interpolation(trained, first_stages, queries, qrels, texts, depth, metric)
-    trained.interpolation, trained.blends = choice.alpha, choice.alphas()
-    result = replace(result, training={**result.training, "interpolation": asdict(choice)})
-    trained.save(result.model_dir, training=result.training)
-    return result

@@ -48,6 +48,7 @@ class RetrieverRecipe:
     nli_pairs: int = 0  # at most this many NLI examples (0: all)
     dev_fraction: float = 0.0  # train queries held out for model selection
     dev_candidates: int = 30  # dev evaluation ranks the union of each dev query's BM25 top-N and positives
+    max_positives: int = 0  # at most this many relevant documents a query train, highest grades first (0: all)
     max_length: int | None = None
 
     def __post_init__(self) -> None:
@@ -100,7 +101,8 @@ def train_retriever(data: str | Path | BeirDataset, split: str, base: str, out: 
         negatives = {q: list(g["doc_id"]) for q, g in frame.groupby("query_id", sort=False)}
     name = f"{ds.name}/{split}"
     if negatives is None:
-        sets = [pairs_from_qrels(corpus, queries, sp.qrels, name=name)]
+        sets = [pairs_from_qrels(corpus, queries, sp.qrels, name=name, max_positives=recipe.max_positives,
+                                 seed=recipe.train.seed)]
     else:
         # Queries whose candidates all failed the false-negative guard still train, on in-batch negatives.
         full = [q for q in queries if len(negatives.get(q.id, ())) >= recipe.negatives]
@@ -109,12 +111,13 @@ def train_retriever(data: str | Path | BeirDataset, split: str, base: str, out: 
             raise DataError(f"{name}: no query kept a hard negative past the false-negative guard "
                             f"(max_ratio {recipe.mining.max_ratio}); raise it, mine deeper, or train with negatives=0")
         sets = [pairs_from_qrels(corpus, full, sp.qrels, negatives=negatives, num_negatives=recipe.negatives,
-                                 name=f"{name}+negatives")]
+                                 name=f"{name}+negatives", max_positives=recipe.max_positives, seed=recipe.train.seed)]
         if teacher is not None:
             sets[0] = with_margins(sets[0], teacher)
         if rest:
             logger.info("%d queries have no hard negative past the guard; they train on in-batch negatives", len(rest))
-            sets.append(pairs_from_qrels(corpus, rest, sp.qrels, name=f"{name}/in-batch"))
+            sets.append(pairs_from_qrels(corpus, rest, sp.qrels, name=f"{name}/in-batch",
+                                         max_positives=recipe.max_positives, seed=recipe.train.seed))
     if recipe.title_pairs:
         sets.append(_sample(pairs_from_titles(corpus), recipe.title_pairs, recipe.train.seed))
     if recipe.nli:

@@ -7,6 +7,7 @@ Builders turn the data users have into examples: BEIR qrels (query, relevant doc
 from __future__ import annotations
 
 import logging
+import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,10 +53,23 @@ class TrainingSet:
             raise DataError(f"training set {self.name!r}: {problem}")
 
 
+def positives(qrels: Qrels, query_id: str, limit: int = 0, seed: int = 0) -> list[str]:
+    """The documents judged relevant to a query: all of them in id order (``limit`` 0), or at most ``limit``, the
+    highest grades first (NFCorpus grades 2 above 1), a seeded draw among equal grades."""
+    relevant = sorted(qrels.relevant(query_id))
+    if not limit or len(relevant) <= limit:
+        return relevant
+    grades = qrels.grades(query_id)
+    draw = np.random.default_rng([seed, zlib.crc32(query_id.encode("utf-8"))]).permutation(len(relevant))
+    order = sorted(range(len(relevant)), key=lambda i: (-grades[relevant[i]], draw[i]))
+    return sorted(relevant[i] for i in order[:limit])
+
+
 def pairs_from_qrels(corpus: Corpus, queries: Sequence[Query], qrels: Qrels, *,
                      negatives: Mapping[str, Sequence[str]] | None = None, num_negatives: int = 0,
-                     name: str = "qrels") -> TrainingSet:
-    """One (query, relevant document [, hard negatives]) example per relevant judgment.
+                     name: str = "qrels", max_positives: int = 0, seed: int = 0) -> TrainingSet:
+    """One (query, relevant document [, hard negatives]) example per relevant judgment (at most ``max_positives``
+    a query, the highest grades first: :func:`positives`; 0: all).
 
     Judgments naming documents missing from the corpus are skipped and counted in a warning; a query
     without enough mined negatives is skipped and counted too.
@@ -69,7 +83,7 @@ def pairs_from_qrels(corpus: Corpus, queries: Sequence[Query], qrels: Qrels, *,
                 short += 1
                 continue
             negs = tuple(corpus.get(d).full_text for d in ids)
-        for doc_id in sorted(qrels.relevant(q.id)):
+        for doc_id in positives(qrels, q.id, max_positives, seed):
             if doc_id not in corpus:
                 missing += 1
                 continue

@@ -219,12 +219,15 @@ def test_rerank_interpolation_flag(tmp_path, sample_dir, tiny_bert_dir, capsys):
     ce.save(tmp_path / "ce")
     args = ["-q", "bench", "--data", str(sample_dir), "--systems", "bm25,bm25+rerank", "--reranker-model",
             str(tmp_path / "ce"), "--rerank-depth", "20"]
-    assert main([*args, "--rerank-interpolation", "0", "--out", str(tmp_path / "o")]) == 0
+    assert main([*args, "--rerank-blend", "0", "--out", str(tmp_path / "o")]) == 0
     runs = tmp_path / "o" / "runs"
     bm25, blended = Run.from_trec(runs / "bm25.trec"), Run.from_trec(runs / "bm25+rerank.trec")
     assert all(list(blended[q].ids) == list(bm25[q].ids) for q in bm25)  # alpha 0: the first stage's order
-    assert main([*args, "--rerank-interpolation", "lots", "--out", str(tmp_path / "p")]) == 2
-    assert "--rerank-interpolation" in capsys.readouterr().err
+    assert main([*args, "--rerank-blend", "lots", "--out", str(tmp_path / "p")]) == 2
+    assert "--rerank-blend" in capsys.readouterr().err
+    capsys.readouterr()
+    assert main([*args, "--rerank-interpolation", "0", "--out", str(tmp_path / "q")]) == 0  # the old name, one notice
+    assert "--rerank-interpolation is now --rerank-blend" in capsys.readouterr().err
 
 
 def test_bench_trains_both_models_on_the_train_split(tmp_path, sample_dir, tiny_bert_dir, capsys):

@@ -16,7 +16,7 @@ from twostage.retriever.bm25 import BM25Config
 def test_round_trips_through_json_text():
     from twostage.app.train_models import TrainSettings
 
-    for record in (EngineSettings(k_retrieve=7, interpolation=None), BM25Config(k1=0.9, analyzer=AnalyzerConfig(
+    for record in (EngineSettings(rerank_depth=7, rerank_blend=None), BM25Config(k1=0.9, analyzer=AnalyzerConfig(
             stopwords=("the", "a"))), TrainSettings(dev_fraction=0.2)):
         data = json.loads(json.dumps(to_json_dict(record)))
         assert from_json_dict(type(record), data, "x") == record
@@ -30,7 +30,7 @@ def test_missing_keys_keep_defaults_and_nested_records_fill_in():
 
 @pytest.mark.parametrize(("data", "message"), [
     ({"depht": 50}, "settings: unknown setting(s) depht; known: first_stage"),
-    ({"k_retrieve": 0}, "settings: k_retrieve must be a positive integer"),
+    ({"rerank_depth": 0}, "settings: rerank_depth must be a positive integer"),
     ([1, 2], "settings: expected an object of settings, got list"),
 ])
 def test_errors_name_the_key(data, message):

@@ -175,8 +175,8 @@ def test_bad_engine_directories(built, tmp_path, models):
     (version / "manifest.json").write_text(json.dumps({**manifest, "files": {"../../etc/passwd": {"bytes": 1, "sha256": "x"}}}))
     with pytest.raises(IndexFormatError, match="not a plain name"):
         SearchEngine.load(copy)
-    (version / "manifest.json").write_text(json.dumps({**manifest, "settings": {**manifest["settings"], "k_retrieve": "9"}}))
-    with pytest.raises(IndexFormatError, match="k_retrieve"):
+    (version / "manifest.json").write_text(json.dumps({**manifest, "settings": {**manifest["settings"], "rerank_depth": "9"}}))
+    with pytest.raises(IndexFormatError, match="rerank_depth"):
         SearchEngine.load(copy)
     (version / "manifest.json").write_text(json.dumps(manifest))
     (version / "bm25" / "doc_ids.json").write_text("[]")
@@ -230,7 +230,7 @@ def test_bench_engine_scores_what_search_returns_on_non_default_engines(tmp_path
 
     retriever, reranker = models
     settings = {"whole": {"passage_words": 0}, "short-passages": {"passage_words": 12, "passage_stride": 6,
-                                                                   "passage_whole_up_to": 0, "k_retrieve": 7},
+                                                                   "passage_whole_up_to": 0, "rerank_depth": 7},
                 "blend-fusion": {"fusion": "blend", "dense_weight": 0.3}}[shape]
     engine = SearchEngine.build(BeirDataset(sample_dir).corpus, tmp_path / "e", retriever=retriever,
                                 reranker=reranker, **settings)
@@ -309,20 +309,18 @@ def test_queries_from_stdin(tmp_path, built):
 
 @pytest.mark.parametrize("times", [1, 2, 10])
 def test_queries_longer_than_the_reranker_max_length(built, sample_dir, tmp_path, times):
-    """A pasted paragraph as the query: the reranker cuts it instead of failing (Pipeline, engine and bench)."""
+    """A pasted paragraph as the query: the reranker cuts it instead of failing (engine, a view, bench)."""
     import shutil
 
     from twostage.eval.harness import run_bench
     from twostage.eval.systems import SystemOptions
-    from twostage.reranker.pipeline import Pipeline
 
     reranker = built.reranker
     words = " ".join(["snow rain cats piano garden"] * (reranker.max_length * times // 5 + 1))
     assert len(reranker.tokenizer(words)["input_ids"]) > reranker.max_length * times
     result = built.search(words, k=5)
     assert len(result.hits) == 5 and "rerank" in result.hits[0].stage_scores
-    pipe = Pipeline(built.bm25, reranker=reranker, texts=lambda i: built.passages([i])[0].full_text, k_retrieve=10, k=5)
-    assert len(pipe.search(words).hits) == 5
+    assert len(built.with_settings(first_stage="bm25", rerank_depth=10).search(words, k=5).hits) == 5
     data = tmp_path / "long"
     shutil.copytree(sample_dir, data)
     lines = [json.loads(x) for x in (data / "queries.jsonl").read_text().splitlines() if x.strip()]
@@ -340,7 +338,7 @@ def test_configure_and_tune_on_dev(built, tmp_path, sample_dir):
 
     shutil.copytree(built.root, tmp_path / "e")
     engine = SearchEngine.load(tmp_path / "e")
-    dense = engine.configure(first_stage="dense", rerank=False, k_retrieve=5)
+    dense = engine.configure(first_stage="dense", rerank=False, rerank_depth=5)
     assert dense.settings.first_stage == "dense" and not dense.settings.rerank and dense.version != engine.version
     assert "rerank" not in dense.search("snow", k=3).hits[0].stage_scores
     assert parts_agree(dense) == parts_agree(engine)
@@ -357,24 +355,28 @@ def test_configure_and_tune_on_dev(built, tmp_path, sample_dir):
 
 
 def test_the_engine_blends_with_each_first_stages_own_weight(built, monkeypatch):
-    """alpha 0 for bm25 keeps BM25's order and does not run the reranker at all; the other first stages keep the
-    overall blend."""
+    """The blends are the manifest's numbers, one per first stage (resolved from the reranker's dev choice when the
+    engine was built): alpha 0 for bm25 keeps BM25's order and does not run the reranker at all; a first stage
+    without its own weight takes rerank_blend."""
     reranker = built.reranker
-    saved = reranker.blends
+    assert built.settings.rerank_blend == 0.5 and built.settings.rerank_blend_by_first_stage == {
+        "hybrid": 0.5, "dense": 0.5, "bm25": 0.5}  # the test reranker's overall choice, 0.5, resolved at build
+    query = "snow and rain"
+    zero = built.with_settings(rerank_blend=0.5, rerank_blend_by_first_stage={"bm25": 0.0})
+    with monkeypatch.context() as patch:
+        patch.setattr(reranker, "predict", lambda *a, **k: pytest.fail("the reranker ran at blend 0"))
+        kept = zero.search(query, k=5, first_stage="bm25")
+    assert kept.ids == built.search(query, k=5, first_stage="bm25", rerank=False).ids
+    assert not any("rerank" in h.stage_scores for h in kept.hits)
+    alone = built.with_settings(rerank_blend_by_first_stage={"bm25": 1.0}, rerank_blend=0.5).search(
+        query, k=5, first_stage="bm25")
+    rerank = [h.stage_scores["rerank"] for h in alone.hits]
+    assert rerank == sorted(rerank, reverse=True)
+    assert zero.search(query, k=5).ids == built.search(query, k=5).ids  # hybrid: rerank_blend, as the engine's
+    before = built.search(query, k=5, first_stage="bm25")
+    reranker.blends = {"bm25": 0.0}  # the model's attributes are not search policy: nothing changes
     try:
-        reranker.blends = {"bm25": 0.0}
-        query = "snow and rain"
-        with monkeypatch.context() as patch:
-            patch.setattr(reranker, "predict", lambda *a, **k: pytest.fail("the reranker ran at blend 0"))
-            kept = built.search(query, k=5, first_stage="bm25")
-        assert kept.ids == built.search(query, k=5, first_stage="bm25", rerank=False).ids
-        assert not any("rerank" in h.stage_scores for h in kept.hits)
-        reranker.blends = {"bm25": 1.0}
-        alone = built.search(query, k=5, first_stage="bm25")
-        rerank = [h.stage_scores["rerank"] for h in alone.hits]
-        assert rerank == sorted(rerank, reverse=True)
-        hybrid = built.search(query, k=5)
-        reranker.blends = {}
-        assert built.search(query, k=5).ids == hybrid.ids  # hybrid has no weight of its own: the overall one
+        after = built.search(query, k=5, first_stage="bm25")
+        assert after.ids == before.ids and [h.score for h in after.hits] == [h.score for h in before.hits]
     finally:
-        reranker.blends = saved
+        reranker.blends = {}

@@ -197,7 +197,7 @@ def test_page_errors(filtered):
         flat.search("cat", 10, offset=100)
     assert len(flat.search("cat", 20, offset=90).hits) == 10  # the last page stops at the window
     assert flat.search("cat", 10, offset=90).next_page is None
-    assert flat.search("cat", 10, offset=80, depth=200).next_page is not None
+    assert flat.search("cat", 10, offset=80, first_stage_depth=200).next_page is not None
 
 
 def test_a_page_token_pins_its_version(tmp_path, models):
@@ -225,7 +225,7 @@ def test_knobs_per_request(filtered):
     assert list(dense_only.ids) == list(flat.ranked("cat music", 10, rerank=False, first_stage="dense").ids)
     assert list(flat.ranked("cat music", 10, rerank=False, k_rrf=60.0).ids) == list(base.ids)
     for knob, value, words in (("dense_weight", 3, "dense_weight must be"), ("k_rrf", -1, "k_rrf must be"),
-                               ("fusion", "max", "fusion must be"), ("k_retrieve", 0, "positive integer"),
+                               ("fusion", "max", "fusion must be"), ("rerank_depth", 0, "positive integer"),
                                ("rerank", "yes", "rerank must be"), ("colour", 1, "unknown search option")):
         with pytest.raises(ConfigError, match=words):
             flat.search("cat", 5, **{knob: value})

@@ -206,7 +206,7 @@ def test_rerank_whole_up_to_reads_short_documents_whole(tmp_path, models, monkey
     for value in (0, 50, 10**6):
         engine = engine.configure(rerank_whole_up_to=value)
         read.clear()
-        r = engine.search("zebra crossing rain", k=41, first_stage="bm25", k_retrieve=41)
+        r = engine.search("zebra crossing rain", k=41, first_stage="bm25", rerank_depth=41)
         assert len(read) == len(r.ids) >= 30 and r.hits[0].passage is not None
         for doc in (docs[i] for i in r.ids):
             n = len(doc.text.split())

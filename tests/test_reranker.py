@@ -4,7 +4,6 @@ import pytest
 from twostage.indexer.errors import ConfigError, DataError
 from twostage.indexer.records import Document, RankedList
 from twostage.reranker.cross_encoder import CrossEncoder, UntrainedHeadError
-from twostage.reranker.pipeline import Pipeline
 from twostage.retriever.bm25 import BM25Retriever
 from twostage.retriever.hybrid import HybridRetriever, rrf
 
@@ -68,27 +67,22 @@ def test_rrf_by_hand():
     assert fused.scores[2] == pytest.approx(1 / 62) and fused.scores[3] == pytest.approx(1 / 63)
 
 
-def test_pipeline_reranks_first_stage_candidates(trained_dir, sample_dir):
+def test_rerank_lists_reorders_the_head_and_keeps_the_rest(trained_dir, sample_dir):
     from twostage.indexer.corpus import load_corpus
+    from twostage.reranker.rerank import rerank_lists
 
     corpus = load_corpus(sample_dir)
-    bm25 = BM25Retriever.build(corpus)
-    hybrid = HybridRetriever([bm25, BM25Retriever.build(corpus)], depth=20)
     ce = CrossEncoder.load(trained_dir)
-    pipe = Pipeline(hybrid, reranker=ce, texts=lambda i: corpus.get(i).full_text, k_retrieve=20, k=5)
-    result = pipe.search("why do cats purr")
-    first = hybrid.search("why do cats purr", 20)
-    assert len(result.hits) == 5 and {h.doc_id for h in result.hits} <= set(first.ids)
-    assert [h.rank for h in result.hits] == [1, 2, 3, 4, 5]
-    assert all(h.first_stage_score is not None and h.text for h in result.hits)
-    assert np.all(np.diff([h.score for h in result.hits]) <= 0)
-    expected = ce.score("why do cats purr", [corpus.get(d).full_text for d in first.ids])
-    assert result.hits[0].score == pytest.approx(float(expected.max()), abs=1e-6)
-    assert set(result.timings) == {"first_stage_s", "rerank_s"}
-    plain = Pipeline(bm25, texts=lambda i: corpus.get(i).full_text, k=3).search("why do cats purr")
-    assert [h.doc_id for h in plain.hits] == list(bm25.search("why do cats purr", 3).ids)
-    with pytest.raises(ConfigError, match="k_retrieve"):
-        Pipeline(bm25, texts={}, k_retrieve=5, k=10)
+    query = "why do cats purr"
+    ids = [d.id for d in corpus][:30]
+    first = RankedList(np.array(ids, dtype=object), np.linspace(3.0, 1.0, 30).astype(np.float32))
+    out = rerank_lists(ce, [query], [first], lambda i: corpus.get(i).full_text, k=25, rerank_depth=10, blend=None)[0]
+    assert set(out.ranked.ids[:10]) == set(first.ids[:10]) and list(out.ranked.ids[10:]) == list(first.ids[10:25])
+    expected = ce.score(query, [corpus.get(d).full_text for d in first.ids[:10]])
+    assert out.ranked.scores[0] == pytest.approx(float(expected.max()), abs=1e-6)
+    assert np.all(np.diff(out.ranked.scores) <= 0) and len(out.rerank_scores) == 10
+    kept = rerank_lists(ce, [query], [first], lambda i: corpus.get(i).full_text, k=5, rerank_depth=10, blend=0.0)[0]
+    assert list(kept.ranked.ids) == list(first.ids[:5]) and kept.rerank_scores == {}  # blend 0: nothing scored
 
 
 def test_hybrid_needs_two(sample_dir):
@@ -197,46 +191,9 @@ def test_blend_choice_is_the_smallest_within_one_standard_error():
     assert one_se_blend([first, (0.5, np.array([0.6, 0.6, 0.6, 0.62])), (1.0, np.array([0.9, 0.2, 0.9, 0.3]))]) == 0.5
 
 
-def test_blend_is_chosen_for_each_first_stage():
-    """A reranker that is right over one first stage and wrong over another gets the smallest alpha that lets it fix
-    the first and alpha 0 on the second; the overall choice is made on their mean."""
-    from twostage.eval.metrics import ndcg10_by_query
-    from twostage.indexer.records import Judgment, Qrels, Query, RankedList
-    from twostage.reranker.interpolation import blend_for, select_interpolation
-
-    docs = ["good", "bad1", "bad2"]
-
-    class Fixed:  # a first stage returning the candidates in a fixed order
-        def __init__(self, order):
-            self.order = order
-
-        def search(self, query, k):
-            return RankedList(np.array(self.order[:k], dtype=object), np.array([3.0, 2.0, 1.0][:k], np.float32))
-
-    class Oracle:  # scores "good" highest
-        def score(self, query, texts):
-            return np.array([1.0 if t == "good" else 0.0 for t in texts], np.float32)
-
-    queries = [Query("q1", "anything")]
-    qrels = Qrels([Judgment("q1", "good", 1)])
-    texts = {d: d for d in docs}
-    # over "low" the first stage ranks the relevant document last: the reranker fixes it from alpha 0.6 on (at 0.5
-    # the two are tied and the first stage's order stays); over "top" the first stage is already right and the
-    # oracle agrees: every alpha ties, and ties keep the first stage (alpha 0)
-    choice = select_interpolation(Oracle(), {"low": Fixed(["bad1", "bad2", "good"]), "top": Fixed(docs)},
-                                  queries, qrels, texts, 3, ndcg10_by_query)
-    curves = {name: dict(curve) for name, _, curve in choice.by_first_stage}
-    assert curves["low"][0.5] < curves["low"][0.6] == curves["low"][1.0] == 1.0
-    assert set(curves["top"].values()) == {1.0}
-    assert choice.alphas() == {"low": 0.6, "top": 0.0}
-    assert dict(choice.dev_by_alpha)[0.0] == pytest.approx((curves["low"][0.0] + 1.0) / 2)
-
-    class Wrong:  # scores "good" lowest: only alpha 0 keeps the right first stage right
-        def score(self, query, texts):
-            return np.array([0.0 if t == "good" else 1.0 for t in texts], np.float32)
-
-    choice = select_interpolation(Wrong(), {"top": Fixed(docs)}, queries, qrels, texts, 3, ndcg10_by_query)
-    assert choice.alphas() == {"top": 0.0} and choice.by_first_stage[0][2][-1][1] < 1.0
+def test_blend_for_reads_the_models_choice():
+    """(The blend itself is chosen through an engine: tests/test_one_path.py.)"""
+    from twostage.reranker.interpolation import blend_for
 
     class Model:
         interpolation, blends = 0.4, {"hybrid": 0.2}

@@ -236,7 +236,7 @@ def test_eval_compares_runs(bench_out, sample_dir, capsys):
 
 def test_rerank_a_run_equals_bench(bench_out, sample_dir, models, tmp_path, capsys):
     assert main(["-q", "rerank", "--run", str(bench_out / "runs" / "bm25.trec"), "--data", str(sample_dir),
-                 "--reranker", str(models[1]), "--depth", "20", "--out", str(tmp_path / "r.trec")]) == 0
+                 "--reranker", str(models[1]), "--rerank-depth", "20", "--out", str(tmp_path / "r.trec")]) == 0
     ours, bench = Run.from_trec(tmp_path / "r.trec"), Run.from_trec(bench_out / "runs" / "bm25+rerank.trec")
     assert ours.name == "bm25+rerank" and set(ours) == set(bench)
     assert all(list(ours[q].ids) == list(bench[q].ids) for q in bench)

@@ -87,7 +87,7 @@ def test_batch_equals_one_at_a_time(engine_dir):
     ({"query": "cats", "k": 0}, 422, "k"),
     ({"query": "cats", "k": 1001}, 422, "k"),
     ({"query": "cats", "k": "many"}, 422, "k"),
-    ({"query": "cats", "k_retrieve": 0}, 422, "k_retrieve"),
+    ({"query": "cats", "rerank_depth": 0}, 422, "rerank_depth"),
     ({"query": "cats", "colour": "red"}, 422, "colour"),
     ({"query": "cats", "first_stage": "magic"}, 422, "first_stage"),
     ({"query": "cats", "where": {"topic": {"gt": 3}}}, 400, "where.topic: takes a number"),

@@ -335,3 +335,18 @@ def test_training_commands_with_no_flags_train_the_recipe_bench_trains(tmp_path,
     recorded = json.loads((tmp_path / "ce2" / "twostage.json").read_text())["training"]["config"]
     assert {k for k in recorded if recorded[k] != bench_records["reranker"][k]} == {"epochs", "bf16", "mine_from",
                                                                                      "title_groups"}
+
+
+def test_positives_prefer_the_highest_grades_and_cap_per_query():
+    """NFCorpus judges ~43 documents a query on average (grades 1-2): a cap keeps the grade-2 ones first, a seeded
+    draw among equals; no cap keeps every judgment in id order (what SciFact's recipe trains on)."""
+    from twostage.indexer.records import Judgment, Qrels
+    from twostage.retriever.training_data import positives
+
+    qrels = Qrels([Judgment("q", d, g) for d, g in [("a", 1), ("b", 2), ("c", 2), ("d", 1), ("e", 2), ("z", 0)]])
+    assert positives(qrels, "q") == ["a", "b", "c", "d", "e"]
+    two = positives(qrels, "q", 2)
+    assert len(two) == 2 and set(two) <= {"b", "c", "e"} and positives(qrels, "q", 2) == two
+    assert set(positives(qrels, "q", 4)) == {"b", "c", "e"} | (set(positives(qrels, "q", 4)) & {"a", "d"})
+    assert len(positives(qrels, "q", 4)) == 4 and positives(qrels, "q", 9) == positives(qrels, "q")
+    assert {tuple(positives(qrels, "q", 1, seed=s)) for s in range(20)} == {("b",), ("c",), ("e",)}

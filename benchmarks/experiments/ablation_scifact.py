@@ -117,10 +117,9 @@ def _train_retriever(ds: BeirDataset, v: Variant) -> None:
 
 
 def _train_reranker(ds: BeirDataset, v: Variant) -> None:
-    from twostage.reranker.training import train_reranker_on
-    from twostage.retriever.biencoder import BiEncoder
+    from twostage.engine.training import train_reranker_on
 
-    retriever = BiEncoder.load(MODELS / "r-bm25neg", precision="bf16")
+    retriever = MODELS / "r-bm25neg"
     train_reranker_on(ds, "train", "all-MiniLM-L6-v2", MODELS / v.name, v.recipe, dev_fraction=DEV_FRACTION,
                       dev_depth=30, dev_metric=_ndcg, retriever=retriever, show_progress=True,
                       command="python benchmarks/experiments/ablation_scifact.py")

@@ -5,7 +5,7 @@
 
 For each precision an engine is built over the SciFact corpus (hybrid first stage, the default settings; the
 openvino-int8 models calibrated on the corpus by the build), then every test query is searched once with
-``engine.search(query, k_retrieve=depth)`` (a warm-up pass over 20 queries first). Reported per (precision, depth):
+``engine.search(query, rerank_depth=depth)`` (a warm-up pass over 20 queries first). Reported per (precision, depth):
 p50 / p95 / max of the whole call and the p50 of each stage (query encoding; first stage = dense search, BM25 and
 the fusion; reranking), and the
 nDCG@10 of the hits. The engine directories are removed afterwards.
@@ -58,7 +58,7 @@ def main() -> None:
                 total, stages, run = [], {"encode_s": [], "first_stage": [], "rerank_s": []}, {}
                 for q in queries:
                     t = time.perf_counter()
-                    res = engine.search(q.text, k=10, k_retrieve=depth)
+                    res = engine.search(q.text, k=10, rerank_depth=depth)
                     total.append(1000 * (time.perf_counter() - t))
                     stages["encode_s"].append(1000 * res.timings.get("encode_s", 0.0))
                     stages["rerank_s"].append(1000 * res.timings.get("rerank_s", 0.0))

@@ -128,8 +128,8 @@ Command: `python benchmarks/experiments/engine_scifact.py --retriever {args.retr
 
 Models: the one-command run's bi-encoder and reranker (`twostage bench --data ../shared/data/scifact --split test
 --systems all --train-split train`, trained on SciFact train only). Engine settings (the defaults): first stage
-{settings['first_stage']} (RRF of BM25 and dense top {settings['depth']}), reranker on the top {settings['k_retrieve']},
-interpolation {settings['interpolation']} (the reranker's dev-chosen blend), precision {settings['precision']},
+{settings['first_stage']} (RRF of BM25 and dense top {settings['first_stage_depth']}), reranker on the top {settings['rerank_depth']},
+blend {settings['rerank_blend']} (the reranker's dev-chosen blend), precision {settings['precision']},
 {settings['backend']} index.
 
 | how | nDCG@10 | MRR@10 | Recall@100 |

@@ -70,23 +70,20 @@ def train_variants(args: argparse.Namespace) -> dict[str, Path]:
     from twostage.app.train_models import TrainSettings
     from twostage.eval.metrics import ndcg10_by_query
     from twostage.reranker.cross_encoder import CrossEncoder
-    from twostage.reranker.training import train_reranker, train_reranker_on
-    from twostage.retriever.biencoder import BiEncoder
+    from twostage.engine.training import train_reranker_on
+    from twostage.reranker.training import train_reranker
     from twostage.retriever.fit import seed_everything
 
     settings = TrainSettings().aligned()
     config = settings.reranker
     models = {"one-command": args.models / "reranker", "3 epochs": args.runs / "epochs3",
               "snli first": args.runs / "snli"}
-    encoder = None
 
     def scifact(out: Path, base: str, cfg: object) -> None:
-        nonlocal encoder
         if (out / "twostage.json").exists():
             return
-        encoder = encoder or BiEncoder.load(args.models / "retriever", precision="bf16")
         train_reranker_on(args.data / "scifact", "train", base, out, cfg, dev_fraction=settings.dev_fraction,
-                          dev_depth=settings.dev_depth, dev_metric=ndcg10_by_query, retriever=encoder,
+                          dev_depth=settings.dev_depth, dev_metric=ndcg10_by_query, retriever=args.models / "retriever",
                           show_progress=True, command="python benchmarks/experiments/reranker_levers.py")
 
     scifact(models["3 epochs"], settings.base, replace(config, epochs=3))

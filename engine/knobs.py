@@ -1,0 +1,70 @@
+"""A search's settings: the engine's, with one call's options (``KNOBS``: the :class:`EngineSettings` names a call
+may change; the old names still read, with a DeprecationWarning), and the reranker's blend they resolve to."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from twostage.indexer.engine_dir import FIRST_STAGES, RENAMED, EngineSettings
+from twostage.indexer.errors import ConfigError
+from twostage.indexer.topk import check_k
+from twostage.reranker.interpolation import blend_for
+
+KNOBS = ("first_stage", "rerank_depth", "rerank", "rerank_blend", "fusion", "dense_weight", "k_rrf",
+         "first_stage_depth", "min_relevance")
+
+
+def blend_of(settings: EngineSettings, reranker: Any, first_stage: str) -> float | None:
+    """The blend of the reranker's score with ``first_stage``'s: the numbers in the settings; for an engine
+    written before blends were resolved into its manifest (``rerank_blend="auto"``), the reranker's dev choice."""
+    if settings.rerank_blend == "auto":
+        return blend_for(reranker, first_stage)
+    return settings.blend_for(first_stage)
+
+
+def resolved_blends(settings: EngineSettings, reranker: Any) -> EngineSettings:
+    """``settings`` with ``rerank_blend="auto"`` replaced by the numbers ``reranker`` chose on dev (for the
+    engine's first stage, and for each first stage), and the calibration fitted with it when the settings have none;
+    as they are with no reranker."""
+    if reranker is None:
+        return settings
+    if settings.rerank_calibration is None and getattr(reranker, "calibration", None) is not None:
+        settings = replace(settings, rerank_calibration=tuple(reranker.calibration))
+    if settings.rerank_blend != "auto":
+        return settings
+    return replace(settings, rerank_blend=blend_for(reranker, settings.first_stage),
+                   rerank_blend_by_first_stage={fs: blend_for(reranker, fs) for fs in FIRST_STAGES})
+
+
+def settings_for(settings: EngineSettings, knobs: Mapping[str, Any]) -> tuple[EngineSettings, bool]:
+    """The engine's settings with one call's knobs (None: the engine's), checked; and whether to rerank. The old
+    names (``k_retrieve``, ``depth``, ``interpolation``) still work, with a DeprecationWarning."""
+    if any(old in knobs for old in RENAMED):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # said once below, at the caller's level
+            knobs = {RENAMED.get(k, k): v for k, v in knobs.items()}
+        warnings.warn("search options k_retrieve, depth and interpolation are now rerank_depth, first_stage_depth "
+                      "and rerank_blend; the old names go in the next release", DeprecationWarning, stacklevel=4)
+    unknown = sorted(set(knobs) - set(KNOBS))
+    if unknown:
+        raise ConfigError(f"unknown search option(s) {', '.join(unknown)}; known: {', '.join(KNOBS)}")
+    given = {name: value for name, value in knobs.items() if value is not None}
+    if "rerank_blend" in given:
+        if given["rerank_blend"] == "none":  # the reranker alone (None means "the engine's" in a call)
+            given["rerank_blend"] = None
+        given["rerank_blend_by_first_stage"] = {}
+    rerank = given.pop("rerank", settings.rerank)
+    if not isinstance(rerank, bool):
+        raise ConfigError(f"rerank must be true or false, got {rerank!r}")
+    if "first_stage" in given and given["first_stage"] not in ("hybrid", "dense", "bm25"):
+        raise ConfigError(f"first_stage must be hybrid, dense or bm25, got {given['first_stage']!r}")
+    for name in ("rerank_depth", "first_stage_depth"):
+        if name in given:
+            given[name] = check_k(given[name])
+    try:
+        return (replace(settings, **given) if given else settings), rerank
+    except TypeError as exc:  # pragma: no cover - every knob is a field
+        raise ConfigError(str(exc)) from None

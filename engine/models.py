@@ -1,0 +1,61 @@
+"""The models an engine searches with: loaded on first use (once, across threads), their weights checked against
+the sha256 the engine's manifest recorded, shared by every version and view of the engine that names the same
+weights."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from twostage.indexer.engine_dir import EngineManifest, ModelRef
+from twostage.indexer.errors import ConfigError
+from twostage.retriever.precision import resolve_precision
+
+
+def verified_model_dir(ref: ModelRef, role: str) -> Path:
+    """The directory of a model the engine names, after checking its weights are the ones it was built with."""
+    from twostage.retriever.weights import resolve_model, sha256_of_weights
+
+    path = Path(ref.path) if Path(ref.path).is_dir() else resolve_model(ref.name)
+    digest = sha256_of_weights(path)
+    if digest != ref.sha256:
+        raise ConfigError(f"{role} {ref.name!r} at {path}: its weights' sha256 {digest[:12]}... no longer matches the "
+                          f"engine's {ref.sha256[:12]}...; restore that model, or rebuild the engine with it")
+    return path
+
+
+@dataclass
+class Models:
+    """Models loaded on first use (info, delete and compact never need them), once even across threads."""
+
+    encoder: Any = None
+    reranker: Any = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    device: str = "cpu"  # where they run (resolved: cpu or cuda[:N]; twostage.retriever.device)
+    weights: tuple[str, str | None] | None = None  # the sha256 of the retriever's and reranker's weights they are
+
+    def for_manifest(self, manifest: EngineManifest) -> Models:
+        """These models for a version naming ``manifest``'s models (the first version they serve claims them), or
+        fresh ones on the same device when it names other weights (a version written by a model swap)."""
+        weights = (manifest.retriever.sha256, manifest.reranker.sha256 if manifest.reranker else None)
+        with self.lock:
+            if self.weights is None:
+                self.weights = weights
+            if self.weights == weights:
+                return self
+        return Models(device=self.device, weights=weights)
+
+    def loaded(self, slot: str, ref: ModelRef, role: str, loader: Callable[..., Any], precision: str) -> Any:
+        """The model in ``slot`` (``encoder`` or ``reranker``; ``role`` retriever or reranker), loaded on first use
+        (once, across threads) from the directory ``ref`` names, after its weights are checked against ``ref``'s
+        sha256, in ``precision`` (an engine setting, ``auto`` resolved for the role and device)."""
+        if getattr(self, slot) is None:
+            with self.lock:
+                if getattr(self, slot) is None:
+                    setattr(self, slot, loader(verified_model_dir(ref, role),
+                                               precision=resolve_precision(precision, role, self.device),
+                                               device=self.device, trust_remote_code=ref.trust_remote_code))
+        return getattr(self, slot)

@@ -1,0 +1,194 @@
+"""Training the reranker for an engine: its epoch and its blend with each first stage are chosen on held-out
+queries through the engine's own search path, so what is tuned is what the engine serves.
+
+The dev queries are searched by a :class:`~twostage.engine.search_engine.SearchEngine` (a temporary one, built
+with the retriever and the engine's settings: passages, whole-read threshold, fusion), viewed with the model being
+trained as its reranker (:meth:`~twostage.engine.search.TwoStageSearch.with_reranker`). The epoch is chosen by the
+reranker alone over each first stage's top ``depth``; the blend by trying every weight of
+:data:`~twostage.reranker.interpolation.GRID` through the same path (the pairs scored once, remembered across the
+weights), keeping the smallest within one standard error of the best (:func:`one_se_blend`).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from twostage.engine.search import TwoStageSearch
+from twostage.indexer.beir import BeirDataset
+from twostage.indexer.corpus import CorpusSource
+from twostage.indexer.engine_dir import FIRST_STAGES, EngineSettings
+from twostage.indexer.errors import ConfigError
+from twostage.indexer.records import Qrels, Query, RankedList
+from twostage.reranker.cross_encoder import CrossEncoder
+from twostage.reranker.interpolation import GRID, InterpolationChoice, one_se_blend
+from twostage.reranker.training import RerankerConfig, groups_from_split, title_groups, train_reranker
+from twostage.retriever.bm25 import BM25Retriever
+from twostage.retriever.device import cpu_precision
+from twostage.retriever.fit import FitResult, seed_everything
+from twostage.retriever.recipe import DevMetric
+from twostage.retriever.training_data import hold_out
+
+logger = logging.getLogger(__name__)
+
+
+@contextmanager
+def temporary_engine(corpus: CorpusSource, retriever: str | Path, settings: EngineSettings | None = None, *,
+                     device: str = "auto", show_progress: bool = False) -> Iterator[Any]:
+    """A search engine over ``corpus`` with ``retriever`` and no reranker, in a temporary directory removed after."""
+    from twostage.engine.search_engine import SearchEngine
+
+    tmp = tempfile.mkdtemp(prefix="twostage-dev-")
+    try:
+        engine = SearchEngine.build(corpus, f"{tmp}/engine", retriever=retriever, settings=settings or EngineSettings(),
+                                    device=device, show_progress=show_progress)
+        try:
+            yield engine
+        finally:
+            engine.close()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+class ScoreMemo:
+    """A reranker that remembers the score of every (query, text) pair it was asked for: the blend selection
+    searches the same queries at every weight, and each pair is scored by the model once."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.cache: dict[tuple[str, str], float] = {}
+
+    def predict(self, pairs: Sequence[tuple[str, str]], *, batch_size: int = 32) -> np.ndarray:
+        todo = list(dict.fromkeys(p for p in pairs if p not in self.cache))
+        if todo:
+            scores = np.asarray(self.model.predict(todo, batch_size=batch_size), dtype=np.float32)
+            self.cache.update(zip(todo, scores.tolist()))
+        return np.array([self.cache[p] for p in pairs], dtype=np.float32)
+
+
+def dev_lists(engine: TwoStageSearch, reranker: Any, queries: Sequence[Query], first_stage: str, depth: int,
+              blend: float | None) -> dict[str, RankedList]:
+    """Each dev query's list as the engine answers it with ``reranker`` reading the top ``depth`` of
+    ``first_stage`` at ``blend`` (None: the reranker alone)."""
+    view = engine.with_reranker(reranker).with_settings(first_stage=first_stage, rerank_depth=depth,
+                                                           rerank_blend=blend, rerank=True)
+    lists = view.as_retriever().search_batch([q.text for q in queries], depth)
+    return dict(zip([q.id for q in queries], lists))
+
+
+def dev_scorer(engine: TwoStageSearch, queries: Sequence[Query], qrels: Qrels, depth: int, metric: DevMetric,
+               first_stages: Sequence[str] = FIRST_STAGES) -> Callable[[Any], float]:
+    """The dev score a training run picks its epoch by: ``metric`` of the reranker alone over each first stage's
+    top ``depth`` as ``engine`` searches, averaged over ``first_stages``."""
+    if not queries:
+        raise ConfigError("choosing the reranker's epoch needs held-out queries")
+
+    def dev(model: Any) -> float:
+        return float(np.mean([np.mean(metric(qrels, dev_lists(engine, model, queries, fs, depth, None)))
+                              for fs in first_stages]))
+
+    return dev
+
+
+def select_blend(engine: TwoStageSearch, model: Any, queries: Sequence[Query], qrels: Qrels, depth: int,
+                 metric: DevMetric, first_stages: Sequence[str] = FIRST_STAGES,
+                 grid: Sequence[float] = GRID) -> InterpolationChoice:
+    """The blend with each first stage (and over their mean) chosen on dev ``queries``: every weight of ``grid``
+    searched through ``engine`` with ``model`` reading the top ``depth``; ``metric`` gives one value per query
+    (:func:`one_se_blend` chooses by their spread too)."""
+    if not queries:
+        raise ConfigError("choosing the blend needs held-out queries")
+    memo = ScoreMemo(model)
+    curves: dict[str, list[tuple[float, np.ndarray]]] = {}
+    for fs in first_stages:
+        curves[fs] = [(float(a), np.asarray(metric(qrels, dev_lists(engine, memo, queries, fs, depth, float(a))),
+                                            dtype=np.float64)) for a in grid]
+    mean = [(float(a), np.mean([curve[i][1] for curve in curves.values()], axis=0)) for i, a in enumerate(grid)]
+
+    def means(curve: list[tuple[float, np.ndarray]]) -> tuple[tuple[float, float], ...]:
+        return tuple((a, float(np.mean(v))) for a, v in curve)
+
+    return InterpolationChoice(one_se_blend(mean), means(mean),
+                               tuple((name, one_se_blend(curve), means(curve)) for name, curve in curves.items()))
+
+
+def choose_blend(result: FitResult, engine: TwoStageSearch, queries: Sequence[Query], qrels: Qrels, depth: int,
+                 metric: DevMetric, first_stages: Sequence[str] = FIRST_STAGES) -> FitResult:
+    """Choose the trained reranker's blends (:func:`select_blend`), then fit the calibration of its score on the
+    same dev queries' reranked top ``depth`` at the chosen blend (:mod:`twostage.engine.calibration`), and record
+    both with the model in ``result.model_dir`` (an engine built with it writes them into its manifest); the
+    returned result's training record holds them."""
+    from twostage.engine.calibration import fit_calibration
+
+    trained = CrossEncoder.load(result.model_dir)
+    choice = select_blend(engine, trained, queries, qrels, depth, metric, first_stages)
+    trained.interpolation, trained.blends = choice.alpha, choice.alphas()
+    first = engine.settings.first_stage if engine.settings.first_stage in choice.alphas() else first_stages[0]
+    view = engine.with_reranker(trained).with_settings(first_stage=first, rerank_depth=depth,
+                                                        rerank_blend=choice.alpha,
+                                                        rerank_blend_by_first_stage=choice.alphas())
+    training = {**result.training, "interpolation": asdict(choice)}
+    try:
+        calibration = fit_calibration(view, queries, qrels)
+        trained.calibration = calibration.params
+        training["calibration"] = asdict(calibration)
+    except ConfigError as exc:  # e.g. no relevant document among the dev candidates: no calibration, said so
+        logger.warning("the reranker's score is not calibrated: %s", exc)
+    result = replace(result, training=training)
+    trained.save(result.model_dir, training=result.training)
+    return result
+
+
+def train_reranker_on(data: str | Path | BeirDataset, split: str, base: str, out: str | Path,
+                      config: RerankerConfig | None = None, *, dev_fraction: float = 0.0,
+                      dev_depth: int = EngineSettings().rerank_depth, dev_metric: DevMetric | None = None,
+                      retriever: str | Path | None = None, settings: EngineSettings | None = None,
+                      resume: bool = True, show_progress: bool = False, command: str | None = None) -> FitResult:
+    """Train a reranker from ``base`` on a BEIR split.
+
+    ``retriever`` (a bi-encoder's name or directory; the base model when none is given) mines the dense negatives
+    and is the dev engine's retriever. With ``dev_fraction``, held-out train queries pick the best epoch by
+    ``dev_metric(qrels, lists)`` of the reranker alone over the top ``dev_depth`` of each first stage, then the
+    blend with each first stage, both searched by an engine with ``settings`` (the engine defaults) over the
+    split's corpus: what is chosen is what an engine built with these models serves.
+    """
+    from twostage.retriever.biencoder import BiEncoder
+    from twostage.retriever.dense import DenseRetriever
+
+    config = config or RerankerConfig()
+    ds = data if isinstance(data, BeirDataset) else BeirDataset(data)
+    sp = ds.split(split)
+    corpus = ds.corpus
+    queries, dev_queries = hold_out(list(sp.queries), dev_fraction, config.seed)
+    bm25 = BM25Retriever.build(corpus)
+    scorers = {"bm25": bm25.scores}
+    bi_encoder = str(retriever) if retriever is not None else base
+    if "dense" in config.mine_from:
+        if retriever is None:
+            logger.info("mining dense negatives with the base model %s (pass a fine-tuned bi-encoder to use it)",
+                        base)
+        encoder = BiEncoder.load(bi_encoder, precision=cpu_precision(config.bf16))
+        scorers["dense"] = DenseRetriever.build(corpus, encoder, show_progress=show_progress).scores
+    groups = groups_from_split(ds, split, config, queries, scorers)
+    if config.title_groups:
+        groups += title_groups(corpus, config.title_groups, config, bm25)
+    qrels = sp.qrels.subset(q.id for q in dev_queries)
+    seed_everything(config.seed)  # the new head's weights are the seed's
+    model = CrossEncoder.load(base, allow_untrained_head=True)
+    info = {"data": str(ds.root), "split": split, "base": base, "train_queries": len(queries),
+            "dev_queries": [q.id for q in dev_queries], "title_groups": config.title_groups, "command": command}
+    if not dev_queries or dev_metric is None:
+        return train_reranker(model, groups, config, out, resume=resume, show_progress=show_progress, info=info)
+    with temporary_engine(corpus, bi_encoder, settings, device=config.device, show_progress=show_progress) as engine:
+        dev = dev_scorer(engine, dev_queries, qrels, dev_depth, dev_metric)
+        result = train_reranker(model, groups, config, out, dev=dev, resume=resume, show_progress=show_progress,
+                                info=info)
+        return choose_blend(result, engine, dev_queries, qrels, dev_depth, dev_metric)

@@ -1,0 +1,65 @@
+"""Reranking first-stage candidate lists: the one function the engine's search path (and so every system the
+harness measures, training's dev selection and ``twostage rerank`` of a run) reorders candidates with.
+
+The top ``rerank_depth`` of each list is scored by the cross-encoder and blended with the first stage
+(:mod:`twostage.reranker.interpolation`); the rest of the list follows in the first stage's order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from twostage.indexer.records import RankedList
+from twostage.reranker.interpolation import reorders, rerank_order
+
+
+@dataclass(frozen=True)
+class Reranked:
+    """One query's final list and the reranker's own score of each reranked document (by id)."""
+
+    ranked: RankedList
+    rerank_scores: Mapping[str, float]
+
+
+def rerank_lists(reranker: Any, queries: Sequence[str], firsts: Sequence[RankedList], text_of: Callable[[str], str], *,
+                 k: int, rerank_depth: int, blend: float | None, batch_size: int = 32,
+                 per_query: Sequence[Callable[[str], str]] | None = None, always_score: bool = False) -> list[Reranked]:
+    """Rerank the top ``rerank_depth`` of each first-stage list; the rest of its top ``k`` follows in first-stage order.
+
+    ``text_of`` gives the text the reranker reads for a document id; ``per_query``, one such function per query,
+    when that text depends on the query (a passage engine reads each document by its best passage for the query).
+
+    Every query's (query, document) pairs are scored in one call, so batches are shared across queries. With no
+    reranker, or a blend of 0 (:func:`reorders`), the first stage's top ``k`` comes back unchanged, nothing scored
+    (unless ``always_score``: the scores are wanted for themselves, e.g. a relevance threshold).
+    """
+    if reranker is None or (not reorders(blend) and not always_score):
+        return [Reranked(first.truncate(k), {}) for first in firsts]
+    heads = [first.truncate(rerank_depth) for first in firsts]
+    readers = list(per_query) if per_query is not None else [text_of] * len(queries)
+    pairs = [(q, read(str(d))) for q, head, read in zip(queries, heads, readers) for d in head.ids]
+    if not pairs:
+        scores = np.zeros(0, dtype=np.float32)
+    elif hasattr(reranker, "predict"):  # a CrossEncoder: every query's pairs in shared, length-sorted batches
+        scores = np.asarray(reranker.predict(pairs, batch_size=batch_size), dtype=np.float32)
+    else:  # any object with score(query, texts), one query at a time
+        scores = np.concatenate([np.asarray(reranker.score(q, [read(str(d)) for d in head.ids]), dtype=np.float32)
+                                 for q, head, read in zip(queries, heads, readers) if len(head)])
+    out, at = [], 0
+    for first, head in zip(firsts, heads):
+        ce = scores[at:at + len(head)]
+        at += len(head)
+        if len(head) == 0:
+            out.append(Reranked(first.truncate(k), {}))
+            continue
+        order, final = rerank_order(head.scores, ce, blend)
+        tail = first.ids[len(head):k]
+        tail_scores = float(final.min()) - 1.0 - np.arange(len(tail), dtype=np.float32)
+        ranked = RankedList(np.concatenate([head.ids[order], tail]).astype(object)[:k],
+                            np.concatenate([final[order], tail_scores]).astype(np.float32)[:k])
+        out.append(Reranked(ranked, dict(zip(map(str, head.ids), ce.astype(float).tolist()))))
+    return out
