@@ -189,6 +189,8 @@ def main() -> int:
 
 def report(r: dict[str, Any]) -> str:
     lines = ["# Calibration and \"nothing relevant\"", "", f"Command: `{r['command']}`", "",
+             *([f"\"Nothing relevant\" measured again by `{r['command_nothing_relevant']}`.", ""]
+               if "command_nothing_relevant" in r else []),
              "Expected calibration error (10 equal-width bins, weighted by pairs) of the reranker's score over every "
              "test query's reranked top 20, as the engine serves it (hybrid first stage, the blend in the "
              "manifest, OpenVINO int8 reranker); pairs labelled by the test qrels. The calibration (Platt scaling) "
