@@ -88,6 +88,12 @@ def parse_blend(value: str | None, flag: str = "--rerank-blend") -> float | str 
     return number
 
 
+def blend_setting(value: str) -> float | str | None:
+    """A --rerank-blend value as the setting it sets: auto, None (``none``: the reranker alone) or a number."""
+    blend = parse_blend(value)
+    return None if blend == "none" else blend
+
+
 def add_device_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="where the models run: cpu, cuda, cuda:N or auto (default: "
                         "a CUDA GPU when torch sees one, else the CPU)")
@@ -128,12 +134,11 @@ def corpus_of(args: argparse.Namespace) -> Any:
 
 def _settings(args: argparse.Namespace) -> EngineSettings:
     defaults = EngineSettings()
-    blend = parse_blend(args.rerank_blend)
     return EngineSettings(first_stage=args.first_stage, rerank_depth=args.rerank_depth, precision=args.precision,
                           backend=args.backend, batch_size=args.batch_size, first_stage_depth=args.first_stage_depth,
                           passage_words=args.passage_words, passage_stride=args.passage_stride,
                           passage_title=not args.no_passage_title, passage_whole_up_to=args.passage_whole_up_to,
-                          rerank_whole_up_to=args.rerank_whole_up_to, rerank_blend=None if blend == "none" else blend,
+                          rerank_whole_up_to=args.rerank_whole_up_to, rerank_blend=blend_setting(args.rerank_blend),
                           fusion=args.fusion if args.fusion is not None else defaults.fusion,
                           dense_weight=args.dense_weight if args.dense_weight is not None else defaults.dense_weight)
 

@@ -9,14 +9,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from twostage.app.cli_engine import add_device_flag, add_renamed_flag, parse_blend
+from twostage.app.cli_engine import add_device_flag, add_renamed_flag, blend_setting
 from twostage.indexer.engine_dir import PRECISIONS, EngineSettings
 from twostage.indexer.errors import ConfigError, DataError
-
-
-def _blend(value: str) -> float | str | None:
-    blend = parse_blend(value)
-    return None if blend == "none" else blend
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -55,7 +50,7 @@ def _bench(args: argparse.Namespace) -> int:
     options = SystemOptions(retriever_model=retriever_model, engine=args.engine, precision=args.precision,
                             backend=args.backend,
                             reranker_model=reranker_model, rerank_depth=args.rerank_depth,
-                            rerank_blend=_blend(args.rerank_blend),
+                            rerank_blend=blend_setting(args.rerank_blend),
                             batch_size=args.batch_size, show_progress=not args.quiet, device=args.device)
     check_test(args.test, args.correction)
     systems = list(SYSTEMS) if args.systems.strip() == "all" else resolve_systems(args.systems)
@@ -68,14 +63,8 @@ def _bench(args: argparse.Namespace) -> int:
     result = run_bench(args.data, args.split, args.systems, k=args.k, ignore_identical_ids=identical[0],
                        options=options, rel_level=args.rel_level, show_progress=not args.quiet)
     phases = {**(trained.seconds if trained else {}), "evaluate_s": time.perf_counter() - t}
-    config = {"command": args.command_line, "data": str(args.data), "split": args.split,
-              "systems": [s.name for s in result.systems], "k": args.k,
-              "ignore_identical_ids": identical[0], "retriever_model": retriever_model,
-              "reranker_model": reranker_model, "rerank_depth": args.rerank_depth,
-              "rerank_blend": args.rerank_blend, "precision": args.precision,
-              "train_split": args.train_split, "train_settings": trained.settings if trained else None,
-              "baseline": args.baseline, "test": args.test, "correction": args.correction, "rel_level": args.rel_level,
-              "phase_seconds": phases}
+    config = _config(args, args.data, result, identical[0], retriever_model, reranker_model, phases,
+                     trained.settings if trained else None)
     out = write_outputs(result, args.out, config)
     print(markdown_table(result.table()))
     print("phases: " + ", ".join(f"{k} {v:.0f}" for k, v in phases.items()))
@@ -159,12 +148,24 @@ def _rerank(args: argparse.Namespace) -> int:
 
     run = Run.from_trec(args.run)
     reranked = rerank_run(run, args.data, args.reranker, rerank_depth=args.rerank_depth,
-                          rerank_blend=_blend(args.rerank_blend), precision=args.precision,
+                          rerank_blend=blend_setting(args.rerank_blend), precision=args.precision,
                           batch_size=args.batch_size, source=str(args.run), show_progress=not args.quiet,
                           device=args.device)
     reranked.to_trec(args.out)
     print(f"reranked the top {args.rerank_depth} of {len(run)} queries with {args.reranker}: wrote {args.out}")
     return 0
+
+
+def _config(args: argparse.Namespace, data: Path, result: Any, ignore: bool, retriever_model: str | None,
+            reranker_model: str | None, phases: dict[str, float],
+            train_settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a bench run records in config.json (and its report): the command, the data and every setting."""
+    return {"command": args.command_line, "data": str(data), "split": args.split,
+            "systems": [s.name for s in result.systems], "k": args.k, "ignore_identical_ids": ignore,
+            "retriever_model": retriever_model, "reranker_model": reranker_model, "rerank_depth": args.rerank_depth,
+            "rerank_blend": args.rerank_blend, "precision": args.precision, "train_split": args.train_split,
+            "train_settings": train_settings, "baseline": args.baseline, "test": args.test,
+            "correction": args.correction, "rel_level": args.rel_level, "phase_seconds": phases}
 
 
 def _identical_ids(given: list[str] | None, collections: list[Path]) -> list[bool]:
@@ -200,12 +201,8 @@ def _suite(args: argparse.Namespace, collections: list[Path], identical: list[bo
         result = run_bench(data, args.split, args.systems, k=args.k, ignore_identical_ids=ignore, options=options,
                            rel_level=args.rel_level, show_progress=not args.quiet)
         seconds[data.name] = time.perf_counter() - t
-        config = {"command": args.command_line, "data": str(data), "split": args.split,
-                  "systems": [s.name for s in result.systems], "k": args.k, "ignore_identical_ids": ignore,
-                  "retriever_model": retriever_model, "reranker_model": reranker_model,
-                  "rerank_depth": args.rerank_depth, "rerank_blend": args.rerank_blend, "precision": args.precision,
-                  "baseline": args.baseline, "test": args.test, "correction": args.correction,
-                  "rel_level": args.rel_level, "phase_seconds": {"evaluate_s": seconds[data.name]}}
+        config = _config(args, data, result, ignore, retriever_model, reranker_model,
+                         {"evaluate_s": seconds[data.name]})
         write_outputs(result, args.out / data.name, config)
         table = result.table()
         sig = significance_of(result, config)
@@ -256,8 +253,9 @@ def add_commands(sub: Any) -> None:
     bench.add_argument("--models-dir", type=Path, default=None, help="where --train-split puts the models "
                        "(default: OUT.models)")
     add_renamed_flag(bench, "--rerank-interpolation", "--rerank-blend")
-    bench.add_argument("--rerank-blend", default="auto", help="the reranker's weight against the first stage: auto (an --engine's own setting, else "
-                       "(the value saved with the reranker, if any), none (reranker alone) or a number in [0, 1]")
+    bench.add_argument("--rerank-blend", default="auto",
+                       help="the reranker's weight against the first stage: auto (an --engine's own setting, else "
+                            "the value the reranker chose on dev, if any), none (reranker alone) or a number in [0, 1]")
     bench.add_argument("--precision", default=None, choices=list(PRECISIONS),
                        help="inference precision of both models (default: an --engine's own, else auto: with the "
                        "openvino extra "
@@ -294,8 +292,9 @@ def add_commands(sub: Any) -> None:
                          "follow in the run's order")
     add_renamed_flag(rr, "--depth", "--rerank-depth", int)
     add_renamed_flag(rr, "--interpolation", "--rerank-blend")
-    rr.add_argument("--rerank-blend", default="auto", help="the reranker's weight against the run's scores: auto (the value the "
-                    "reranker chose on dev for the run's first stage, from its tag), none or a number in [0, 1]")
+    rr.add_argument("--rerank-blend", default="auto",
+                    help="the reranker's weight against the run's scores: auto (the value the reranker chose on dev "
+                         "for the run's first stage, from its tag), none or a number in [0, 1]")
     rr.add_argument("--precision", default=EngineSettings().precision, choices=list(PRECISIONS),
                     help="inference precision of the reranker (default: auto, as the engine)")
     rr.add_argument("--batch-size", type=int, default=32, help="pairs per batch")

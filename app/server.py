@@ -64,9 +64,9 @@ class SearchOptions(_Strict):
     offset: int = Field(0, ge=0, le=MAX_K, description="skip this many hits (a page)")
     rerank_depth: int | None = Field(None, ge=1, le=MAX_K, description="candidates the reranker reads (default: the "
                                                                       "engine's)")
-    rerank_blend: Annotated[float, Field(ge=0, le=1)] | Literal["none"] | None = Field(None, description="the reranker's weight "
-                                                         "against the first stage; \"none\": the reranker alone "
-                                                         "(default: the engine's)")
+    rerank_blend: Annotated[float, Field(ge=0, le=1)] | Literal["none"] | None = Field(
+        None, description="the reranker's weight against the first stage; \"none\": the reranker alone (default: "
+                          "the engine's)")
     first_stage: Literal["hybrid", "dense", "bm25"] | None = None
     rerank: bool | None = Field(None, description="false: the first stage only")
     fusion: Literal["rrf", "blend"] | None = Field(None, description="hybrid fusion (default: the engine's)")

@@ -3,12 +3,11 @@ may change; the old names still read, with a DeprecationWarning), and the rerank
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from twostage.indexer.engine_dir import FIRST_STAGES, RENAMED, EngineSettings
+from twostage.indexer.engine_dir import FIRST_STAGES, EngineSettings, renamed, with_changes
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.topk import check_k
 from twostage.reranker.interpolation import blend_for
@@ -42,20 +41,13 @@ def resolved_blends(settings: EngineSettings, reranker: Any) -> EngineSettings:
 def settings_for(settings: EngineSettings, knobs: Mapping[str, Any]) -> tuple[EngineSettings, bool]:
     """The engine's settings with one call's knobs (None: the engine's), checked; and whether to rerank. The old
     names (``k_retrieve``, ``depth``, ``interpolation``) still work, with a DeprecationWarning."""
-    if any(old in knobs for old in RENAMED):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # said once below, at the caller's level
-            knobs = {RENAMED.get(k, k): v for k, v in knobs.items()}
-        warnings.warn("search options k_retrieve, depth and interpolation are now rerank_depth, first_stage_depth "
-                      "and rerank_blend; the old names go in the next release", DeprecationWarning, stacklevel=4)
+    knobs = renamed(dict(knobs), "search")
     unknown = sorted(set(knobs) - set(KNOBS))
     if unknown:
         raise ConfigError(f"unknown search option(s) {', '.join(unknown)}; known: {', '.join(KNOBS)}")
     given = {name: value for name, value in knobs.items() if value is not None}
-    if "rerank_blend" in given:
-        if given["rerank_blend"] == "none":  # the reranker alone (None means "the engine's" in a call)
-            given["rerank_blend"] = None
-        given["rerank_blend_by_first_stage"] = {}
+    if given.get("rerank_blend") == "none":  # the reranker alone (None means "the engine's" in a call)
+        given["rerank_blend"] = None
     rerank = given.pop("rerank", settings.rerank)
     if not isinstance(rerank, bool):
         raise ConfigError(f"rerank must be true or false, got {rerank!r}")
@@ -64,7 +56,4 @@ def settings_for(settings: EngineSettings, knobs: Mapping[str, Any]) -> tuple[En
     for name in ("rerank_depth", "first_stage_depth"):
         if name in given:
             given[name] = check_k(given[name])
-    try:
-        return (replace(settings, **given) if given else settings), rerank
-    except TypeError as exc:  # pragma: no cover - every knob is a field
-        raise ConfigError(str(exc)) from None
+    return with_changes(settings, given, "search"), rerank

@@ -279,8 +279,8 @@ class TwoStageSearch:
         reranker = self.reranker if rerank else None
         window = max(s.first_stage_depth, s.rerank_depth) if reranker is not None else s.first_stage_depth
         if offset >= window:
-            raise ConfigError(f"offset {offset} is past the {window} hits one query ranks (the engine's first_stage_depth); "
-                              "raise first_stage_depth (a knob), or narrow the query with a filter")
+            raise ConfigError(f"offset {offset} is past the {window} hits one query ranks (the engine's "
+                              "first_stage_depth); raise first_stage_depth (a knob), or narrow the query with a filter")
         # pages (offset > 0) read one fixed list of `window` hits, so consecutive pages never overlap or skip;
         # a first page asking for more than the window ranks deeper
         end = min(offset + k, window) if offset else k
@@ -309,7 +309,7 @@ class TwoStageSearch:
         if s.min_relevance and (reranker is None or s.rerank_calibration is None):
             raise ConfigError("min_relevance needs a calibrated reranker: this engine has "
                               + ("no reranker" if reranker is None else "no calibration (fit one on judged dev queries "
-                                 "with `twostage calibrate ENGINE --qrels DIR`)") + "; or search without it")
+                                 "with `twostage calibrate ENGINE --data DIR`)") + "; or search without it")
         scored = reranker is not None and (reorders(alpha) or s.min_relevance > 0)
         heads = sorted({str(d) for f in firsts for d in f.ids[:s.rerank_depth]}) if scored else []
         per_query = None

@@ -147,9 +147,10 @@ def renamed(given: dict[str, Any], where: str) -> dict[str, Any]:
 
 def with_changes(settings: EngineSettings, changes: dict[str, Any], where: str = "settings") -> EngineSettings:
     """``settings`` with ``changes`` (old names mapped; None values ignored, except ``rerank_blend=None``, the
-    reranker alone, and ``rerank_calibration=None``, none). A new ``rerank_blend`` applies to every first stage unless ``rerank_blend_by_first_stage`` is
-    given too."""
-    changes = {k: v for k, v in renamed(changes, where).items() if v is not None or k in ("rerank_blend", "rerank_calibration")}
+    reranker alone, and ``rerank_calibration=None``, none). A new ``rerank_blend`` applies to every first stage
+    unless ``rerank_blend_by_first_stage`` is given too."""
+    nullable = ("rerank_blend", "rerank_calibration")
+    changes = {k: v for k, v in renamed(changes, where).items() if v is not None or k in nullable}
     unknown = sorted(set(changes) - set(EngineSettings.__dataclass_fields__))
     if unknown:
         raise ConfigError(f"unknown engine setting(s) {', '.join(unknown)}; known: "
