@@ -75,6 +75,16 @@ def add_renamed_flag(parser: argparse.ArgumentParser, old: str, new: str, type: 
                         default=argparse.SUPPRESS)
 
 
+def add_ray_flags(parser: argparse.ArgumentParser) -> None:
+    """--ray, --ray-address and --replicas: a sharded engine's shards as Ray actors, on a cluster."""
+    parser.add_argument("--ray", action="store_true", help="a sharded engine: serve each shard from Ray actors "
+                        "(a local Ray instance unless --ray-address)")
+    parser.add_argument("--ray-address", default=None, metavar="ADDR",
+                        help="join the Ray cluster at ADDR (auto, host:port, ray://host:10001); implies --ray")
+    parser.add_argument("--replicas", type=int, default=1, metavar="R",
+                        help="Ray actors holding each shard, on different nodes (default 1); implies --ray")
+
+
 def parse_blend(value: str | None, flag: str = "--rerank-blend") -> float | str | None:
     """A --rerank-blend value: auto, none (the reranker alone) or a number in [0, 1] (None: not given)."""
     if value is None or value in ("auto", "none"):
@@ -266,7 +276,8 @@ def _search(args: argparse.Namespace) -> int:
         raise ConfigError(f"--offset must be an integer >= 0, got {args.offset}")
     if args.page_token is not None and (args.queries is not None or args.offset):
         raise ConfigError("--page-token continues one query: give the query, not --queries or --offset")
-    engine = open_engine(args.engine, verify=not args.fast, ray=args.ray, device=args.device)
+    engine = open_engine(args.engine, verify=not args.fast, ray=args.ray, device=args.device,
+                         address=args.ray_address, replicas=args.replicas)
     kw = {"where": where, "rerank_depth": args.rerank_depth, "first_stage": args.first_stage,
           "rerank": False if args.no_rerank else None, "fusion": args.fusion, "dense_weight": args.dense_weight,
           "k_rrf": args.k_rrf, "first_stage_depth": args.first_stage_depth,
@@ -391,7 +402,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     app = create_app(args.engine, api_key=api_key, read_only=args.read_only, batching=not args.no_batching,
                      max_wait_ms=args.max_wait_ms, verify=not args.fast, device=args.device, ray=args.ray,
-                     metrics=not args.no_metrics)
+                     ray_address=args.ray_address, replicas=args.replicas, metrics=not args.no_metrics)
     if not args.no_access_log:  # one JSON line a request on stderr (the library only logs it)
         import logging
 
@@ -500,7 +511,7 @@ def add_commands(sub: Any) -> None:
                         "or a reranker trained with dev queries); a query may then get no hit")
     s.add_argument("--json", action="store_true", help="one JSON object per query, one per line")
     s.add_argument("--fast", action="store_true", help="check file sizes only, not checksums")
-    s.add_argument("--ray", action="store_true", help="a sharded engine: serve each shard from a local Ray actor")
+    add_ray_flags(s)
     s.set_defaults(func=_search)
 
     for name, upsert in (("add", False), ("upsert", True)):
@@ -564,7 +575,7 @@ def add_commands(sub: Any) -> None:
     sv.add_argument("--max-wait-ms", type=float, default=5.0,
                     help="how long a model batch waits for requests already in flight (default 5)")
     sv.add_argument("--fast", action="store_true", help="check file sizes only, not checksums, when loading")
-    sv.add_argument("--ray", action="store_true", help="a sharded engine: serve each shard from a local Ray actor")
+    add_ray_flags(sv)
     sv.add_argument("--no-metrics", action="store_true", help="no GET /metrics (Prometheus)")
     sv.add_argument("--no-access-log", action="store_true", help="no JSON access-log line a request on stderr")
     sv.set_defaults(func=_serve)

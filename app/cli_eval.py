@@ -165,7 +165,8 @@ def _config(args: argparse.Namespace, data: Path, result: Any, ignore: bool, ret
             "retriever_model": retriever_model, "reranker_model": reranker_model, "rerank_depth": args.rerank_depth,
             "rerank_blend": args.rerank_blend, "precision": args.precision, "train_split": args.train_split,
             "train_settings": train_settings, "baseline": args.baseline, "test": args.test,
-            "correction": args.correction, "rel_level": args.rel_level, "phase_seconds": phases}
+            "correction": args.correction, "rel_level": args.rel_level, "phase_seconds": phases,
+            "reading": list(result.notes)}
 
 
 def _identical_ids(given: list[str] | None, collections: list[Path]) -> list[bool]:
@@ -210,7 +211,8 @@ def _suite(args: argparse.Namespace, collections: list[Path], identical: list[bo
             data.name, len(result.split.queries),
             {str(name): {m: float(row[m]) for m in ("ndcg@10", "recall@100") if m in row} for name, row in
              table.iterrows()},
-            {(str(r.system), str(r.metric)): (float(r.delta), float(r.p_value)) for r in sig.itertuples()}))
+            {(str(r.system), str(r.metric)): (float(r.delta), float(r.p_value)) for r in sig.itertuples()},
+            result.notes))
         print(f"{data.name}: " + ", ".join(f"{n} {v['ndcg@10']:.3f}" for n, v in scores[-1].means.items()),
               flush=True)
     report = suite_report(scores, anchors, command=args.command_line or "twostage bench", baseline=args.baseline)

@@ -66,7 +66,7 @@ RERANKER = COMMON + _flags(
     ("--max-length", "reranker.max_length"),
     ("--dev-fraction", "dev_fraction", "train queries held out to pick the best epoch and the blend with the first "
      "stage"),
-    ("--dev-depth", "dev_depth", "candidates reranked on dev"),
+    ("--rerank-depth", "rerank_depth", "candidates the reranker reads on dev (the engine's rerank_depth)"),
     ("--mine-from", "reranker.mine_from", "first stages to mine negatives from: bm25, dense or both (dense uses "
      "--retriever-model, else the base model)"),
     ("--mine-depth", "reranker.mining.depth", "negatives come from this many top candidates"),
@@ -155,7 +155,7 @@ def _train_reranker(args: argparse.Namespace) -> int:
     settings = settings_from_flags(args, RERANKER)
     config = settings.reranker
     result = train_reranker_on(args.data, args.split, settings.base, args.out, config,
-                               dev_fraction=settings.dev_fraction, dev_depth=settings.dev_depth,
+                               dev_fraction=settings.dev_fraction, rerank_depth=settings.rerank_depth,
                                retriever=args.retriever_model or None,
                                resume=not args.no_resume, dev_metric=ndcg10_by_query, show_progress=not args.quiet,
                                command=args.command_line)
@@ -171,6 +171,8 @@ def _train_reranker(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: Any) -> None:
+    from twostage.app.cli_engine import add_renamed_flag
+
     note = " (flags default to the measured recipe, `twostage.app.train_models.TrainSettings`)"
     tr = sub.add_parser("train-retriever", help="fine-tune a bi-encoder with contrastive loss on a BEIR split" + note)
     tr.add_argument("--data", required=True, type=Path, help="BEIR directory")
@@ -188,6 +190,7 @@ def add_commands(sub: Any) -> None:
     rr.add_argument("--retriever-model", default=None, help="bi-encoder for dense-mined negatives and dev")
     rr.add_argument("--no-resume", action="store_true", help="ignore a checkpoint in OUT.train/last")
     add_flags(rr, RERANKER)
+    add_renamed_flag(rr, "--dev-depth", "--rerank-depth", int)
     rr.set_defaults(func=_train_reranker)
 
 

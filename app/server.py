@@ -28,7 +28,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from twostage.indexer.errors import ConfigError, DataError, MissingDependencyError, PageExpiredError, TwostageError
+from twostage.indexer.errors import (
+    ConfigError,
+    DataError,
+    MissingDependencyError,
+    PageExpiredError,
+    ShardUnavailableError,
+    TwostageError,
+)
 from twostage.indexer.records import Document, SearchResult
 from twostage.indexer.versions import WriterBusyError
 
@@ -362,7 +369,8 @@ def _search_out(result: SearchResult, version: str, body: SearchOptions) -> Sear
 
 def create_app(source: str | Path | Any, *, api_key: str | None = None, read_only: bool = False,
                batching: bool = True, max_wait_ms: float = 5.0, max_body_bytes: int = MAX_BODY_BYTES,
-               verify: bool = True, device: str = "auto", ray: bool = False, metrics: bool = True) -> FastAPI:
+               verify: bool = True, device: str = "auto", ray: bool = False, ray_address: str | None = None,
+               replicas: int = 1, metrics: bool = True) -> FastAPI:
     """The HTTP app over an engine directory, single or sharded (or an open engine; ``device``: where a directory's
     models run; ``ray``: a sharded engine's shards served by Ray actors).
 
@@ -380,7 +388,8 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
     if max_wait_ms < 0 or max_body_bytes <= 0:
         raise ConfigError("max_wait_ms must be >= 0 and max_body_bytes positive")
     opened = source if isinstance(source, TwoStageSearch) else open_engine(source, verify=verify, device=device,
-                                                                            ray=ray)
+                                                                            ray=ray, address=ray_address,
+                                                                            replicas=replicas)
     stats = ServerStats()
     in_flight = [0]
     flight_lock = threading.Lock()
@@ -603,6 +612,8 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
 def _twostage_error(exc: TwostageError) -> JSONResponse:
     if isinstance(exc, WriterBusyError):
         return _error(503, f"{exc}; try again later")
+    if isinstance(exc, ShardUnavailableError):
+        return _error(503, str(exc))
     if isinstance(exc, PageExpiredError):
         return _error(410, str(exc))
     if isinstance(exc, (ConfigError, DataError)):

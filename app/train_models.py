@@ -35,7 +35,7 @@ class TrainSettings:
     base: str = "all-MiniLM-L6-v2"
     dev_fraction: float = 0.1
     seed: int = 42
-    dev_depth: int = EngineSettings().rerank_depth  # the reranker is chosen and blended at the depth the engine reads
+    rerank_depth: int = EngineSettings().rerank_depth  # the reranker is chosen and blended at the depth the engine reads
     retriever: RetrieverRecipe = field(default_factory=RetrieverRecipe)
     reranker: RerankerConfig = field(default_factory=RerankerConfig)
 
@@ -51,6 +51,8 @@ def load_settings(path: str | Path) -> TrainSettings:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read the training settings ({exc})") from None
+    if isinstance(data, dict) and "dev_depth" in data:  # its name before 0.2 (config.json files record it)
+        data = {("rerank_depth" if k == "dev_depth" else k): v for k, v in data.items()}
     return from_json_dict(TrainSettings, data, str(path))
 
 
@@ -90,7 +92,7 @@ def train_models(data: str | Path, train_split: str, eval_split: str, models_dir
         out = models_dir / "reranker"
         config = settings.reranker
         train_reranker_on(data, train_split, settings.base, out, config, dev_fraction=settings.dev_fraction,
-                          dev_depth=settings.dev_depth, dev_metric=ndcg10_by_query, retriever=retriever,
+                          rerank_depth=settings.rerank_depth, dev_metric=ndcg10_by_query, retriever=retriever,
                           show_progress=show_progress)
         reranker = str(out)
         seconds["train_reranker_s"] = time.perf_counter() - t

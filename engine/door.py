@@ -14,18 +14,22 @@ from twostage.indexer.errors import ConfigError
 from twostage.indexer.versions import current_version
 
 
-def open_engine(path: str | Path, *, verify: bool = True, ray: bool = False,
-                device: str = "auto") -> SearchEngine | ShardedEngine:
+def open_engine(path: str | Path, *, verify: bool = True, ray: bool = False, device: str = "auto",
+                address: str | None = None, replicas: int = 1) -> SearchEngine | ShardedEngine:
     """The engine at ``path``: a :class:`ShardedEngine` when its live version is a sharded manifest, else a
-    :class:`SearchEngine` (``ray`` applies to sharded engines only; ``device`` to single engines: a sharded one
-    runs its models on the CPU)."""
+    :class:`SearchEngine` (``ray``, ``address`` and ``replicas`` apply to sharded engines only: an ``address``
+    or more than one replica implies ``ray``; ``device`` to single engines: a sharded one runs its models on the
+    CPU)."""
     from twostage.retriever.device import resolve_device
 
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise ConfigError(f"--replicas must be an integer >= 1, got {replicas!r}")
+    ray = ray or address is not None or replicas > 1
     root = Path(path)
     if (root / "CURRENT").is_file() and format_of(current_version(root, WHAT)) == FORMAT:
         if resolve_device(device) != "cpu" and device != "auto":
             raise ConfigError(f"{root}: a sharded engine runs its models on the CPU; leave out --device {device}")
-        return ShardedEngine.load(root, verify=verify, ray=ray)
+        return ShardedEngine.load(root, verify=verify, ray=ray, address=address, replicas=replicas)
     if ray:
         raise ConfigError(f"{root}: --ray serves the shards of a sharded engine; this is a single engine")
     return SearchEngine.load(root, verify=verify, device=device)

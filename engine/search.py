@@ -384,8 +384,19 @@ class EngineRetriever:
         return self.search_batch([query], k)[0]
 
     def search_batch(self, queries: Sequence[str], k: int = 10) -> list[RankedList]:
-        knobs = {"first_stage": self.first_stage, "rerank": self.rerank, "rerank_depth": self.rerank_depth}
-        return self.engine._ranked(check_queries(queries), k, None, knobs)[0]
+        return self.engine._ranked(check_queries(queries), k, None, self.knobs())[0]
+
+    def knobs(self) -> dict[str, Any]:
+        return {"first_stage": self.first_stage, "rerank": self.rerank, "rerank_depth": self.rerank_depth}
+
+    def reading_notes(self, queries: Sequence[str]) -> list[str]:
+        """What this system's models cut of the engine's documents and of ``queries``
+        (:func:`twostage.engine.reading.reading_notes`)."""
+        from twostage.engine.reading import reading_notes
+
+        s, rerank = settings_for(self.engine.settings, self.knobs())
+        return reading_notes(self.engine, queries, dense=s.first_stage != "bm25",
+                             rerank=rerank and self.engine.has_reranker)
 
 
 def check_queries(queries: Sequence[str]) -> list[str]:

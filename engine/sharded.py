@@ -23,7 +23,8 @@ without its deleted rows and commits the same way. Only write to the shards thro
 Documents added later that tie *exactly* with others (equal BM25 or dense scores) may come in another order than
 in one engine, which orders ties by arrival; a hybrid list built from such a tie can then differ too.
 
-Shards are searched in this process or by one Ray actor each (``ShardedEngine.load(path, ray=True)``).
+Shards are searched in this process or by Ray actors (``ShardedEngine.load(path, ray=True, replicas=R)``): R per
+shard, spread over the cluster's nodes, a lost one replaced (:mod:`twostage.engine.replicas`).
 """
 
 from __future__ import annotations
@@ -112,6 +113,12 @@ class _Shard:
     def manifest(self) -> Any:
         return self.engine.manifest
 
+    def node(self) -> str:
+        """The Ray node this actor runs on."""
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
+
     def close(self) -> None:
         self.engine.close()
 
@@ -121,15 +128,18 @@ class ShardedEngine(TwoStageSearch):
 
     >>> engine = ShardedEngine.build("corpus.jsonl", "engines/docs", shards=4, retriever="all-MiniLM-L6-v2")
     >>> engine = ShardedEngine.load("engines/docs", ray=True)      # one Ray actor per shard
+    >>> engine = ShardedEngine.load("engines/docs", ray=True, address="auto", replicas=2)  # two, on other nodes
     >>> engine.search("why do cats purr", k=10).hits[0].id
     """
 
-    def __init__(self, root: Path, version_dir: Path, names: list[tuple[str, str]], shards: list[Any],
+    def __init__(self, root: Path, version_dir: Path, names: list[tuple[str, str]], shards: Any,
                  lease: Lease | None, *, ray: Any = None, local: list[_Shard] | None = None) -> None:
         self.root, self.version_dir, self.names = root, version_dir, names
-        self._shards, self._ray, self._lease = shards, ray, lease
+        self._shards: Any = shards  # the local shards (a list), or their Ray replicas (ReplicatedShards)
+        self._ray, self._lease = ray, lease
         self._local = local  # the shards as objects in this process (None when they are Ray actors)
-        self._opening: tuple[Any, ...] = (False, None, None, None)  # ray, address, num_cpus, cpus_per_shard
+        # how it was opened: ray, address, num_cpus, cpus_per_shard, replicas
+        self._opening: tuple[Any, ...] = (False, None, None, None, 1)
         self._size = sum(self._call("size"))
         manifests = self._call("manifest")
         self.manifest = manifests[0]
@@ -144,22 +154,26 @@ class ShardedEngine(TwoStageSearch):
     # ---- opening -------------------------------------------------------------------------------
     @classmethod
     def load(cls, path: str | Path, *, verify: bool = True, ray: bool = False, address: str | None = None,
-             num_cpus: int | None = None, cpus_per_shard: float | None = None) -> ShardedEngine:
+             num_cpus: int | None = None, cpus_per_shard: float | None = None, replicas: int = 1) -> ShardedEngine:
         """Open a sharded engine: every shard at the version the sharded manifest names (checked like an engine).
 
-        ``ray``: serve each shard from a Ray actor holding ``cpus_per_shard`` CPUs (default: one, or an equal share
-        of a cluster with fewer CPUs than shards); ``address`` joins an existing cluster.
+        ``ray``: serve each shard from ``replicas`` Ray actors on different nodes (:mod:`twostage.engine.replicas`),
+        each holding ``cpus_per_shard`` CPUs (default: one, or an equal share of a cluster with fewer CPUs than
+        actors); ``address`` joins an existing cluster. The shard files must be readable at the same path on
+        every node (a shared file system).
         """
         root = Path(path)
         if not root.is_dir():
             raise IndexFormatError(f"{root}: no such sharded engine directory")
+        if replicas != 1 and not ray:
+            raise ConfigError("replicas need ray=True: in one process each shard is opened once")
         return open_current(root, lambda v, lease: cls._open(root, v, lease, verify, ray, address, num_cpus,
-                                                             cpus_per_shard), WHAT)
+                                                             cpus_per_shard, replicas), WHAT)
 
     @classmethod
     def _open(cls, root: Path, version_dir: Path, lease: Lease | None, verify: bool, ray: bool = False,
               address: str | None = None, num_cpus: int | None = None,
-              cpus_per_shard: float | None = None) -> ShardedEngine:
+              cpus_per_shard: float | None = None, replicas: int = 1) -> ShardedEngine:
         names = read_sharded_manifest(version_dir)
         if not ray:
             local = []
@@ -174,22 +188,28 @@ class ShardedEngine(TwoStageSearch):
         else:
             from twostage.indexer.ray_util import connect
 
+            from twostage.engine.replicas import ReplicatedShards
+
             ray_mod = connect(address, num_cpus)
-            cluster_cpus = float(ray_mod.cluster_resources().get("CPU", 1.0))
-            per = min(1.0, cluster_cpus / len(names)) if cpus_per_shard is None else cpus_per_shard
-            if per * len(names) > cluster_cpus:
-                raise ConfigError(f"{len(names)} shard actors x {per} CPUs need more than the cluster's "
-                                  f"{cluster_cpus:g} CPUs: they would wait forever; lower cpus_per_shard")
-            actor = ray_mod.remote(num_cpus=per)(_Shard)
-            shards = [actor.remote(str((root / name).resolve()), version, verify) for name, version in names]
+            nodes = [float(n["Resources"]["CPU"]) for n in ray_mod.nodes()
+                     if n.get("Alive") and n.get("Resources", {}).get("CPU")] or [1.0]
+            actors = len(names) * replicas
+            # by default each actor gets half an equal share of the smallest node: every node can hold its share of
+            # the actors (a share of the cluster's total can leave one that no node fits), and the next version's
+            # replicas (a write) start while this version's still serve
+            per = min(1.0, min(nodes) / (2 * -(-actors // len(nodes)))) if cpus_per_shard is None else cpus_per_shard
+            if per * actors > sum(nodes):
+                raise ConfigError(f"{actors} shard actors x {per} CPUs need more than the cluster's "
+                                  f"{sum(nodes):g} CPUs: they would wait forever; lower cpus_per_shard")
+            shards = ReplicatedShards(ray_mod, ray_mod.remote(_Shard),
+                                      [(str((root / name).resolve()), version) for name, version in names],
+                                      verify=verify, replicas=replicas, num_cpus=per)
             try:
                 engine = cls(root, version_dir, names, shards, lease, ray=ray_mod)
-            except ray_mod.exceptions.RayError as exc:  # a shard failed to open in its actor: say which and why
-                for s in shards:
-                    ray_mod.kill(s)
-                cause = next((line for line in reversed(str(exc).splitlines()) if "Error" in line), str(exc))
-                raise IndexFormatError(f"{root}: a shard could not be opened by its Ray actor: {cause.strip()}") from None
-        engine._opening = (ray, address, num_cpus, cpus_per_shard)
+            except BaseException:
+                shards.close()
+                raise
+        engine._opening = (ray, address, num_cpus, cpus_per_shard, replicas)
         return engine
 
     def _reopen(self) -> ShardedEngine:
@@ -210,8 +230,7 @@ class ShardedEngine(TwoStageSearch):
         if self.read_only:
             return
         if self._ray is not None:
-            for s in self._shards:
-                self._ray.kill(s)
+            self._shards.close()
         elif self._local:
             for s in self._local:
                 s.close()
@@ -233,9 +252,17 @@ class ShardedEngine(TwoStageSearch):
 
     def info(self) -> dict[str, Any]:
         sizes = self._call("size")
+        live = self._shards.health() if self._ray is not None else [1] * len(self.names)
         return {"path": str(self.root), "version": self.version, "documents": self._size,
-                "shards": [{"name": n, "version": v, "documents": c} for (n, v), c in zip(self.names, sizes)],
+                "shards": [{"name": n, "version": v, "documents": c, "live_replicas": r}
+                           for (n, v), c, r in zip(self.names, sizes, live)],
                 "metadata_kinds": self.metadata_kinds(), "remote": self._ray is not None}
+
+    @property
+    def replicas(self) -> Any:
+        """The Ray actors holding the shards (:class:`~twostage.engine.replicas.ReplicatedShards`: ``health()``,
+        ``placement()``, ``events``), or None when the shards are opened in this process."""
+        return self._shards if self._ray is not None else None
 
     def metadata_kinds(self) -> dict[str, str]:
         """Each metadata field's type over every shard (a field typed differently in two shards is ``mixed``)."""
@@ -246,7 +273,7 @@ class ShardedEngine(TwoStageSearch):
 
     def _call(self, method: str, *args: Any) -> list[Any]:
         if self._ray is not None:
-            return self._ray.get([getattr(s, method).remote(*args) for s in self._shards])
+            return self._shards.call(method, *args)
         return [getattr(s, method)(*args) for s in self._shards]
 
     # ---- searching -----------------------------------------------------------------------------

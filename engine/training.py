@@ -149,14 +149,14 @@ def choose_blend(result: FitResult, engine: TwoStageSearch, queries: Sequence[Qu
 
 def train_reranker_on(data: str | Path | BeirDataset, split: str, base: str, out: str | Path,
                       config: RerankerConfig | None = None, *, dev_fraction: float = 0.0,
-                      dev_depth: int = EngineSettings().rerank_depth, dev_metric: DevMetric | None = None,
+                      rerank_depth: int = EngineSettings().rerank_depth, dev_metric: DevMetric | None = None,
                       retriever: str | Path | None = None, settings: EngineSettings | None = None,
                       resume: bool = True, show_progress: bool = False, command: str | None = None) -> FitResult:
     """Train a reranker from ``base`` on a BEIR split.
 
     ``retriever`` (a bi-encoder's name or directory; the base model when none is given) mines the dense negatives
     and is the dev engine's retriever. With ``dev_fraction``, held-out train queries pick the best epoch by
-    ``dev_metric(qrels, lists)`` of the reranker alone over the top ``dev_depth`` of each first stage, then the
+    ``dev_metric(qrels, lists)`` of the reranker alone over the top ``rerank_depth`` of each first stage, then the
     blend with each first stage, both searched by an engine with ``settings`` (the engine defaults) over the
     split's corpus: what is chosen is what an engine built with these models serves.
     """
@@ -188,7 +188,7 @@ def train_reranker_on(data: str | Path | BeirDataset, split: str, base: str, out
     if not dev_queries or dev_metric is None:
         return train_reranker(model, groups, config, out, resume=resume, show_progress=show_progress, info=info)
     with temporary_engine(corpus, bi_encoder, settings, device=config.device, show_progress=show_progress) as engine:
-        dev = dev_scorer(engine, dev_queries, qrels, dev_depth, dev_metric)
+        dev = dev_scorer(engine, dev_queries, qrels, rerank_depth, dev_metric)
         result = train_reranker(model, groups, config, out, dev=dev, resume=resume, show_progress=show_progress,
                                 info=info)
-        return choose_blend(result, engine, dev_queries, qrels, dev_depth, dev_metric)
+        return choose_blend(result, engine, dev_queries, qrels, rerank_depth, dev_metric)

@@ -48,6 +48,7 @@ class BenchResult:
     k: int
     systems: tuple[SystemResult, ...]
     rel_level: int = 1
+    notes: tuple[str, ...] = ()  # what the systems' models cut (documents, queries longer than they read)
 
     @property
     def check(self) -> QrelsCheck:
@@ -137,7 +138,7 @@ def run_bench(
     else:
         ready = {name: None for name in resolve_systems(systems, options)}
     options = options or SystemOptions(show_progress=show_progress)
-    results = []
+    results, notes = [], []
     for name, system in ready.items():
         t0 = time.perf_counter()
         if system is None:
@@ -148,4 +149,7 @@ def run_bench(
                                       ignore_identical_ids=ignore_identical_ids, rel_level=rel_level,
                                       show_progress=show_progress))
         logger.info("%s: %s", name, {m: round(v, 4) for m, v in results[-1].summary().items()})
-    return BenchResult(dataset.name, the_split, k, tuple(results), rel_level)
+        reading = getattr(system, "reading_notes", None)
+        if reading is not None:
+            notes += [n for n in reading([q.text for q in the_split.queries]) if n not in notes]
+    return BenchResult(dataset.name, the_split, k, tuple(results), rel_level, tuple(notes))

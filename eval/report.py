@@ -110,6 +110,9 @@ def render_report(result: BenchResult, config: Mapping[str, Any], sig: pd.DataFr
                      "nDCG keeps every positive grade as its gain.\n")
     if config.get("phase_seconds"):
         parts.append(phase_section(config["phase_seconds"]))
+    if result.notes:
+        parts.append("\n## What the models cut\n")
+        parts.append("\n".join(f"- {n}" for n in result.notes) + "\n")
     notes = result.check.lines()
     parts.append("\n## Data check\n")
     parts.append("\n".join(f"- {n}" for n in notes) + "\n" if notes else "Qrels, queries and corpus agree.\n")

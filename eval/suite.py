@@ -81,6 +81,7 @@ class CollectionScores:
     queries: int
     means: Mapping[str, Mapping[str, float]]
     against_baseline: Mapping[tuple[str, str], tuple[float, float]]
+    notes: tuple[str, ...] = ()  # what the models cut (BenchResult.notes)
 
 
 def suite_report(collections: Sequence[CollectionScores], anchors: Sequence[Anchor], *, command: str,
@@ -121,6 +122,9 @@ def suite_report(collections: Sequence[CollectionScores], anchors: Sequence[Anch
         for a in anchors:
             if a.collection == c.name:
                 lines.append(f"| {c.name} | {a.system} | {_cell(a.ndcg10)} | {_cell(a.recall100)} | {a.source} |")
+    if any(c.notes for c in collections):
+        lines += ["", "## What the models cut", ""]
+        lines += [f"- {c.name}: {n}" for c in collections for n in c.notes]
     return "\n".join(lines) + "\n"
 
 

@@ -41,6 +41,10 @@ class WriterBusyError(TwostageError, RuntimeError):
     """Another process holds the directory's writer lock for longer than we were willing to wait."""
 
 
+class ShardUnavailableError(TwostageError, RuntimeError):
+    """No live replica of a shard answered (a Ray cluster lost them all); replacements are starting."""
+
+
 class ModelNotFoundError(TwostageError, FileNotFoundError):
     """No local directory, cache, hub or wheel could provide the model."""
 

@@ -130,6 +130,15 @@ class CrossEncoder(torch.nn.Module):
         return arrays(self.tokenizer(list(queries), documents, padding=True, truncation="longest_first",
                                      max_length=self.max_length), tensors)
 
+    def long_queries(self, queries: Sequence[str]) -> int:
+        """How many ``queries`` take more than half of the pair's token budget: against a document at least as long,
+        both sides are cut (longest first, :meth:`features`), so such a query is read only in part."""
+        budget = self.max_length - self.tokenizer.num_special_tokens_to_add(pair=True)
+        if not queries:
+            return 0
+        ids = self.tokenizer(list(queries), add_special_tokens=False, verbose=False)["input_ids"]
+        return sum(1 for row in ids if len(row) > budget // 2)
+
     def tokenize(self, queries: Sequence[str], documents: Sequence[str]) -> dict[str, torch.Tensor]:
         """:meth:`features` as torch tensors on the model's device."""
         device = next(self.model.parameters()).device

@@ -289,6 +289,13 @@ class BiEncoder(torch.nn.Module):
         self.train(was_training)
         return out
 
+    def longer_than_read(self, texts: Sequence[str], kind: str = "query") -> int:
+        """How many of ``texts`` (with the ``kind``'s prefix) are longer than ``max_length`` tokens: :meth:`encode`
+        reads only their beginning."""
+        prefix = self._prefix(kind)
+        heads = head_words(self.tokenizer, [prefix + t for t in texts], self.config.max_length)
+        return tokenize_once(self.tokenizer, heads, self.config.max_length)[1]
+
     def encode_queries(self, queries: Sequence[str], **kw: Any) -> np.ndarray:
         return self.encode(queries, kind="query", **kw)
 

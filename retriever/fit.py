@@ -39,15 +39,24 @@ NO_DECAY = ("bias", "LayerNorm", "norm")  # parameter names holding these train 
 class LoopSettings(Protocol):
     """The loop's own hyper-parameters; ``TrainConfig`` and ``RerankerConfig`` both have them."""
 
-    epochs: int
-    lr: float
-    warmup_ratio: float
-    weight_decay: float
-    max_grad_norm: float
-    seed: int
-    bf16: bool | None
-    checkpoint_every: int
-    device: str
+    @property
+    def epochs(self) -> int: ...
+    @property
+    def lr(self) -> float: ...
+    @property
+    def warmup_ratio(self) -> float: ...
+    @property
+    def weight_decay(self) -> float: ...
+    @property
+    def max_grad_norm(self) -> float: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def bf16(self) -> bool | None: ...
+    @property
+    def checkpoint_every(self) -> int: ...
+    @property
+    def device(self) -> str: ...
 
 
 class Task(Protocol):

@@ -27,11 +27,16 @@ from twostage.retriever.losses import (
 class LossParams(Protocol):
     """The loss settings of a run (``TrainConfig`` has them)."""
 
-    scale: float
-    symmetric: bool
-    mini_batch_size: int
-    triplet_margin: float
-    margin_rank_weight: float
+    @property
+    def scale(self) -> float: ...
+    @property
+    def symmetric(self) -> bool: ...
+    @property
+    def mini_batch_size(self) -> int: ...
+    @property
+    def triplet_margin(self) -> float: ...
+    @property
+    def margin_rank_weight(self) -> float: ...
 
 
 Build = Callable[[Any, int, LossParams], torch.nn.Module]  # (model, num_labels, params) -> loss module

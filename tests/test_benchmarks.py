@@ -57,3 +57,13 @@ def test_every_shell_script_prints_help():
     for path in scripts(".sh"):
         done = subprocess.run(["bash", str(path), "--help"], capture_output=True, text=True, cwd=ROOT, timeout=60)
         assert done.returncode == 0 and "usage" in done.stdout, (path, done.stdout, done.stderr)
+
+
+def test_tests_import_no_benchmark_script():
+    """#45: what tests and benchmarks share lives in tests/harness/; no test loads a benchmark file."""
+    tests = Path(__file__).resolve().parent
+    for path in tests.rglob("*.py"):
+        text = path.read_text()
+        for pattern in ("spec_from_file_location", 'ROOT / "benchmarks")', "import_module("):
+            if path.name != "test_benchmarks.py":
+                assert pattern not in text, f"{path.relative_to(ROOT)} loads a script with {pattern}"

@@ -1,25 +1,14 @@
 """Concurrent writers lose nothing; readers never fail while writers commit (index and engine, processes)."""
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _module():
-    """benchmarks/concurrency.py, imported by name so that spawned worker processes can import it too."""
-    if str(ROOT / "benchmarks") not in sys.path:
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-    return importlib.import_module("concurrency")
+from tests.harness import concurrency
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["index", "engine", "passages"])
 def test_concurrent_writers_lose_no_update(tmp_path, kind):
-    result = _module().writers(kind, trials=3, workdir=tmp_path)  # >= 10 trials: benchmarks/concurrency.py
+    result = concurrency.writers(kind, trials=3, workdir=tmp_path)  # >= 10 trials: benchmarks/concurrency.py
     assert result["runs"] >= 12
     assert result["lost"] == 0 and result["refused"] == 0, result
 
@@ -28,6 +17,6 @@ def test_concurrent_writers_lose_no_update(tmp_path, kind):
 @pytest.mark.parametrize("kind", ["index", "engine", "passages"])
 def test_readers_never_fail_while_a_writer_commits(tmp_path, kind):
     # 8 threads and 20 commits: benchmarks/concurrency.py (8 threads starve the index's writer for minutes here)
-    result = _module().readers(kind, commits=6, workdir=tmp_path, threads=2)
+    result = concurrency.readers(kind, commits=6, workdir=tmp_path, threads=2)
     assert result["reads"] > 0 and result["failures"] == 0 and result["wrong"] == 0, result
     assert result["versions_seen"] >= 2

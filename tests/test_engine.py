@@ -330,6 +330,34 @@ def test_queries_longer_than_the_reranker_max_length(built, sample_dir, tmp_path
     assert len(bench.systems[0].run) == len(bench.split.queries)
 
 
+def test_bench_reports_what_the_models_cut(built, sample_dir, tmp_path):
+    """#46: nothing is cut silently: the report counts the queries longer than the retriever reads and those taking
+    more than half of a reranker pair."""
+    import shutil
+
+    from twostage.eval.harness import run_bench
+    from twostage.eval.report import render_report
+    from twostage.eval.systems import SystemOptions
+
+    data = tmp_path / "one-long"
+    shutil.copytree(sample_dir, data)
+    lines = [json.loads(x) for x in (data / "queries.jsonl").read_text().splitlines() if x.strip()]
+    long_one = (data / "qrels" / "test.tsv").read_text().splitlines()[1].split("\t")[0]
+    (data / "queries.jsonl").write_text("".join(
+        json.dumps({**q, "text": (q["text"] + " ") * 60 if q["_id"] == long_one else q["text"]}) + "\n"
+        for q in lines))
+    bench = run_bench(data, "test", "bm25,dense,hybrid+rerank", options=SystemOptions(engine=str(built.root)))
+    n = len(bench.split.queries)
+    assert long_one in {q.id for q in bench.split.queries}
+    reads, pair = built.encoder.config.max_length, built.reranker.max_length
+    assert f"1 of {n} queries are longer than the retriever reads ({reads} tokens)" in bench.notes[1]
+    assert bench.notes[2].startswith(f"1 of {n} queries take more than half of what the reranker reads ({pair} ")
+    assert bench.notes[0] == built.reading()["summary"] and len(bench.notes) == 3  # each line once
+    assert "## What the models cut" in render_report(bench, {})
+    short = run_bench(sample_dir, "test", "dense", options=SystemOptions(engine=str(built.root)))
+    assert short.notes[1].startswith(f"0 of {len(short.split.queries)} queries") and len(short.notes) == 2
+
+
 def test_configure_and_tune_on_dev(built, tmp_path, sample_dir):
     import shutil
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 from pathlib import Path
@@ -10,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.harness import filters as BENCH
 from twostage import Document, SearchEngine
 from twostage.app.cli import main
 from twostage.engine.sharded import ShardedEngine
@@ -21,14 +21,6 @@ WORDS = ("cat", "dog", "rain", "snow", "cook", "garden", "music", "history", "mo
          "river", "stone", "light", "paper")
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_filters", ROOT / "benchmarks" / "filters.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-BENCH = _bench()
 ROWS = [{"year": 2020, "d": "2020-01-05", "tags": ["a", "b"], "s": "x", "ok": True},
         {"year": 2019.5, "d": "2021-01-01T00:00:00Z", "tags": [], "s": "y", "ok": False},
         {},

@@ -1,27 +1,18 @@
 """Index updates and builds killed with SIGKILL leave an index that loads and answers as before or after."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.harness import engine_crash, index_crash
 
 
 @pytest.mark.slow
 def test_killed_operations_leave_a_loadable_index(tmp_path):
-    spec = importlib.util.spec_from_file_location("index_crash", ROOT / "benchmarks" / "experiments" / "index_crash.py")
-    crash = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(crash)
-    result = crash.run(rounds=8, seed=1, workdir=tmp_path)  # raises on any other outcome
+    result = index_crash.run(rounds=8, seed=1, workdir=tmp_path)  # raises on any other outcome
     assert sum(result["outcomes"].values()) == 8
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("passages", [0, 6])  # whole documents; passages of 6 words (several rows a document)
 def test_killed_engine_updates_leave_every_part_in_step(tmp_path, passages):
-    spec = importlib.util.spec_from_file_location("engine_crash", ROOT / "benchmarks" / "engine_crash.py")
-    crash = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(crash)
-    result = crash.run(rounds=4, seed=3, workdir=tmp_path, passages=passages)  # raises on any other outcome
+    result = engine_crash.run(rounds=4, seed=3, workdir=tmp_path, passages=passages)  # raises on any other outcome
     assert sum(result["outcomes"].values()) == 4

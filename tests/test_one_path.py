@@ -114,6 +114,22 @@ def test_old_names_still_work_with_a_warning(engine):
         engine.with_settings(k_retrieve=9, rerank_depth=9)
 
 
+def test_training_calls_the_rerank_depth_by_its_one_name(tmp_path, capsys):
+    """TrainSettings.rerank_depth (was dev_depth): config.json files with the old name load, --dev-depth still works."""
+    import argparse
+
+    from twostage.app import cli_train
+    from twostage.app.train_models import TrainSettings, load_settings
+
+    (tmp_path / "old.json").write_text(json.dumps({"dev_depth": 7, "seed": 3}))
+    assert load_settings(tmp_path / "old.json") == TrainSettings(rerank_depth=7, seed=3)
+    parser = argparse.ArgumentParser()
+    cli_train.add_commands(parser.add_subparsers())
+    args = parser.parse_args(["train-reranker", "--data", "d", "--out", "o", "--dev-depth", "9"])
+    assert cli_train.settings_from_flags(args, cli_train.RERANKER).rerank_depth == 9
+    assert "--dev-depth" in capsys.readouterr().err
+
+
 def test_a_format_1_engine_opens_and_answers_identically(engine, tmp_path):
     """The manifest of format 1 (written here from the current one: old names, "auto" blend) is read with its old
     names mapped; the engine answers as the format-2 engine with the same settings does."""

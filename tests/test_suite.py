@@ -51,3 +51,14 @@ def test_anchors_are_validated(tmp_path):
     bad.write_text("name\tsystem\n")
     with pytest.raises(ConfigError, match="header"):
         read_anchors(bad)
+
+
+def test_suite_lists_what_each_collection_cut():
+    from twostage.eval.suite import CollectionScores, suite_report
+
+    scores = [CollectionScores("alpha", 3, {"bm25": {"ndcg@10": 0.5, "recall@100": 0.9}}, {}, ("2 of 3 queries are "
+                                                                                              "longer",)),
+              CollectionScores("beta", 4, {"bm25": {"ndcg@10": 0.7, "recall@100": 0.8}}, {})]
+    report = suite_report(scores, [], command="twostage bench")
+    assert report.endswith("## What the models cut\n\n- alpha: 2 of 3 queries are longer\n")
+    assert "What the models cut" not in suite_report(scores[1:], [], command="twostage bench")

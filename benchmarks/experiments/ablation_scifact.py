@@ -121,7 +121,7 @@ def _train_reranker(ds: BeirDataset, v: Variant) -> None:
 
     retriever = MODELS / "r-bm25neg"
     train_reranker_on(ds, "train", "all-MiniLM-L6-v2", MODELS / v.name, v.recipe, dev_fraction=DEV_FRACTION,
-                      dev_depth=30, dev_metric=_ndcg, retriever=retriever, show_progress=True,
+                      rerank_depth=30, dev_metric=_ndcg, retriever=retriever, show_progress=True,
                       command="python benchmarks/experiments/ablation_scifact.py")
 
 

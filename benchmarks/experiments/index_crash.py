@@ -1,150 +1,30 @@
-"""Crash test: builds and updates of an index directory killed with SIGKILL at random moments.
+"""Crash test: builds and updates of an index directory killed with SIGKILL at random moments (the harness:
+tests/harness/index_crash.py, which the tests run small).
 
 Usage (from the repository root): python benchmarks/experiments/index_crash.py [--rounds 24] [--seed 0]
 
-Each round picks an operation (add, delete, upsert, compact, or a full rebuild), runs it once on a copy to
-learn the answers of the new state, then runs it on the real index in a subprocess and kills that process
-after a random delay within the operation's duration. Afterwards the index must load (checksums verified)
-and answer a fixed query set exactly as the old state or exactly as the new state: nothing in between.
+Writes benchmarks/results/index_crash.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import random
-import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-QUERIES = ["rain snow", "cat dog", "cook garden", "music history", "money star", "water sleep", "cat", "snow"]
-
-
-class KeywordEncoder:
-    words = ("cat", "dog", "rain", "snow", "cook", "garden", "music", "history", "money", "star", "water", "sleep")
-
-    def encode(self, texts, kind="document", batch_size=32, **kw):
-        return np.array([[t.lower().count(w) for w in self.words] + [0.05] for t in texts], dtype=np.float32)
-
-    def info(self):
-        from twostage.indexer.manifest import EncoderInfo
-
-        return EncoderInfo("kw", len(self.words) + 1, weights_sha256="kw")
-
-
-def answers(path: Path) -> list:
-    from twostage.indexer.index import Index
-
-    index = Index.load(path, encoder=KeywordEncoder(), verify=True)
-    return [(list(r.ids), [round(float(s), 5) for s in r.scores]) for r in index.search_batch(QUERIES, 5)]
-
-
-def apply(path: Path, op: dict) -> None:
-    from twostage.indexer.build import build_index
-    from twostage.indexer.corpus import load_corpus
-    from twostage.indexer.index import Index
-    from twostage.indexer.records import Document
-
-    if op["kind"] == "rebuild":
-        docs = list(load_corpus(ROOT / "data" / "sample"))[: op["n"]]
-        build_index(docs, KeywordEncoder(), path, backend=op["backend"], chunk_size=40, resume=False)
-        return
-    index = Index.load(path, encoder=KeywordEncoder())
-    if op["kind"] == "add":
-        index.add([Document(f"{op['tag']}-{i}", t) for i, t in enumerate(op["texts"])])
-    elif op["kind"] == "delete":
-        live = sorted(set(index.doc_ids[~index.deleted]))
-        index.delete(random.Random(op["seed"]).sample(live, op["n"]))
-    elif op["kind"] == "upsert":
-        live = sorted(set(index.doc_ids[~index.deleted]))
-        ids = random.Random(op["seed"]).sample(live, op["n"])
-        index.upsert([Document(i, t) for i, t in zip(ids, op["texts"])])
-    elif op["kind"] == "compact":
-        index.compact()
-
-
-def random_op(rng: random.Random, n: int) -> dict:
-    kind = rng.choice(["add", "add", "delete", "upsert", "compact", "rebuild"])
-    words = KeywordEncoder.words
-    texts = [" ".join(rng.choice(words) for _ in range(rng.randint(1, 6))) for _ in range(rng.randint(5, 60))]
-    return {"kind": kind, "texts": texts, "tag": f"r{n}", "seed": n, "n": rng.randint(1, 5) if kind != "rebuild"
-            else rng.randint(100, 205), "backend": rng.choice(["hnswlib", "faiss-hnsw", "flat", "faiss-ivf"])}
-
-
-def worker(path: Path, op: dict, kill_after: float | None = None) -> float:
-    """Run ``op`` on ``path`` in a subprocess; kill it ``kill_after`` seconds after it starts working."""
-    proc = subprocess.Popen([sys.executable, __file__, "--worker", str(path), json.dumps(op)],
-                            stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    if proc.stdout.readline().strip() != "ready":  # imports are done: the operation starts now
-        raise RuntimeError("the worker did not start")
-    t0 = time.perf_counter()
-    if kill_after is None:
-        if proc.wait() != 0:
-            raise RuntimeError(f"the operation {op['kind']} failed")
-        return time.perf_counter() - t0
-    time.sleep(kill_after)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    return kill_after
-
-
-def run(rounds: int, seed: int, workdir: Path) -> dict:
-    rng = random.Random(seed)
-    index = workdir / "index"
-    apply(index, {"kind": "rebuild", "n": 205, "backend": "hnswlib"})
-    outcomes = {"old": 0, "new": 0}
-    ops: dict[str, int] = {}
-    for n in range(rounds):
-        op = random_op(rng, n)
-        ops[op["kind"]] = ops.get(op["kind"], 0) + 1
-        old = answers(index)
-        trial = workdir / "trial"
-        shutil.rmtree(trial, ignore_errors=True)
-        shutil.copytree(index, trial, symlinks=True)
-        duration = worker(trial, op)  # the same subprocess path, run to the end: the new state and its duration
-        new = answers(trial)
-        worker(index, op, kill_after=rng.uniform(0, duration * 1.2))
-        got = answers(index)  # raises if the index does not load or a checksum fails
-        if got == old:
-            outcomes["old"] += 1
-        elif got == new:
-            outcomes["new"] += 1
-        else:
-            raise AssertionError(f"round {n} ({op['kind']}): the index answers neither as before nor as after")
-    return {"rounds": rounds, "outcomes": outcomes, "operations": ops}
+from tests.harness.index_crash import run
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=24)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--worker", nargs=2, metavar=("INDEX", "OP"), help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "index_crash.md")
     args = parser.parse_args()
-    if args.worker:
-        import faiss  # noqa: F401  (every import first, so the kill lands inside the operation)
-        import hnswlib  # noqa: F401
-        import pandas  # noqa: F401
-        import pyarrow.parquet  # noqa: F401
-
-        import twostage.indexer.build  # noqa: F401
-        import twostage.indexer.corpus  # noqa: F401
-        import twostage.indexer.index  # noqa: F401
-
-        print("ready", flush=True)
-        apply(Path(args.worker[0]), json.loads(args.worker[1]))
-        return
     with tempfile.TemporaryDirectory() as tmp:
         result = run(args.rounds, args.seed, Path(tmp))
     text = (f"# Index crash test\n\nCommand: `python benchmarks/experiments/index_crash.py --rounds {args.rounds} --seed {args.seed}`\n\n"

@@ -83,7 +83,7 @@ def train_variants(args: argparse.Namespace) -> dict[str, Path]:
         if (out / "twostage.json").exists():
             return
         train_reranker_on(args.data / "scifact", "train", base, out, cfg, dev_fraction=settings.dev_fraction,
-                          dev_depth=settings.dev_depth, dev_metric=ndcg10_by_query, retriever=args.models / "retriever",
+                          rerank_depth=settings.rerank_depth, dev_metric=ndcg10_by_query, retriever=args.models / "retriever",
                           show_progress=True, command="python benchmarks/experiments/reranker_levers.py")
 
     scifact(models["3 epochs"], settings.base, replace(config, epochs=3))

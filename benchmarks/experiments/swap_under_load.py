@@ -1,7 +1,10 @@
 """Model swaps under load (#47): a served engine gets a new retriever through the quality gate while clients search.
 
     python benchmarks/experiments/swap_under_load.py --a all-MiniLM-L6-v2 --b runs/models/demo/retriever \
-        [--data ../shared/data/scifact] [--split train]
+        [--data ../shared/data/scifact] [--split train] [--held-out 0.1 --seed 42]
+
+``--held-out F`` judges on the train queries that training held out as its dev part (``hold_out(train, F, seed)``,
+as ``bench --train-split`` and ``twostage train`` do): a model trained on the rest is judged on queries it never saw.
 
 Builds a whole-document engine over the collection with retriever A (hybrid first stage, no reranker), serves it
 (`twostage serve`), and while 2 clients keep searching: swaps to B judged by the ``--split`` qrels (never test),
@@ -61,12 +64,32 @@ def clients(url: str, queries: list[str], stop: threading.Event, n: int = 2) -> 
     return seen
 
 
+def held_out_split(data: Path, split: str, fraction: float, seed: int, out: Path) -> Path:
+    """A BEIR directory beside ``data`` (its corpus and queries linked) whose ``qrels/dev.tsv`` holds only the queries
+    that training held out of ``split`` as its dev part."""
+    from twostage.indexer.beir import BeirDataset
+    from twostage.retriever.training_data import hold_out
+
+    _, dev = hold_out(list(BeirDataset(data).split(split).queries), fraction, seed)
+    keep = {q.id for q in dev}
+    (out / "qrels").mkdir(parents=True)
+    for name in ("corpus.jsonl", "queries.jsonl"):
+        (out / name).symlink_to((data / name).resolve())
+    lines = (data / "qrels" / f"{split}.tsv").read_text().splitlines()
+    (out / "qrels" / "dev.tsv").write_text("\n".join([lines[0]] + [x for x in lines[1:] if x.split("\t")[0] in keep])
+                                         + "\n")
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--a", default="all-MiniLM-L6-v2")
     parser.add_argument("--b", required=True)
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "scifact")
     parser.add_argument("--split", default="train")
+    parser.add_argument("--held-out", type=float, default=0.0,
+                        help="judge on the dev part training held out of --split (this fraction, --seed)")
+    parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "swap-load")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "swap_under_load.md")
     args = parser.parse_args()
@@ -86,6 +109,9 @@ def main() -> int:
     engine = args.work / "engine"
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
+    judged, split = args.data, args.split
+    if args.held_out:
+        judged, split = held_out_split(args.data, args.split, args.held_out, args.seed, args.work / "judged"), "dev"
     t = time.perf_counter()
     SearchEngine.build(args.data, engine, retriever=args.a, passage_words=0, show_progress=True).close()
     build_s = time.perf_counter() - t
@@ -97,13 +123,13 @@ def main() -> int:
         time.sleep(5)
         for new in (args.b, args.a):
             t = time.perf_counter()
-            d = swap(engine, retriever=new, qrels=args.data, split=args.split, show_progress=False)
+            d = swap(engine, retriever=new, qrels=judged, split=split, show_progress=False)
             decisions.append((new, d, time.perf_counter() - t))
             print(f"swap to {new}: {d.line()} ({decisions[-1][2]:.0f} s)", flush=True)
             time.sleep(3)
         before = current_version(engine).name
         child = subprocess.Popen([sys.executable, "-m", "twostage", "-q", "swap", str(engine), "--retriever",
-                                  args.b, "--qrels", str(args.data), "--split", args.split, "--force"],
+                                  args.b, "--qrels", str(judged), "--split", split, "--force"],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(30)  # well inside the candidate's build
         os.kill(child.pid, signal.SIGKILL)
@@ -125,8 +151,10 @@ def main() -> int:
              f"Command: `python benchmarks/experiments/swap_under_load.py {' '.join(sys.argv[1:])}`", "",
              f"Machine: {machine()}. Engine: {args.data.name} corpus, whole documents, hybrid first stage, no "
              f"reranker, retriever A = `{args.a}` (built in {build_s:.0f} s); served by `twostage serve` while 2 "
-             f"clients sent the test queries without pause (the swaps are judged on the `{args.split}` qrels, never "
-             "test).", "",
+             f"clients sent the test queries without pause (the swaps are judged on the "
+             + (f"{len(load_qrels(judged / 'qrels' / 'dev.tsv').query_ids)} `{args.split}` queries training held "
+                f"out as dev (fraction {args.held_out}, seed {args.seed})" if args.held_out else
+                f"`{args.split}` qrels") + ", never test).", "",
              "| swap to | decision | nDCG@10 current -> candidate | delta [95% CI] | p (paired t) | queries | "
              "seconds | version after |", "|---|---|---|---|---|---:|---:|---|"]
     for new, d, secs in decisions:

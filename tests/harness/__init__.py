@@ -1,0 +1,3 @@
+"""Harnesses the tests and the benchmarks share: concurrent writers and readers, updates killed at random moments,
+random metadata filters against pandas. The tests run them small; ``benchmarks/`` runs them at full size and
+writes the reports."""
