@@ -17,7 +17,6 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 from twostage.indexer.errors import ConfigError, IndexFormatError, ShardUnavailableError
@@ -157,12 +156,6 @@ class ReplicatedShards:
         with self.lock:
             return [[n if a is not None else None for a, n in zip(row, nodes)]
                     for row, nodes in zip(self.actors, self.nodes)]
-
-    def each(self, fn: Callable[[Any], Any]) -> None:
-        with self.lock:
-            actors = [a for row in self.actors for a in row if a is not None]
-        for a in actors:
-            fn(a)
 
     def close(self) -> None:
         """Stop every replica (no replacement starts after this)."""

@@ -113,12 +113,6 @@ class _Shard:
     def manifest(self) -> Any:
         return self.engine.manifest
 
-    def node(self) -> str:
-        """The Ray node this actor runs on."""
-        import ray
-
-        return str(ray.get_runtime_context().get_node_id())
-
     def close(self) -> None:
         self.engine.close()
 
