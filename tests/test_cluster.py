@@ -16,6 +16,44 @@ SAMPLE = Path(__file__).parent.parent / "data" / "sample"
 QUERIES = [json.loads(line)["text"] for line in (SAMPLE / "queries.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
+def test_ray_start_launcher_joins_separate_nodes_and_stops_them():
+    """`ray start --head` + `ray start --address` processes (token auth made for the cluster). First in this file:
+    it runs before the module's cluster connects this process to Ray."""
+    pytest.importorskip("ray")
+    import os
+    import subprocess
+    import sys
+
+    from twostage.indexer.ray_util import LocalCluster, descendants
+
+    before = os.environ.get("RAY_AUTH_MODE")
+    with pytest.raises(ConfigError, match="launcher"):
+        LocalCluster(workers=1, launcher="ray-up")
+    c = LocalCluster(workers=2, cpus_per_node=1, launcher="ray-start")
+    try:
+        assert os.environ["RAY_AUTH_MODE"] == "token"
+        ids = [c.worker_node_id(0), c.worker_node_id(1)]
+        probe = (f"import json, ray; ray.init(address={c.address!r}, logging_level='ERROR'); "
+                 "print(json.dumps([n['NodeID'] for n in ray.nodes() if n['Alive']]))")
+        alive = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+        nodes = json.loads(alive.stdout.strip().splitlines()[-1])
+        assert len(nodes) == 3 and set(ids) <= set(nodes) and ids[0] != ids[1]
+        roots = [p.pid for p in c._started.procs]
+        killed = c.kill_worker(0)
+        assert roots[1] in killed and len(killed) > 1  # the node's `ray start` and the raylet under it
+        time.sleep(1)
+        assert not [pid for pid in killed if Path(f"/proc/{pid}").exists()
+                    and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"]
+        others = [*descendants(roots[2]), roots[2]]
+    finally:
+        c.shutdown()
+    assert all(p.poll() is not None for p in c._started.procs)
+    assert not [pid for pid in others if Path(f"/proc/{pid}").exists()
+                and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"]
+    assert os.environ.get("RAY_AUTH_MODE") == before and not c._started.dir.exists()
+
+
 @pytest.fixture(scope="module")
 def cluster():
     pytest.importorskip("ray")

@@ -182,7 +182,7 @@ def test_bad_sharded_directories(tmp_path, engines):
 def test_ray_shards_answer_as_local_ones(engines):
     ray = pytest.importorskip("ray")
     single, two = engines[0], engines[1]
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         remote = ShardedEngine.load(two.root, ray=True)
         assert remote.info()["remote"] and len(remote) == 205

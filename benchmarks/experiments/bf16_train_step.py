@@ -15,6 +15,7 @@ import argparse
 import platform
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,6 +28,25 @@ def cpu() -> tuple[str, str]:
     name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
     flags = [f for f in ("amx_bf16", "avx512_bf16") if f in info]
     return name, ", ".join(flags) or "neither amx_bf16 nor avx512_bf16"
+
+
+def texts(n: int, words: int) -> list[str]:
+    """``n`` synthetic texts of ``words`` words (biomedical vocabulary, no two alike)."""
+    vocab = "cell protein gene expression tumour patient study result effect level increase".split()
+    return [" ".join(vocab[(i + j) % len(vocab)] for j in range(words)) for i in range(n)]
+
+
+def train_step(model: Any, batch: Any, optimizer: Any, bf16: bool = False) -> float:
+    """Seconds of one forward (mean-pooled squared activations as the loss), backward and optimizer step."""
+    import torch
+
+    t0 = time.perf_counter()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        loss = model(**batch).last_hidden_state.mean(1).pow(2).mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return time.perf_counter() - t0
 
 
 def main() -> None:
@@ -43,20 +63,13 @@ def main() -> None:
 
     path = resolve_model("all-MiniLM-L6-v2")
     tokenizer, model = AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path)
-    words = ("cell protein gene expression tumour patient study result effect level increase").split()
-    texts = [" ".join(words[(i + j) % len(words)] for j in range(args.words)) for i in range(args.texts)]
-    batch = tokenizer(texts, padding=True, truncation=True, max_length=256, return_tensors="pt")
+    batch = tokenizer(texts(args.texts, args.words), padding=True, truncation=True, max_length=256,
+                      return_tensors="pt")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     times: dict[str, list[float]] = {"fp32": [], "bf16 autocast": []}
     for _ in range(args.rounds):
         for mode in times:
-            t0 = time.perf_counter()
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode != "fp32"):
-                loss = model(**batch).last_hidden_state.mean(1).pow(2).mean()
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            times[mode].append(time.perf_counter() - t0)
+            times[mode].append(train_step(model, batch, optimizer, bf16=mode != "fp32"))
             print(f"{mode}: {times[mode][-1]:.1f} s", flush=True)
     name, flags = cpu()
     best = {m: min(t) for m, t in times.items()}

@@ -16,6 +16,10 @@ shard. Then:
 4. **A write under load**: R=2, 2 clients, one of which searches for a new document's text; halfway a document is
    added (a new version; the clients move to the engine it returns). Every response is checked: answered by the
    old version, the new document is absent; by the new one, it is the first hit.
+5. **Over HTTP**: ``twostage serve`` on the cluster address (R=2): every test query's ``/search`` against the one
+   engine, then ``--http-requests`` requests from 4 concurrent clients.
+
+The nodes start as ``ray start`` processes (``--launcher ray-start``, the default) or through Ray's cluster_utils.
 
 Writes benchmarks/results/cluster_failover.md (+ .json, .png).
 """
@@ -111,6 +115,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "cluster")
     parser.add_argument("--build-only", action="store_true")
+    parser.add_argument("--launcher", default="ray-start", choices=("ray-start", "cluster_utils"),
+                        help="how the three nodes start: `ray start` processes (default) or Ray's cluster_utils")
+    parser.add_argument("--http-requests", type=int, default=1000, help="requests of the HTTP load (phase 5)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "cluster_failover.md")
     args = parser.parse_args()
     single_dir, sharded_dir = build(args)
@@ -134,7 +141,7 @@ def main() -> int:
 
     shutil.rmtree(work_copy, ignore_errors=True)
     shutil.copytree(sharded_dir, work_copy, symlinks=True)
-    with LocalCluster(workers=2, cpus_per_node=1) as cluster:
+    with LocalCluster(workers=2, cpus_per_node=1, launcher=args.launcher) as cluster:
         ray.init(address=cluster.address, log_to_driver=False)
         out["nodes"] = len([n for n in ray.nodes() if n["Alive"]])
 
@@ -214,11 +221,46 @@ def main() -> int:
         new.close()
         engine.close()
         ray.shutdown()
+
+        # 5. `twostage serve` on the cluster address (R=2): /search equal to the one engine, then an HTTP load
+        out["http"] = http_phase(sharded_dir, cluster.address, single, queries, args.http_requests)
+        print("http:", out["http"], flush=True)
     single.close()
     args.out.with_suffix(".json").write_text(json.dumps(out, indent=1, default=str) + "\n")
     args.out.write_text(report(out, args, machine()), encoding="utf-8")
     print(args.out.read_text())
     return 0
+
+
+def http_phase(sharded_dir: Path, address: str, single: Any, queries: list[str], requests: int) -> dict[str, Any]:
+    """`twostage serve ENGINE --ray-address ADDR --replicas 2` in a child process: every test query's /search
+    against the one engine (ids; scores within 1e-6 after JSON), then ``requests`` requests from 4 clients."""
+    import asyncio
+
+    import httpx
+    from serve_load import Server, load
+
+    t = time.time()
+    server = Server(sharded_dir, "--ray-address", address, "--replicas", "2")
+    started_s = time.time() - t
+    try:
+        same_ids = close_scores = failed = 0
+        for q in queries:
+            r = httpx.post(f"{server.url}/search", json={"query": q, "k": 10}, timeout=120)
+            if r.status_code != 200:
+                failed += 1
+                continue
+            hits = r.json()["hits"]
+            b = single.ranked(q, 10, first_stage="hybrid", rerank=False)
+            same_ids += [h["id"] for h in hits] == list(b.ids)
+            close_scores += len(hits) == len(b.scores) and bool(
+                np.allclose([h["score"] for h in hits], b.scores, rtol=0, atol=1e-6))
+        result = asyncio.run(load(server.url, queries, 4, requests, 600))
+        result.pop("latencies")
+    finally:
+        server.stop()
+    return {"start_s": started_s, "queries": len(queries), "same_ids": same_ids, "close_scores": close_scores,
+            "failed": failed, "load": result}
 
 
 def plot(records: list[tuple[float, float, str, str]], killed_at: float, healthy: float | None, path: Path) -> None:
@@ -251,7 +293,9 @@ def report(out: dict[str, Any], args: argparse.Namespace, where: str) -> str:
     lines = ["# A sharded engine on a 3-node Ray cluster: exactness, a node lost, a write, R=1 vs R=2", "",
              f"Command: `python benchmarks/experiments/cluster_failover.py {' '.join(sys.argv[1:])}`", "",
              f"Machine: {where}. Cluster: {out['nodes']} nodes on this machine (a head and 2 workers, each its own "
-             "raylet and object store, 1 CPU each: `LocalCluster`, Ray's cluster_utils); SciFact corpus, "
+             "raylet and object store, 1 CPU each: `LocalCluster`, "
+             + ("`ray start --head` and two `ray start --address` processes" if args.launcher == "ray-start"
+                else "Ray's cluster_utils") + "); SciFact corpus, "
              f"{args.shards} shards, whole documents, exact search, hybrid, no reranker, {args.model}; "
              "2 client threads in this process calling `search`.", "",
              "## Exactness (R=2)", "",
@@ -266,8 +310,8 @@ def report(out: dict[str, Any], args: argparse.Namespace, where: str) -> str:
               "The three nodes share this machine's 2 cores (and the driver encodes every query), so a second "
               "replica adds no CPU: it buys availability here, not speed.", "",
               "## A worker node killed under load (R=2)", "",
-              f"SIGKILL to the raylet of worker node 1 and its {lost['killed_pids'] - 1} processes, a third of the way "
-              f"in. Requests: **{lost['summary']['requests']}, {lost['summary']['failed']} failed**"
+              f"SIGKILL to worker node 1's {lost['killed_pids']} processes (its raylet, its Ray workers and, with "
+              "`ray start`, the command that started it), a third of the way in. Requests: **{lost['summary']['requests']}, {lost['summary']['failed']} failed**"
               + (f" ({'; '.join(lost['summary']['errors'])})" if lost['summary']['failed'] else "")
               + f"; after the kill {lost['after_kill']['requests']} requests, p50 {lost['after_kill']['p50_ms']:.1f} "
               f"ms, max {lost['after_kill']['max_ms']:.0f} ms. Every shard had 2 live replicas again "
@@ -283,6 +327,15 @@ def report(out: dict[str, Any], args: argparse.Namespace, where: str) -> str:
               f"started after the commit, {w['later_on_new']} were answered by the new version; responses mixing "
               f"versions (the new document seen by the old version, or missing from the new one): **{w['mixed']}**.",
               ""]
+    if "http" in out:
+        h, hl = out["http"], out["http"]["load"]
+        lines += ["## Served over HTTP from the cluster (R=2)", "",
+                  "`twostage serve ENGINE --ray-address ADDR --replicas 2` in a child process (it joins the cluster as "
+                  f"a driver; up in {h['start_s']:.0f} s). Every test query's `POST /search` against the one engine: "
+                  f"ids equal on **{h['same_ids']} / {h['queries']}**, scores within 1e-6 on **{h['close_scores']} / "
+                  f"{h['queries']}**, {h['failed']} failed. Then {hl['requests']} requests from {hl['concurrency']} "
+                  f"concurrent clients (httpx): **{hl['errors']} errors**, {hl['rps']:.1f} requests/s, p50 "
+                  f"{hl['p50_ms']:.1f} ms, p95 {hl['p95_ms']:.1f} ms.", ""]
     return "\n".join(lines) + "\n"
 
 

@@ -40,7 +40,7 @@ def encoding(tmp: Path, n_docs: int, model: str) -> dict:
     docs = [d for _, d in zip(range(n_docs), iter_documents(Path("../shared/data/scifact")))]
     corpus = tmp / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"_id": d.id, "title": d.title, "text": d.text}) + "\n" for d in docs))
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
     serial_s, ray_s = [], []
     encoder = BiEncoder.load(model)
     for _ in range(3):

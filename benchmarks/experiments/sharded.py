@@ -83,7 +83,7 @@ def main() -> None:
         if not args.no_ray:
             import ray
 
-            ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+            ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
         sharded = ShardedEngine.load(work / f"shards-{n}", ray=not args.no_ray)
         same = {}
         for stage in STAGES:

@@ -15,13 +15,8 @@ update writes several rows per document and an upsert changes how many (0: whole
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -79,24 +74,6 @@ def random_op(rng: random.Random, n: int) -> dict:
     return {"kind": kind, "texts": texts, "tag": f"r{n}", "seed": n, "n": rng.randint(1, 5)}
 
 
-def worker(path: Path, op: dict, kill_after: float | None = None) -> float:
-    """Run ``op`` on ``path`` in a subprocess; kill it ``kill_after`` seconds after it starts working."""
-    proc = subprocess.Popen([sys.executable, __file__, str(path), json.dumps(op)],
-                            stdout=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    assert proc.stdout is not None
-    if proc.stdout.readline().strip() != "ready":  # imports are done: the operation starts now
-        raise RuntimeError("the worker did not start")
-    t0 = time.perf_counter()
-    if kill_after is None:
-        if proc.wait() != 0:
-            raise RuntimeError(f"the operation {op['kind']} failed")
-        return time.perf_counter() - t0
-    time.sleep(kill_after)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    return kill_after
-
-
 def make_engine(workdir: Path, passages: int = 0) -> Path:
     sys.path.insert(0, str(ROOT))
     from tests.conftest import build_tiny_bert
@@ -109,29 +86,13 @@ def make_engine(workdir: Path, passages: int = 0) -> Path:
 
 
 def run(rounds: int, seed: int, workdir: Path, passages: int = 0) -> dict:
+    sys.path.insert(0, str(ROOT))
+    from tests.harness.crash import crash_rounds
+
     rng = random.Random(seed)
     engine = make_engine(workdir, passages)
-    outcomes = {"old": 0, "new": 0}
-    ops: dict[str, int] = {}
-    for n in range(rounds):
-        op = random_op(rng, n)
-        ops[op["kind"]] = ops.get(op["kind"], 0) + 1
-        old = answers(engine)
-        trial = workdir / "trial"
-        shutil.rmtree(trial, ignore_errors=True)
-        shutil.copytree(engine, trial, symlinks=True)
-        duration = worker(trial, op)  # the same subprocess path, run to the end: the new state and its duration
-        new = answers(trial)
-        worker(engine, op, kill_after=rng.uniform(0, duration * 1.2))
-        got = answers(engine)  # raises if the engine does not load, a checksum fails or the parts disagree
-        if got == old:
-            outcomes["old"] += 1
-        elif got == new:
-            outcomes["new"] += 1
-        else:
-            raise AssertionError(f"round {n} ({op['kind']}): the engine answers neither as before nor as after")
-    return {"rounds": rounds, "outcomes": outcomes, "operations": ops}
-
+    # answers() raises if the engine does not load, a checksum fails or the parts disagree
+    return crash_rounds(engine, workdir, rounds, rng, __file__, random_op, answers)
 
 def worker_entry() -> None:
     """``python tests/harness/engine_crash.py PATH OP``: the subprocess :func:`worker` starts (every import

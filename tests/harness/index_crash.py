@@ -12,13 +12,8 @@ and answer a fixed query set exactly as the old state or exactly as the new stat
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -80,49 +75,15 @@ def random_op(rng: random.Random, n: int) -> dict:
             else rng.randint(100, 205), "backend": rng.choice(["hnswlib", "faiss-hnsw", "flat", "faiss-ivf"])}
 
 
-def worker(path: Path, op: dict, kill_after: float | None = None) -> float:
-    """Run ``op`` on ``path`` in a subprocess; kill it ``kill_after`` seconds after it starts working."""
-    proc = subprocess.Popen([sys.executable, __file__, str(path), json.dumps(op)],
-                            stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    if proc.stdout.readline().strip() != "ready":  # imports are done: the operation starts now
-        raise RuntimeError("the worker did not start")
-    t0 = time.perf_counter()
-    if kill_after is None:
-        if proc.wait() != 0:
-            raise RuntimeError(f"the operation {op['kind']} failed")
-        return time.perf_counter() - t0
-    time.sleep(kill_after)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    return kill_after
-
-
 def run(rounds: int, seed: int, workdir: Path) -> dict:
+    sys.path.insert(0, str(ROOT))
+    from tests.harness.crash import crash_rounds
+
     rng = random.Random(seed)
     index = workdir / "index"
     apply(index, {"kind": "rebuild", "n": 205, "backend": "hnswlib"})
-    outcomes = {"old": 0, "new": 0}
-    ops: dict[str, int] = {}
-    for n in range(rounds):
-        op = random_op(rng, n)
-        ops[op["kind"]] = ops.get(op["kind"], 0) + 1
-        old = answers(index)
-        trial = workdir / "trial"
-        shutil.rmtree(trial, ignore_errors=True)
-        shutil.copytree(index, trial, symlinks=True)
-        duration = worker(trial, op)  # the same subprocess path, run to the end: the new state and its duration
-        new = answers(trial)
-        worker(index, op, kill_after=rng.uniform(0, duration * 1.2))
-        got = answers(index)  # raises if the index does not load or a checksum fails
-        if got == old:
-            outcomes["old"] += 1
-        elif got == new:
-            outcomes["new"] += 1
-        else:
-            raise AssertionError(f"round {n} ({op['kind']}): the index answers neither as before nor as after")
-    return {"rounds": rounds, "outcomes": outcomes, "operations": ops}
-
+    # answers() raises if the index does not load or a checksum fails
+    return crash_rounds(index, workdir, rounds, rng, __file__, random_op, answers)
 
 def worker_entry() -> None:
     """``python tests/harness/index_crash.py PATH OP``: the subprocess :func:`worker` starts (every import
