@@ -7,6 +7,7 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -103,7 +104,7 @@ class LocalCluster:
         else:
             root = self.workers[i].all_processes["raylet"][0].process.pid
         pids = [*descendants(root), root]
-        _signal(pids, 9)
+        _signal(pids, signal.SIGKILL)
         return pids
 
     def shutdown(self) -> None:
@@ -184,13 +185,13 @@ class _RayStart:
     def stop(self, keep_logs: bool = False) -> None:
         for proc in reversed(self.procs):
             if proc.poll() is None:
-                _signal([*descendants(proc.pid), proc.pid], 15)
+                _signal([*descendants(proc.pid), proc.pid], signal.SIGTERM)
         deadline = time.time() + 15
         for proc in self.procs:
             try:
                 proc.wait(timeout=max(0.1, deadline - time.time()))
             except Exception:  # noqa: BLE001 - it did not stop in time: kill what is left
-                _signal([*descendants(proc.pid), proc.pid], 9)
+                _signal([*descendants(proc.pid), proc.pid], signal.SIGKILL)
                 proc.wait()
         for log in self.logs:
             log.close()
