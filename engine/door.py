@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from twostage.engine.replicas import check_replicas
 from twostage.engine.search_engine import WHAT, SearchEngine, format_of
 from twostage.engine.sharded import FORMAT, ShardedEngine
 from twostage.indexer.errors import ConfigError
@@ -22,9 +23,7 @@ def open_engine(path: str | Path, *, verify: bool = True, ray: bool = False, dev
     CPU)."""
     from twostage.retriever.device import resolve_device
 
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
-        raise ConfigError(f"--replicas must be an integer >= 1, got {replicas!r}")
-    ray = ray or address is not None or replicas > 1
+    ray = ray or address is not None or check_replicas(replicas) > 1
     root = Path(path)
     if (root / "CURRENT").is_file() and format_of(current_version(root, WHAT)) == FORMAT:
         if resolve_device(device) != "cpu" and device != "auto":

@@ -24,14 +24,19 @@ from twostage.indexer.errors import ConfigError, IndexFormatError, ShardUnavaila
 logger = logging.getLogger(__name__)
 
 
+def check_replicas(replicas: object) -> int:
+    """``replicas`` when it is a whole number >= 1, else one ConfigError saying so."""
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise ConfigError(f"--replicas must be an integer >= 1, got {replicas!r}")
+    return replicas
+
+
 class ReplicatedShards:
-    """``replicas`` Ray actors for each (shard root, version) in ``specs``; ``make(root, version)`` starts one
-    (``actor_class.options(...).remote``: the caller's Ray actor class and resources)."""
+    """``replicas`` Ray actors (checked by :func:`check_replicas`) for each (shard root, version) in ``specs``;
+    ``actor_class.options(...).remote(root, version, verify)`` starts one (the caller's Ray actor class)."""
 
     def __init__(self, ray: Any, actor_class: Any, specs: list[tuple[str, str]], *, verify: bool, replicas: int = 1,
                  num_cpus: float = 1.0, call_timeout: float = 30.0) -> None:
-        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
-            raise IndexFormatError(f"replicas must be an integer >= 1, got {replicas!r}")
         self.ray, self.actor_class, self.specs, self.verify = ray, actor_class, specs, verify
         self.num_cpus, self.call_timeout, self.count = num_cpus, call_timeout, replicas
         self.lock = threading.Lock()

@@ -41,6 +41,7 @@ import numpy as np
 
 from twostage.engine.knobs import resolved_blends
 from twostage.engine.models import Models
+from twostage.engine.replicas import ReplicatedShards, check_replicas
 from twostage.engine.search import TwoStageSearch
 from twostage.engine.search_engine import (
     SearchEngine,
@@ -159,7 +160,7 @@ class ShardedEngine(TwoStageSearch):
         root = Path(path)
         if not root.is_dir():
             raise IndexFormatError(f"{root}: no such sharded engine directory")
-        if replicas != 1 and not ray:
+        if check_replicas(replicas) != 1 and not ray:
             raise ConfigError("replicas need ray=True: in one process each shard is opened once")
         return open_current(root, lambda v, lease: cls._open(root, v, lease, verify, ray, address, num_cpus,
                                                              cpus_per_shard, replicas), WHAT)
@@ -181,8 +182,6 @@ class ShardedEngine(TwoStageSearch):
             engine = cls(root, version_dir, names, local, lease, local=local)
         else:
             from twostage.indexer.ray_util import connect
-
-            from twostage.engine.replicas import ReplicatedShards
 
             ray_mod = connect(address, num_cpus)
             nodes = [float(n["Resources"]["CPU"]) for n in ray_mod.nodes()

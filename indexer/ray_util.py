@@ -72,37 +72,20 @@ class LocalCluster:
             raise ConfigError(f"workers must be >= 0, got {workers}")
         if launcher not in LAUNCHERS:
             raise ConfigError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
-        self.launcher = launcher
-        memory = object_store_mb << 20
-        if launcher == "ray-start":
-            self._started = _RayStart(workers, cpus_per_node, memory)
-            return
-        from ray.cluster_utils import Cluster
-
-        head = {"num_cpus": cpus_per_node, "include_dashboard": False, "object_store_memory": memory}
-        self.cluster = Cluster(initialize_head=True, head_node_args=head)
-        self.workers = [self.cluster.add_node(num_cpus=cpus_per_node, object_store_memory=memory)
-                        for _ in range(workers)]
-        self.cluster.wait_for_nodes()
+        nodes = _RayStart if launcher == "ray-start" else _ClusterUtils
+        self._started = nodes(workers, cpus_per_node, object_store_mb << 20)
 
     @property
     def address(self) -> str:
-        if self.launcher == "ray-start":
-            return self._started.address
-        return str(self.cluster.address)
+        return self._started.address
 
     def worker_node_id(self, i: int) -> str:
-        if self.launcher == "ray-start":
-            return self._started.node_ids[i]
-        return str(self.workers[i].node_id)
+        return self._started.node_ids[i]
 
     def kill_worker(self, i: int) -> list[int]:
         """SIGKILL worker node ``i``: its raylet and every process under it (its Ray workers, the shard actors);
         the pids killed."""
-        if self.launcher == "ray-start":
-            root = self._started.procs[i + 1].pid
-        else:
-            root = self.workers[i].all_processes["raylet"][0].process.pid
+        root = self._started.worker_root(i)
         pids = [*descendants(root), root]
         _signal(pids, signal.SIGKILL)
         return pids
@@ -113,16 +96,34 @@ class LocalCluster:
 
         if ray.is_initialized():
             ray.shutdown()
-        if self.launcher == "ray-start":
-            self._started.stop()
-        else:
-            self.cluster.shutdown()
+        self._started.stop()
 
     def __enter__(self) -> LocalCluster:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+class _ClusterUtils:
+    """Ray's ``cluster_utils``: a head and the workers started from this process."""
+
+    def __init__(self, workers: int, cpus: float, memory: int) -> None:
+        from ray.cluster_utils import Cluster
+
+        head = {"num_cpus": cpus, "include_dashboard": False, "object_store_memory": memory}
+        self.cluster = Cluster(initialize_head=True, head_node_args=head)
+        self.workers = [self.cluster.add_node(num_cpus=cpus, object_store_memory=memory) for _ in range(workers)]
+        self.cluster.wait_for_nodes()
+        self.address = str(self.cluster.address)
+        self.node_ids = [str(w.node_id) for w in self.workers]
+
+    def worker_root(self, i: int) -> int:
+        """The pid of worker ``i``'s raylet."""
+        return int(self.workers[i].all_processes["raylet"][0].process.pid)
+
+    def stop(self) -> None:
+        self.cluster.shutdown()
 
 
 _MARK = "twostage_local_worker_"
@@ -181,6 +182,10 @@ class _RayStart:
                 raise ConfigError(f"the local Ray cluster did not come up: {len(marked)} of {workers} worker nodes "
                                   f"after 120 s; see the logs in {self.dir}")
             time.sleep(1)
+
+    def worker_root(self, i: int) -> int:
+        """The pid of worker ``i``'s ``ray start`` (its raylet and Ray workers run under it)."""
+        return self.procs[i + 1].pid
 
     def stop(self, keep_logs: bool = False) -> None:
         for proc in reversed(self.procs):

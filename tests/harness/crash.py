@@ -35,6 +35,13 @@ def worker(script: str, path: Path, op: dict, kill_after: float | None = None) -
     return kill_after
 
 
+def worker_main(apply: Callable[[Path, dict], None]) -> None:
+    """The subprocess side of :func:`worker`, called once the harness has imported what the operation needs (so
+    that a kill lands inside the operation): say "ready", then ``apply(PATH, OP)`` from the command line."""
+    print("ready", flush=True)
+    apply(Path(sys.argv[1]), json.loads(sys.argv[2]))
+
+
 def crash_rounds(target: Path, workdir: Path, rounds: int, rng: random.Random, script: str,
                  random_op: Callable[[random.Random, int], dict], answers: Callable[[Path], list]) -> dict:
     """``rounds`` random operations on ``target``, each killed at a random moment: how many left the old state

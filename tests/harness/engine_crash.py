@@ -14,7 +14,6 @@ update writes several rows per document and an upsert changes how many (0: whole
 
 from __future__ import annotations
 
-import json
 import random
 import sys
 from pathlib import Path
@@ -94,6 +93,7 @@ def run(rounds: int, seed: int, workdir: Path, passages: int = 0) -> dict:
     # answers() raises if the engine does not load, a checksum fails or the parts disagree
     return crash_rounds(engine, workdir, rounds, rng, __file__, random_op, answers)
 
+
 def worker_entry() -> None:
     """``python tests/harness/engine_crash.py PATH OP``: the subprocess :func:`worker` starts (every import
     first, so that the kill lands inside the operation)."""
@@ -103,8 +103,10 @@ def worker_entry() -> None:
     import twostage.engine.search_engine
     import twostage.retriever.biencoder  # noqa: F401
 
-    print("ready", flush=True)
-    apply(Path(sys.argv[1]), json.loads(sys.argv[2]))
+    sys.path.insert(0, str(ROOT))
+    from tests.harness.crash import worker_main
+
+    worker_main(apply)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ and answer a fixed query set exactly as the old state or exactly as the new stat
 
 from __future__ import annotations
 
-import json
 import random
 import sys
 from pathlib import Path
@@ -85,6 +84,7 @@ def run(rounds: int, seed: int, workdir: Path) -> dict:
     # answers() raises if the index does not load or a checksum fails
     return crash_rounds(index, workdir, rounds, rng, __file__, random_op, answers)
 
+
 def worker_entry() -> None:
     """``python tests/harness/index_crash.py PATH OP``: the subprocess :func:`worker` starts (every import
     first, so that the kill lands inside the operation)."""
@@ -97,8 +97,10 @@ def worker_entry() -> None:
     import twostage.indexer.corpus
     import twostage.indexer.index  # noqa: F401
 
-    print("ready", flush=True)
-    apply(Path(sys.argv[1]), json.loads(sys.argv[2]))
+    sys.path.insert(0, str(ROOT))
+    from tests.harness.crash import worker_main
+
+    worker_main(apply)
 
 
 if __name__ == "__main__":
