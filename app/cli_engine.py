@@ -159,6 +159,10 @@ def _build(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     retriever, reranker = args.retriever, args.reranker
+    if str(retriever).lower() == "none":  # BM25 only (with --reranker: BM25's candidates reranked)
+        if args.adapt is not None or args.shards:
+            raise ConfigError("--retriever none builds one BM25-only engine: leave out --adapt and --shards")
+        retriever = None
     if args.adapt is not None:
         if args.reranker:
             raise ConfigError("--adapt trains the reranker: give --adapt or --reranker, not both")
@@ -433,7 +437,8 @@ def add_commands(sub: Any) -> None:
                    help="BEIR directory, .jsonl, .parquet, .csv, .tsv, or a folder of .txt, .md, .html and .pdf files "
                         "(id: the path in the folder; the pdf extra reads PDFs)")
     b.add_argument("--out", required=True, type=Path, help="the engine directory")
-    b.add_argument("--retriever", default="all-MiniLM-L6-v2", help="bi-encoder name or directory")
+    b.add_argument("--retriever", default="all-MiniLM-L6-v2",
+                   help="bi-encoder name or directory; none: a BM25-only engine (first stage bm25, nothing encoded)")
     b.add_argument("--reranker", default=None, help="cross-encoder directory (trained by twostage train-reranker)")
     b.add_argument("--adapt", type=Path, default=None, metavar="MODELS_DIR",
                    help="first adapt --retriever and a reranker to this corpus without labels (as twostage adapt "

@@ -93,6 +93,9 @@ def add_compat_routes(app: Any, searching: Callable[[], AbstractContextManager[A
 
         def run() -> Any:
             with searching() as engine:
+                if engine.manifest.retriever is None:
+                    return error(409, "this engine has no retriever (built BM25-only); build it with --retriever "
+                                      "to serve embeddings")
                 encoder = engine.encoder
                 dim = int(encoder.dim) if hasattr(encoder, "dim") else None
                 if body.dimensions is not None and dim is not None and body.dimensions != dim:

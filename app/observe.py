@@ -97,7 +97,8 @@ class _EngineCollector:
         info = GaugeMetricFamily("twostage_engine_info", "The served engine version and its models (value 1)",
                                  labels=["version", "retriever", "reranker"])
         m = engine.manifest
-        info.add_metric([engine.version, m.retriever.name, m.reranker.name if m.reranker else ""], 1.0)
+        info.add_metric([engine.version, m.retriever.name if m.retriever else "none",
+                         m.reranker.name if m.reranker else ""], 1.0)
         yield info
         loads = GaugeMetricFamily("twostage_model_load_seconds", "Seconds each model took to load and verify",
                                   labels=["model"])

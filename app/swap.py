@@ -77,11 +77,14 @@ def swap(path: str | Path, *, retriever: str | Path | None = None, reranker: str
     try:
         queries, judged, judged_by = _judgments(current, qrels, split, pseudo_queries, seed)
         keep = current.manifest
+        if keep.retriever is None and retriever is not None:
+            raise ConfigError(f"{root}: a BM25-only engine; give it a retriever with a new build (twostage build "
+                              "--retriever), then swap models")
         # a new reranker brings its own dev-chosen blends (resolved into the candidate's manifest by the build)
         settings = with_changes(current.settings, {"rerank_blend": "auto", "rerank_calibration": None}) \
             if reranker else current.settings
         candidate = SearchEngine.build(current.iter_documents(), staging / "engine",
-                                       retriever=retriever or keep.retriever.path,
+                                       retriever=retriever or (keep.retriever.path if keep.retriever else None),
                                        reranker=reranker or (keep.reranker.path if keep.reranker else None),
                                        settings=settings, show_progress=show_progress,
                                        device=current.device)

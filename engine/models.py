@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from twostage.indexer.engine_dir import EngineManifest, ModelRef
 from twostage.indexer.errors import ConfigError
 from twostage.retriever.precision import resolve_precision
@@ -40,7 +42,8 @@ class Models:
     def for_manifest(self, manifest: EngineManifest) -> Models:
         """These models for a version naming ``manifest``'s models (the first version they serve claims them), or
         fresh ones on the same device when it names other weights (a version written by a model swap)."""
-        weights = (manifest.retriever.sha256, manifest.reranker.sha256 if manifest.reranker else None)
+        weights = (manifest.retriever.sha256 if manifest.retriever else NO_RETRIEVER,
+                   manifest.reranker.sha256 if manifest.reranker else None)
         with self.lock:
             if self.weights is None:
                 self.weights = weights
@@ -59,3 +62,24 @@ class Models:
                                                precision=resolve_precision(precision, role, self.device),
                                                device=self.device, trust_remote_code=ref.trust_remote_code))
         return getattr(self, slot)
+
+
+NO_RETRIEVER = "none"  # the retriever's name (and weights) in an engine built without one
+
+
+class NoRetriever:
+    """The retriever of an engine built without one (BM25 only, with or without a reranker): every text becomes a
+    vector of width 0, so the document store, its filters and every update work as in any engine, and nothing is
+    encoded. The engine refuses dense and hybrid searches before they get here."""
+
+    name = NO_RETRIEVER
+    dim = 0
+    truncated = 0
+
+    def encode(self, texts: Any, kind: str = "document", batch_size: int = 32, **_: Any) -> np.ndarray:
+        return np.zeros((len(texts), 0), dtype=np.float32)
+
+    def info(self) -> Any:
+        from twostage.indexer.manifest import EncoderInfo
+
+        return EncoderInfo(name=NO_RETRIEVER, dim=0, normalize=False)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from twostage.engine.knobs import blend_of, settings_for
-from twostage.engine.models import Models
+from twostage.engine.models import Models, NoRetriever
 from twostage.engine.pages import PageToken, decode_page_token, encode_page_token, fingerprint, page_key
 from twostage.indexer.engine_dir import (
     EngineManifest,
@@ -132,6 +132,10 @@ class TwoStageSearch:
         """The bi-encoder, loaded (its weights verified against the manifest) on first use."""
         from twostage.retriever.biencoder import BiEncoder
 
+        if self.manifest.retriever is None:  # built BM25-only: zero-width vectors, nothing to load
+            if self._models.encoder is None:
+                self._models.encoder = NoRetriever()
+            return self._models.encoder
         return self._models.loaded("encoder", self.manifest.retriever, "retriever", BiEncoder.load,
                                    self.settings.precision)
 
@@ -288,6 +292,9 @@ class TwoStageSearch:
         n = max(window, n_first)
         timings: dict[str, float] = {}
         vectors = None
+        if s.first_stage != "bm25" and self.manifest.retriever is None:
+            raise ConfigError(f"first_stage {s.first_stage} needs a retriever, and this engine was built without one "
+                              "(BM25 only): search with first_stage bm25, or rebuild the engine with --retriever")
         if s.first_stage in ("dense", "hybrid"):
             t = time.perf_counter()
             vectors = self.encoder.encode(queries, kind="query", batch_size=s.batch_size)

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from twostage.engine.knobs import resolved_blends
-from twostage.engine.models import Models
+from twostage.engine.models import Models, NoRetriever
 from twostage.engine.search import TwoStageSearch
 from twostage.indexer.build import (
     check_out_dir,
@@ -201,9 +201,12 @@ class SearchEngine(TwoStageSearch):
                     "passage_whole_up_to": s.passage_whole_up_to, "rerank_whole_up_to": s.rerank_whole_up_to,
                     "summary": f"{cut} of {m.documents} documents are longer than "
                                f"{max(s.passage_words, s.passage_whole_up_to)} words and are searched as overlapping "
-                               f"passages ({m.passages} in all; the retriever reads every word); the reranker reads "
+                               f"passages ({m.passages} in all; every word is searched); the reranker reads "
                                + (f"a document of at most {s.rerank_whole_up_to} words whole, a longer one"
                                   if s.rerank_whole_up_to else "each document") + " by its best passage"}
+        if m.retriever is None:
+            return {"passages": 0, "documents_truncated": 0,
+                    "summary": f"{m.documents} documents, searched whole by BM25 (no retriever)"}
         return {"passages": 0, "documents_truncated": m.truncated,
                 "summary": f"{m.truncated} of {m.documents} documents were longer than the retriever reads "
                            f"({reads} tokens) when added: only their beginning is searched by the dense stage; "
@@ -213,7 +216,8 @@ class SearchEngine(TwoStageSearch):
         m = self.manifest
         return {"path": str(self.root), "version": self.version, "documents": m.documents,
                 "reading": self.reading(),
-                "settings": {**to_json_dict(m.settings), "rerank": self.reranks}, "retriever": asdict(m.retriever),
+                "settings": {**to_json_dict(m.settings), "rerank": self.reranks},
+                "retriever": asdict(m.retriever) if m.retriever else None,
                 "reranker": asdict(m.reranker) if m.reranker else None, "dense": self.index.info(),
                 "bm25": {"documents": len(self.bm25), "config": to_json_dict(self.bm25.config)},
                 "metadata_fields": sorted(self.index.metadata_fields()), "metadata_kinds": self.index.metadata_kinds(),
@@ -340,7 +344,7 @@ class SearchEngine(TwoStageSearch):
 
     # ---- building ------------------------------------------------------------------------------
     @classmethod
-    def build(cls, corpus: CorpusSource, path: str | Path, *, retriever: str | Path = "all-MiniLM-L6-v2",
+    def build(cls, corpus: CorpusSource, path: str | Path, *, retriever: str | Path | None = "all-MiniLM-L6-v2",
               reranker: str | Path | None = None, settings: EngineSettings | None = None, chunk_size: int = 4096,
               resume: bool = True, show_progress: bool = False, device: str = "auto",
               trust_remote_code: bool = False, **overrides: Any) -> SearchEngine:
@@ -352,8 +356,13 @@ class SearchEngine(TwoStageSearch):
         encode (cpu, cuda, cuda:N or auto); the engine opens on any device afterwards. ``trust_remote_code`` lets
         both models run Python code shipped with them (off by default; recorded in the manifest, so the engine
         loads them the same way later).
+
+        ``retriever=None`` builds a BM25-only engine (no dense index, nothing encoded; with a reranker, BM25's
+        candidates reranked): its first stage is bm25, and dense or hybrid searches are refused.
         """
         settings = with_changes(settings or EngineSettings(), overrides, "build")
+        if retriever is None:
+            settings = bm25_only(settings, overrides)
         device = resolve_device(device)
         if chunk_size <= 0:
             raise ConfigError(f"chunk_size must be positive, got {chunk_size}")
@@ -539,7 +548,7 @@ class _Encoded:
     work: Path
     done: list[dict[str, Any]]
     info: Any
-    retriever: ModelRef
+    retriever: ModelRef | None
     reranker: ModelRef | None
     models: Models
 
@@ -549,7 +558,7 @@ class _Encoded:
         shutil.rmtree(self.work, ignore_errors=True)
 
 
-def encode_corpus(corpus: CorpusSource, out: Path, settings: EngineSettings, retriever: str | Path,
+def encode_corpus(corpus: CorpusSource, out: Path, settings: EngineSettings, retriever: str | Path | None,
                    reranker: str | Path | None, chunk_size: int, resume: bool, show_progress: bool,
                    device: str = "cpu", trust_remote_code: bool = False) -> _Encoded:
     """Load (and check) the models on ``device`` (resolved), then encode the corpus in resumable chunks next to
@@ -558,12 +567,12 @@ def encode_corpus(corpus: CorpusSource, out: Path, settings: EngineSettings, ret
 
     BackendConfig(settings.backend, settings.metric)  # a bad backend or metric fails before any encoding
     precision = resolve_precisions(settings.precision, device)
-    retriever_ref = model_ref(retriever, trust_remote_code)
+    retriever_ref = model_ref(retriever, trust_remote_code) if retriever is not None else None
     reranker_ref = model_ref(reranker, trust_remote_code) if reranker is not None else None
     calibration = calibration_texts(corpus, "openvino-int8" in precision.values())
-    models = Models(encoder=BiEncoder.load(retriever_ref.path, precision=precision["retriever"],
-                                            calibration=calibration, device=device,
-                                            trust_remote_code=trust_remote_code), device=device)
+    models = Models(encoder=NoRetriever() if retriever_ref is None else BiEncoder.load(
+        retriever_ref.path, precision=precision["retriever"], calibration=calibration, device=device,
+        trust_remote_code=trust_remote_code), device=device)
     if reranker_ref is not None:
         from twostage.reranker.cross_encoder import CrossEncoder, calibration_pairs
 
@@ -582,6 +591,16 @@ def encode_corpus(corpus: CorpusSource, out: Path, settings: EngineSettings, ret
                   chunk_size=chunk_size, batch_size=settings.batch_size, show_progress=show_progress,
                   unit="passage" if settings.passages.enabled else "doc")
     return _Encoded(work, done, info, retriever_ref, reranker_ref, models)
+
+
+def bm25_only(settings: EngineSettings, overrides: dict[str, Any]) -> EngineSettings:
+    """The settings of an engine built without a retriever: first stage bm25; its (empty) dense part flat, by
+    inner product. A dense or hybrid first stage asked for by name is an error."""
+    asked = overrides.get("first_stage", settings.first_stage if settings.first_stage != "hybrid" else "bm25")
+    if asked != "bm25":
+        raise ConfigError(f"first_stage {asked} needs a retriever: give one (--retriever NAME_OR_DIR), or build "
+                          "with first_stage bm25")
+    return replace(settings, first_stage="bm25", backend="flat", metric="ip")
 
 
 def passages_of(corpus: CorpusSource, settings: EngineSettings) -> Iterator[Document]:

@@ -140,8 +140,8 @@ class ShardedEngine(TwoStageSearch):
         self.manifest = manifests[0]
         self._models = Models()
         for (name, _), m in zip(names, manifests):  # searched as one engine: the same models and settings
-            if (m.settings, m.retriever.sha256, m.reranker and m.reranker.sha256) != \
-                    (self.manifest.settings, self.manifest.retriever.sha256,
+            if (m.settings, m.retriever and m.retriever.sha256, m.reranker and m.reranker.sha256) != \
+                    (self.manifest.settings, self.manifest.retriever and self.manifest.retriever.sha256,
                      self.manifest.reranker and self.manifest.reranker.sha256):
                 raise IndexFormatError(f"{root / name}: its settings or models differ from the first shard's; "
                                        "the shards of one engine must match: rebuild the sharded engine")

@@ -11,10 +11,7 @@ from twostage.indexer.corpus import Corpus
 from twostage.indexer.engine_dir import EngineSettings, with_changes
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.protocols import Retriever as SearchSystem
-from twostage.indexer.records import RankedList
 from twostage.retriever.bm25 import BM25Config, BM25Retriever
-from twostage.retriever.device import resolve_device
-from twostage.retriever.precision import resolve_precision
 
 
 @dataclass(frozen=True)
@@ -40,8 +37,14 @@ class SystemOptions:
 _ENGINES: weakref.WeakKeyDictionary[Corpus, dict[tuple[Any, ...], Any]] = weakref.WeakKeyDictionary()
 
 
-def engine_for(corpus: Corpus, options: SystemOptions, *, need_reranker: bool = False) -> Any:
-    """The search engine the harness's dense, hybrid and +rerank systems are views of."""
+def engine_for(corpus: Corpus, options: SystemOptions, *, need_reranker: bool = False,
+               need_retriever: bool = True) -> Any:
+    """The search engine the harness's dense, hybrid and +rerank systems are views of: an ``--engine``'s, or one
+    built in a temporary directory with the engine defaults. With no retriever given and none needed
+    (``bm25+rerank``), a BM25-only engine over whole documents: its first stage is the ``bm25`` system's list, so
+    the reranker's gain is measured on the same candidates, and ``twostage rerank`` of bench's BM25 run equals it."""
+    if need_retriever and not (options.retriever_model or options.engine):
+        raise ConfigError("the dense systems need a model: pass --retriever-model NAME_OR_DIR (or --engine DIR)")
     key = (options.retriever_model, options.engine, options.reranker_model, options.precision, options.backend,
            options.batch_size, options.rerank_depth, str(options.rerank_blend), options.device)
     shared = _ENGINES.setdefault(corpus, {})
@@ -70,8 +73,8 @@ def _build_engine(corpus: Corpus, options: SystemOptions) -> Any:
                               f"{', '.join(missing) or 'a different count'}); build it from the same corpus")
         return engine.with_settings(**given) if given else engine  # a view: the engine and its files unchanged
     settings = with_changes(EngineSettings(backend=options.backend), given)
-    if not options.retriever_model:
-        raise ConfigError("the dense systems need a model: pass --retriever-model NAME_OR_DIR (or --engine DIR)")
+    if not options.retriever_model:  # BM25-only, over whole documents: bm25+rerank reranks exactly bm25's list
+        settings = with_changes(settings, {"passage_words": 0})
     tmp = tempfile.mkdtemp(prefix="twostage-bench-")
     engine = SearchEngine.build(corpus, f"{tmp}/engine", retriever=options.retriever_model,
                                 reranker=options.reranker_model, settings=settings,
@@ -91,43 +94,10 @@ def overrides(options: SystemOptions) -> dict[str, Any]:
 
 def _view(first_stage: str, rerank: bool) -> SystemFactory:
     def build(corpus: Corpus, options: SystemOptions) -> SearchSystem:
-        return engine_for(corpus, options, need_reranker=rerank).as_retriever(first_stage=first_stage, rerank=rerank)
+        engine = engine_for(corpus, options, need_reranker=rerank, need_retriever=first_stage != "bm25")
+        return engine.as_retriever(first_stage=first_stage, rerank=rerank)
 
     return build
-
-
-def _bm25_rerank(corpus: Corpus, options: SystemOptions) -> SearchSystem:
-    """BM25 then the reranker: a view of the engine when there is a retriever model; else BM25's whole-document
-    lists reranked by the engine's reranking function (no engine: nothing to read passages from)."""
-    if options.retriever_model or options.engine:
-        return _view("bm25", True)(corpus, options)
-    from twostage.reranker.cross_encoder import CrossEncoder
-    from twostage.reranker.interpolation import blend_for
-
-    if not options.reranker_model:
-        raise ConfigError("the +rerank systems need a cross-encoder: pass --reranker-model NAME_OR_DIR")
-    device = resolve_device(options.device)
-    s = with_changes(EngineSettings(), overrides(options))
-    reranker = CrossEncoder.load(options.reranker_model, device=device,
-                                 precision=resolve_precision(s.precision, "reranker", device))
-    blend = blend_for(reranker, "bm25") if s.rerank_blend == "auto" else s.blend_for("bm25")
-    return _BM25Reranked(BM25Retriever.build(corpus), reranker, {d.id: d.full_text for d in corpus}, s, blend)
-
-
-class _BM25Reranked:
-    """BM25's top ``rerank_depth`` reranked (:func:`~twostage.reranker.rerank.rerank_lists`), then BM25's rest."""
-
-    def __init__(self, bm25: BM25Retriever, reranker: Any, texts: dict[str, str], settings: EngineSettings,
-                 blend: float | None) -> None:
-        self.bm25, self.reranker, self.texts, self.settings, self.blend = bm25, reranker, texts, settings, blend
-
-    def search(self, query: str, k: int) -> RankedList:
-        from twostage.reranker.rerank import rerank_lists
-
-        s = self.settings
-        first = self.bm25.search(query, max(k, s.rerank_depth))
-        return rerank_lists(self.reranker, [query], [first], self.texts.__getitem__, k=k, rerank_depth=s.rerank_depth,
-                            blend=self.blend, batch_size=s.batch_size)[0].ranked
 
 
 SystemFactory = Callable[[Corpus, SystemOptions], SearchSystem]
@@ -142,7 +112,7 @@ SYSTEMS: dict[str, SystemFactory] = {
     "rank-bm25": lambda corpus, options: BM25Retriever.build(corpus, BM25Config(engine="rank-bm25")),
     "dense": _view("dense", False),
     "hybrid": _view("hybrid", False),
-    "bm25+rerank": _bm25_rerank,
+    "bm25+rerank": _view("bm25", True),
     "dense+rerank": _view("dense", True),
     "hybrid+rerank": _view("hybrid", True),
 }
@@ -151,7 +121,8 @@ DESCRIPTIONS = {
     "rank-bm25": "the same BM25 computed by rank-bm25 (reference engine, slow)",
     "dense": "bi-encoder (--retriever-model) through the engine's ANN index (--backend), or an --engine's",
     "hybrid": "reciprocal rank fusion of bm25 and dense (top 100 each), as the engine does",
-    "bm25+rerank": "bm25, top --rerank-depth reranked by the cross-encoder (--reranker-model)",
+    "bm25+rerank": "the engine's bm25 (with no retriever: a BM25-only engine over whole documents, bm25's list), "
+                   "top --rerank-depth reranked by the cross-encoder (--reranker-model)",
     "dense+rerank": "dense, top --rerank-depth reranked by the cross-encoder",
     "hybrid+rerank": "hybrid, top --rerank-depth reranked by the cross-encoder",
 }

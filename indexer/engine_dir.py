@@ -185,7 +185,7 @@ class ModelRef:
 @dataclass(frozen=True)
 class EngineManifest:
     settings: EngineSettings
-    retriever: ModelRef
+    retriever: ModelRef | None  # None: an engine built without one (BM25 only; first_stage bm25)
     reranker: ModelRef | None
     documents: int
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -197,8 +197,8 @@ class EngineManifest:
         counts = {"documents": self.documents, "passages": self.passages, "truncated": self.truncated}
         return manifest_text(
             FORMAT, FORMAT_VERSION, self.files, self.versions, settings=to_json_dict(self.settings),
-            retriever=asdict(self.retriever), reranker=asdict(self.reranker) if self.reranker else None,
-            counts=counts)
+            retriever=asdict(self.retriever) if self.retriever else None,
+            reranker=asdict(self.reranker) if self.reranker else None, counts=counts)
 
 
 def read_engine_manifest(version_dir: Path) -> EngineManifest:
@@ -229,9 +229,12 @@ def read_engine_manifest(version_dir: Path) -> EngineManifest:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise IndexFormatError(f"{path}: counts.{name} must be a non-negative integer; restore or rebuild the engine")
     check_file_entries(path, files)
-    reranker = data.get("reranker")
+    reranker, retriever = data.get("reranker"), data.get("retriever", "missing")  # null: built without one
+    if retriever is None and settings.first_stage != "bm25":
+        raise IndexFormatError(f"{path}: an engine without a retriever must search with first_stage bm25, the "
+                               f"settings say {settings.first_stage}; restore or rebuild the engine")
     versions: dict[str, str] = data["versions"] if isinstance(data.get("versions"), dict) else {}
-    return EngineManifest(settings, ModelRef.from_dict(data.get("retriever"), f"{path}: retriever"),
+    return EngineManifest(settings, None if retriever is None else ModelRef.from_dict(retriever, f"{path}: retriever"),
                           None if reranker is None else ModelRef.from_dict(reranker, f"{path}: reranker"),
                           counts["documents"], dict(files or {}), dict(versions), counts.get("passages", 0),
                           counts.get("truncated", 0))

@@ -138,7 +138,9 @@ def read_manifest(root: Path) -> Manifest:
                 or not isinstance(seg.start, int) or seg.rows < 0 or seg.start < 0:
             raise IndexFormatError(f"{path}: malformed segment {seg!r}; restore or rebuild the index")
     check_file_entries(path, manifest.files)
-    if not isinstance(manifest.encoder.dim, int) or manifest.encoder.dim <= 0 or not isinstance(manifest.deleted, int):
+    dim = manifest.encoder.dim  # 0: documents without vectors (an engine built without a retriever), flat only
+    if not isinstance(dim, int) or dim < 0 or (dim == 0 and manifest.backend != "flat") \
+            or not isinstance(manifest.deleted, int):
         raise IndexFormatError(f"{path}: malformed counts; restore or rebuild the index")
     if data["counts"].get("rows") != manifest.rows or data["counts"].get("dim") != manifest.encoder.dim:
         raise IndexFormatError(f"{path}: counts disagree with the segments listed; restore or rebuild the index")

@@ -1,0 +1,120 @@
+"""An engine built without a retriever: BM25 only (with a reranker: BM25's candidates reranked), through the same
+search path, document store, updates, CLI and HTTP as any engine; the harness's bm25+rerank is one."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from twostage.app.cli import main
+from twostage.engine.search_engine import SearchEngine
+from twostage.indexer.beir import BeirDataset
+from twostage.indexer.errors import ConfigError, IndexFormatError
+from twostage.indexer.records import Document
+
+
+@pytest.fixture(scope="module")
+def bm25_engine(tmp_path_factory, models):
+    from tests.conftest import ROOT
+
+    root = tmp_path_factory.mktemp("bm25-only") / "engine"
+    return SearchEngine.build(BeirDataset(ROOT / "data" / "sample").corpus, root, retriever=None, reranker=models[1])
+
+
+def test_a_bm25_only_engine_searches_reranks_and_updates(bm25_engine, models):
+    from twostage.retriever.bm25 import BM25Retriever
+
+    e = bm25_engine
+    assert e.manifest.retriever is None and e.settings.first_stage == "bm25" and e.reranks
+    on_disk = json.loads((e.version_dir / "manifest.json").read_text())
+    assert on_disk["retriever"] is None and on_disk["settings"]["first_stage"] == "bm25"
+    assert e.info()["retriever"] is None and "searched" in e.info()["reading"]["summary"]
+    result = e.search("why do cats purr", 5)
+    assert len(result.hits) == 5 and all({"bm25", "rerank"} <= set(h.stage_scores) for h in result.hits)
+    plain = e.search("why do cats purr", 5, rerank=False)  # without the reranker: BM25's own order and scores
+    bm25 = BM25Retriever.build(list(e.iter_documents())).search("why do cats purr", 5)
+    assert plain.ids == list(bm25.ids)
+    for stage in ("hybrid", "dense"):
+        with pytest.raises(ConfigError, match=f"first_stage {stage} needs a retriever.*--retriever"):
+            e.search("cats", 3, first_stage=stage)
+    added = e.add([Document("new-1", "purring cats purr because cats purr", title="Purring")])
+    assert "new-1" in added and added.search("cats purr", 1, rerank=False).ids == ["new-1"]
+    gone = added.delete(["new-1"])
+    assert "new-1" not in gone and len(gone) == len(e)
+    again = SearchEngine.load(e.root)  # opens from disk, every file verified
+    assert again.search("why do cats purr", 5).ids == gone.search("why do cats purr", 5).ids
+
+
+def test_build_refuses_a_dense_first_stage_without_a_retriever(tmp_path):
+    docs = [Document("a", "one text"), Document("b", "another text")]
+    with pytest.raises(ConfigError, match="first_stage dense needs a retriever"):
+        SearchEngine.build(docs, tmp_path / "e", retriever=None, first_stage="dense")
+    assert not (tmp_path / "e" / "CURRENT").exists()
+
+
+def test_a_manifest_without_a_retriever_must_search_bm25(bm25_engine, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(bm25_engine.root, copy, ignore=shutil.ignore_patterns("LOCK"))
+    path = SearchEngine.load(copy).version_dir / "manifest.json"
+    data = json.loads(path.read_text())
+    data["settings"]["first_stage"] = "hybrid"
+    path.write_text(json.dumps(data))
+    with pytest.raises(IndexFormatError, match="without a retriever must search with first_stage bm25"):
+        SearchEngine.load(copy, verify=False)
+    del data["retriever"]  # a missing entry is damage, not "no retriever"
+    data["settings"]["first_stage"] = "bm25"
+    path.write_text(json.dumps(data))
+    with pytest.raises(IndexFormatError, match="retriever"):
+        SearchEngine.load(copy, verify=False)
+
+
+def test_bench_bm25_rerank_is_a_bm25_only_engine(models, sample_dir, tmp_path):
+    """Without a retriever, bench's bm25+rerank is a BM25-only engine's search (over whole documents, so that it
+    reranks the bm25 system's own list): same ids, same scores."""
+    from twostage.eval.run import Run
+
+    assert main(["-q", "bench", "--data", str(sample_dir), "--systems", "bm25+rerank", "--reranker-model",
+                 str(models[1]), "--out", str(tmp_path / "o")]) == 0
+    run = Run.from_trec(tmp_path / "o" / "runs" / "bm25+rerank.trec")
+    ds = BeirDataset(sample_dir)
+    engine = SearchEngine.build(ds.corpus, tmp_path / "e", retriever=None, reranker=models[1], passage_words=0)
+    queries = {q.id: q.text for q in ds.split("test").queries}
+    for qid, ranked in run.items():
+        hits = engine.search(queries[qid], 100).hits
+        assert list(ranked.ids) == [h.doc_id for h in hits]
+        np.testing.assert_allclose(ranked.scores, [h.score for h in hits], rtol=1e-5, atol=1e-6)
+
+
+def test_cli_builds_and_searches_a_bm25_only_engine(models, sample_dir, tmp_path, capsys):
+    out = tmp_path / "e"
+    assert main(["-q", "build", "--corpus", str(sample_dir), "--out", str(out), "--retriever", "none",
+                 "--reranker", str(models[1])]) == 0
+    assert "first stage bm25" in capsys.readouterr().out
+    assert main(["search", str(out), "why do cats purr", "--k", "3", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["hits"]) == 3
+    for extra, said in ((["--first-stage", "dense"], "first_stage dense needs a retriever"),
+                        (["--shards", "2"], "--retriever none builds one BM25-only engine")):
+        assert main(["-q", "build", "--corpus", str(sample_dir), "--out", str(tmp_path / "x"), "--retriever", "none",
+                     *extra]) == 2
+        assert said in capsys.readouterr().err
+    assert not (tmp_path / "x" / "CURRENT").exists()
+
+
+def test_http_serves_a_bm25_only_engine(bm25_engine):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from twostage.app.server import create_app
+
+    with TestClient(create_app(bm25_engine, batching=False), raise_server_exceptions=False) as http:
+        got = http.post("/search", json={"query": "why do cats purr", "k": 3})
+        assert got.status_code == 200
+        assert [h["id"] for h in got.json()["hits"]] == bm25_engine.search("why do cats purr", 3).ids
+        refused = http.post("/v1/embeddings", json={"input": "cats", "model": "x"})
+        assert refused.status_code == 409 and "no retriever" in refused.json()["error"]
+        reranked = http.post("/v1/rerank", json={"query": "cats", "documents": ["cats purr", "dogs bark"]})
+        assert reranked.status_code == 200 and len(reranked.json()["results"]) == 2
