@@ -311,6 +311,26 @@ class TwoStageSearch:
         else:
             firsts = lists[s.first_stage]
         timings["fuse_s"] = time.perf_counter() - t
+        reranked, relevance = self._rerank(queries, firsts, chosen, s, reranker, end, timings)
+        stage_scores = []
+        for i, (first, res) in enumerate(zip(firsts, reranked)):
+            scores = {name: dict(zip(map(str, ls[i].ids), ls[i].scores.astype(float).tolist()))
+                      for name, ls in lists.items()}
+            scores["first_stage"] = dict(zip(map(str, first.ids), first.scores.astype(float).tolist()))
+            if res.rerank_scores:
+                scores["rerank"] = dict(res.rerank_scores)
+            if relevance[i]:
+                scores["relevance"] = relevance[i]
+            stage_scores.append(scores)
+        pages = [RankedList(r.ranked.ids[offset:end], r.ranked.scores[offset:end]) for r in reranked]
+        return pages, stage_scores, timings, chosen
+
+    def _rerank(self, queries: list[str], firsts: list[RankedList], chosen: list[dict[str, str]] | None,
+                s: EngineSettings, reranker: Any, end: int,
+                timings: dict[str, float]) -> tuple[list[Reranked], list[dict[str, float]]]:
+        """Each query's first-stage list with its top ``rerank_depth`` read by ``reranker`` (None: as it is) and
+        blended, cut to ``end``; each reranked document's probability of relevance (when calibrated), the ones
+        below ``min_relevance`` dropped. ``chosen``: in a passage engine, the passage each document is read by."""
         t = time.perf_counter()
         alpha = blend_of(s, reranker, s.first_stage)
         if s.min_relevance and (reranker is None or s.rerank_calibration is None):
@@ -346,18 +366,26 @@ class TwoStageSearch:
             relevance = [{} for _ in reranked]
         if scored:
             timings["rerank_s"] = time.perf_counter() - t
-        stage_scores = []
-        for i, (first, res) in enumerate(zip(firsts, reranked)):
-            scores = {name: dict(zip(map(str, ls[i].ids), ls[i].scores.astype(float).tolist()))
-                      for name, ls in lists.items()}
-            scores["first_stage"] = dict(zip(map(str, first.ids), first.scores.astype(float).tolist()))
-            if res.rerank_scores:
-                scores["rerank"] = dict(res.rerank_scores)
-            if relevance[i]:
-                scores["relevance"] = relevance[i]
-            stage_scores.append(scores)
-        pages = [RankedList(r.ranked.ids[offset:end], r.ranked.scores[offset:end]) for r in reranked]
-        return pages, stage_scores, timings, chosen
+        return reranked, relevance
+
+    def rerank(self, queries: Sequence[str], candidates: Sequence[RankedList], **knobs: Any) -> list[RankedList]:
+        """First-stage lists from elsewhere (a run file's: one per query, every document in this engine) reranked by
+        this engine's own reranking: each list's top ``rerank_depth`` read by the reranker as the engine reads a
+        document (whole: an engine built with ``passage_words=0``) and blended with the list's scores by the
+        engine's blend; the rest follow in their order. ``knobs``: :data:`KNOBS` for this call (``rerank_depth``,
+        ``rerank_blend``...)."""
+        queries = check_queries(queries)
+        if len(candidates) != len(queries):
+            raise ConfigError(f"rerank: {len(queries)} queries but {len(candidates)} candidate lists; give one each")
+        s, _ = settings_for(self.settings, knobs)
+        if s.passages.enabled:
+            raise ConfigError("rerank: lists from elsewhere name whole documents; rerank them with an engine built "
+                              "with passage_words 0")
+        if self.reranker is None:
+            raise ConfigError("this engine has no reranker; build it with --reranker")
+        end = check_k(max(len(c) for c in candidates) or 1)
+        reranked, _ = self._rerank(queries, list(candidates), None, s, self.reranker, end, {})
+        return [r.ranked for r in reranked]
 
 
 def relevance_of(rerank_scores: Mapping[str, float], calibration: tuple[float, float]) -> dict[str, float]:

@@ -3,7 +3,9 @@
 The run may come from any system (Pyserini, PyTerrier, a bench run). Each query's top ``depth`` documents are
 scored with the query by the cross-encoder, blended with the run's own scores as the engine blends its first stage
 (:mod:`twostage.reranker.interpolation`), and the rest of the run's list follows in its order, exactly as the
-harness's ``bm25+rerank`` system does with its own BM25 list.
+harness's ``bm25+rerank`` system does with its own BM25 list. It goes through the engine's own reranking: the
+run's top documents are put in a temporary BM25-only engine (whole documents) with the reranker, whose
+:meth:`~twostage.engine.search.TwoStageSearch.rerank` reads and blends them.
 """
 
 from __future__ import annotations
@@ -35,13 +37,13 @@ def rerank_run(run: Run, data: str | Path | BeirDataset, reranker: str | Path, *
     in [0, 1] is the blend. Every query and document of the run must be in ``data`` (else a DataError naming it).
     Queries are reranked one at a time, as the harness does, so the scores equal its ``+rerank`` systems'.
     """
+    import shutil
+    import tempfile
+
     from tqdm.auto import tqdm
 
-    from twostage.reranker.cross_encoder import CrossEncoder
+    from twostage.engine.search_engine import SearchEngine
     from twostage.reranker.interpolation import blend_for
-    from twostage.reranker.rerank import rerank_lists
-    from twostage.retriever.device import resolve_device
-    from twostage.retriever.precision import resolve_precision
 
     unknown = sorted(set(old_names) - {"depth", "interpolation"})
     if unknown:
@@ -62,19 +64,26 @@ def rerank_run(run: Run, data: str | Path | BeirDataset, reranker: str | Path, *
         if missing:
             raise DataError(f"{source}: document {missing[0]!r} (query {qid!r}) is not in "
                             f"{dataset.root / 'corpus.jsonl'}; rerank a run of this collection")
-    where = resolve_device(device)
-    model = CrossEncoder.load(reranker, device=where,
-                              precision=resolve_precision(precision, "reranker", where))
-    if interpolation == "auto":
-        alpha = blend_for(model, run.name if run.name in FIRST_STAGES else None)
-    elif interpolation is None or (isinstance(interpolation, (int, float)) and 0 <= interpolation <= 1):
-        alpha = None if interpolation is None else float(interpolation)
-    else:
-        raise ConfigError(f"interpolation must be auto, none or a number in [0, 1], got {interpolation!r}")
-    logger.info("reranking %d queries, top %d each, blend %s", len(run), depth, alpha)
-    out = {}
-    for qid, ranked in tqdm(run.items(), total=len(run), desc="rerank", unit="q", disable=not show_progress):
-        out[qid] = rerank_lists(model, [queries[qid].text], [ranked], lambda d: corpus.get(d).full_text,
-                                k=len(ranked), rerank_depth=depth, blend=alpha,
-                                batch_size=batch_size)[0].ranked
+    heads = sorted({str(d) for ranked in run.values() for d in ranked.ids[:depth]})
+    if not heads:
+        raise DataError(f"{source}: no query lists a document; nothing to rerank")
+    work = Path(tempfile.mkdtemp(prefix="twostage-rerank-"))
+    try:  # the run's candidates in a temporary BM25-only engine (whole documents): reranked by the engine's path
+        engine = SearchEngine.build([corpus.get(d) for d in heads], work / "engine", retriever=None,
+                                    reranker=reranker, passage_words=0, precision=precision, batch_size=batch_size,
+                                    device=device)
+        if interpolation == "auto":
+            alpha = blend_for(engine.reranker, run.name if run.name in FIRST_STAGES else None)
+        elif interpolation is None or (isinstance(interpolation, (int, float)) and 0 <= interpolation <= 1):
+            alpha = None if interpolation is None else float(interpolation)
+        else:
+            raise ConfigError(f"interpolation must be auto, none or a number in [0, 1], got {interpolation!r}")
+        logger.info("reranking %d queries, top %d each, blend %s", len(run), depth, alpha)
+        out = {}
+        for qid, ranked in tqdm(run.items(), total=len(run), desc="rerank", unit="q", disable=not show_progress):
+            out[qid] = engine.rerank([queries[qid].text], [ranked], rerank_depth=depth,
+                                     rerank_blend="none" if alpha is None else alpha)[0]
+        engine.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     return Run(f"{run.name}+rerank", out)

@@ -118,3 +118,22 @@ def test_http_serves_a_bm25_only_engine(bm25_engine):
         assert refused.status_code == 409 and "no retriever" in refused.json()["error"]
         reranked = http.post("/v1/rerank", json={"query": "cats", "documents": ["cats purr", "dogs bark"]})
         assert reranked.status_code == 200 and len(reranked.json()["results"]) == 2
+
+
+def test_rerank_of_given_lists_is_the_engines_own(bm25_engine, models, sample_dir, tmp_path):
+    """engine.rerank (what `twostage rerank` of a run uses) on the engine's own first-stage list equals its search."""
+    e = SearchEngine.build(BeirDataset(sample_dir).corpus, tmp_path / "e", retriever=None, reranker=models[1],
+                           passage_words=0)
+    q = "why do cats purr"
+    first = e.ranked(q, 30, rerank=False)
+    again = e.rerank([q], [first])[0]
+    hits = e.search(q, 30).hits
+    assert list(again.ids) == [h.doc_id for h in hits]
+    np.testing.assert_allclose(again.scores, [h.score for h in hits], rtol=1e-6)
+    alone = e.rerank([q], [first], rerank_blend="none")[0]  # a knob for this call: the reranker alone
+    assert list(alone.ids[:e.settings.rerank_depth]) != list(again.ids[:e.settings.rerank_depth]) or \
+        not np.allclose(alone.scores, again.scores)
+    with pytest.raises(ConfigError, match="1 queries but 0 candidate lists"):
+        e.rerank([q], [])
+    with pytest.raises(ConfigError, match="passage_words 0"):
+        bm25_engine.rerank([q], [first])
