@@ -337,17 +337,24 @@ def _add(args: argparse.Namespace) -> int:
     return 0
 
 
-def _delete(args: argparse.Namespace) -> int:
-    from twostage.engine.door import open_engine
-
-    ids = list(args.ids)
-    if args.ids_file:
-        path = Path(args.ids_file)
+def ids_to_delete(given: list[str], ids_file: str | None, usage: str) -> list[str]:
+    """The ids given on the command line and those in ``ids_file`` (one per line, blank lines skipped); a missing
+    file, or no id at all (``usage`` says how to give them), is a ConfigError."""
+    ids = list(given)
+    if ids_file:
+        path = Path(ids_file)
         if not path.is_file():
             raise ConfigError(f"--ids-file {path}: no such file")
         ids += [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     if not ids:
-        raise ConfigError("no ids given: twostage delete DIR ID [ID ...] or --ids-file FILE")
+        raise ConfigError(f"no ids given: {usage}")
+    return ids
+
+
+def _delete(args: argparse.Namespace) -> int:
+    from twostage.engine.door import open_engine
+
+    ids = ids_to_delete(args.ids, args.ids_file, "twostage delete DIR ID [ID ...] or --ids-file FILE")
     new = open_engine(args.engine, verify=False).delete(ids)
     print(f"deleted {len(ids)}: {len(new)} documents, version {new.version}")
     return 0

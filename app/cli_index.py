@@ -97,11 +97,10 @@ def _add(args: argparse.Namespace) -> int:
 
 
 def _delete(args: argparse.Namespace) -> int:
-    ids = [i for i in (args.ids or "").split(",") if i]
-    if args.ids_file:
-        ids += [line.strip() for line in Path(args.ids_file).read_text(encoding="utf-8").splitlines() if line.strip()]
-    if not ids:
-        raise ConfigError("no ids given: use --ids a,b,c or --ids-file FILE")
+    from twostage.app.cli_engine import ids_to_delete
+
+    ids = ids_to_delete([i for i in (args.ids or "").split(",") if i], args.ids_file,
+                        "use --ids a,b,c or --ids-file FILE")
     index = _open(args.index, with_encoder=False).delete(ids)
     print(f"{len(ids)} documents deleted; {len(index)} live documents")
     return 0

@@ -309,6 +309,8 @@ class ShardedEngine(TwoStageSearch):
         from tqdm.auto import tqdm
 
         root = Path(path)
+        if retriever is None:
+            raise ConfigError("a sharded engine needs a retriever; build a BM25-only engine as one engine")
         if root.exists() and any(p.name != "LOCK" for p in root.iterdir()):
             raise ConfigError(f"{root}: exists and is not empty; choose another --out (add documents with add)")
         if overrides.get("passage_words"):

@@ -52,6 +52,11 @@ def test_build_refuses_a_dense_first_stage_without_a_retriever(tmp_path):
     with pytest.raises(ConfigError, match="first_stage dense needs a retriever"):
         SearchEngine.build(docs, tmp_path / "e", retriever=None, first_stage="dense")
     assert not (tmp_path / "e" / "CURRENT").exists()
+    from twostage.engine.sharded import ShardedEngine
+
+    with pytest.raises(ConfigError, match="sharded engine needs a retriever"):
+        ShardedEngine.build(docs, tmp_path / "s", shards=2, retriever=None)  # type: ignore[arg-type]
+    assert not (tmp_path / "s").exists()
 
 
 def test_a_manifest_without_a_retriever_must_search_bm25(bm25_engine, tmp_path):

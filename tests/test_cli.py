@@ -144,6 +144,12 @@ def test_index_cli(tmp_path, sample_dir, tiny_bert_dir, capsys):
     assert "203 live documents" in capsys.readouterr().out
     assert main(["index", "delete", "--index", str(idx), "--ids", "cook-01"]) == 2
     assert "unknown id" in capsys.readouterr().err
+    assert main(["index", "delete", "--index", str(idx), "--ids-file", str(tmp_path / "none.txt")]) == 2
+    err = capsys.readouterr().err
+    assert "--ids-file" in err and "no such file" in err
+    (tmp_path / "ids.txt").write_text("cook-03\n\ncook-04\n")
+    assert main(["index", "delete", "--index", str(idx), "--ids-file", str(tmp_path / "ids.txt")]) == 0
+    assert "201 live documents" in capsys.readouterr().out
     extra = tmp_path / "extra.jsonl"
     extra.write_text('{"_id": "n1", "title": "New", "text": "a new document about cats"}\n')
     assert main(["index", "add", "--index", str(idx), "--corpus", str(extra)]) == 0
