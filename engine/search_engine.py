@@ -131,6 +131,10 @@ class SearchEngine(TwoStageSearch):
                 raise IndexFormatError(f"{version_dir / part}: missing; restore or rebuild the engine")
         verify_files(version_dir, manifest.files, checksums=verify)
         index = Index.open_version(root, version_dir / "dense", verify=verify)
+        if (manifest.retriever is None) != (index.manifest.encoder.dim == 0):
+            raise IndexFormatError(f"{version_dir / 'manifest.json'}: names "
+                                   f"{'no retriever' if manifest.retriever is None else 'a retriever'} but the dense "
+                                   f"part holds {index.manifest.encoder.dim}-d vectors; restore or rebuild the engine")
         bm25 = BM25Retriever.load(version_dir / "bm25")
         return cls(root, version_dir, manifest, index, bm25, lease, models)
 

@@ -70,6 +70,11 @@ def test_a_manifest_without_a_retriever_must_search_bm25(bm25_engine, tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(IndexFormatError, match="without a retriever must search with first_stage bm25"):
         SearchEngine.load(copy, verify=False)
+    other = json.loads((SearchEngine.load(bm25_engine.root).version_dir / "manifest.json").read_text())
+    other["retriever"] = {"name": "m", "path": "/nowhere", "sha256": "0" * 64}  # a retriever, but no vectors
+    path.write_text(json.dumps(other))
+    with pytest.raises(IndexFormatError, match="names a retriever but the dense part holds 0-d vectors"):
+        SearchEngine.load(copy, verify=False)
     del data["retriever"]  # a missing entry is damage, not "no retriever"
     data["settings"]["first_stage"] = "bm25"
     path.write_text(json.dumps(data))
