@@ -147,3 +147,16 @@ def test_rerank_of_given_lists_is_the_engines_own(bm25_engine, models, sample_di
         e.rerank([q], [])
     with pytest.raises(ConfigError, match="passage_words 0"):
         bm25_engine.rerank([q], [first])
+
+
+def test_swap_on_a_bm25_only_engine(models, sample_dir, tmp_path):
+    """A new reranker is swapped in as on any engine; a new retriever needs a build (it would add a dense index)."""
+    from twostage.app.swap import swap
+
+    root = tmp_path / "e"
+    SearchEngine.build(BeirDataset(sample_dir).corpus, root, retriever=None, reranker=models[1])
+    d = swap(root, reranker=models[1], qrels=sample_dir, split="train")
+    assert d.promoted and SearchEngine.load(root).manifest.retriever is None
+    with pytest.raises(ConfigError, match="BM25-only engine; give it a retriever with a new build"):
+        swap(root, retriever=models[0], qrels=sample_dir, split="train")
+    assert [p.name for p in tmp_path.iterdir()] == ["e"]  # nothing staged is left behind
