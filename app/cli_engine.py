@@ -292,25 +292,23 @@ def _search(args: argparse.Namespace) -> int:
         return 0
     kw["offset"] = args.offset
     batch: list[str] = []
-    found = 0
     for query in _queries(args):
         batch.append(query)
         if len(batch) == BATCH:
-            found += _run(engine, batch, args, kw)
+            _run(engine, batch, args, kw)
             batch = []
     if batch:
-        found += _run(engine, batch, args, kw)
+        _run(engine, batch, args, kw)
     return 0
 
 
-def _run(engine: Any, batch: list[str], args: argparse.Namespace, kw: dict[str, Any]) -> int:
+def _run(engine: Any, batch: list[str], args: argparse.Namespace, kw: dict[str, Any]) -> None:
     results = engine.search_batch(batch, args.k, **kw)
     for r in results:
         _print_result(r, args.json)
         if not r.hits and not args.json:
             print(f"    (no hit at or above min_relevance {args.min_relevance}: nothing relevant)"
                   if args.min_relevance else "    (no hits)")
-    return sum(len(r.hits) for r in results)
 
 
 def _calibrate(args: argparse.Namespace) -> int:

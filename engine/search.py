@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import hmac
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
@@ -46,9 +47,10 @@ from twostage.retriever.precision import resolve_precisions
 StageScores = dict[str, dict[str, float]]
 
 
-class TwoStageSearch:
+class TwoStageSearch(ABC):
     """The search methods of an engine. Subclasses set ``manifest``, ``version_dir`` and ``_models`` and provide
-    ``encoder``, ``documents(ids)`` and ``_candidates``."""
+    the documents (:meth:`documents`), each first stage's candidates (:meth:`candidates`) and the metadata's
+    types (:meth:`metadata_kinds`)."""
 
     manifest: EngineManifest
     root: Path
@@ -151,15 +153,17 @@ class TwoStageSearch:
         return self._models.loaded("reranker", self.manifest.reranker, "reranker", CrossEncoder.load,
                                    self.settings.precision)
 
-    def documents(self, ids: Iterable[str]) -> list[Document]:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def documents(self, ids: Iterable[str]) -> list[Document]:
+        """The stored documents with these ids, whole (a KeyError names an unknown one)."""
 
     def documents_with_passages(self, ids: Iterable[str]) -> list[tuple[Document, list[Document], list[int]]]:
         """Each document with its passages and where each starts in its text (here: whole documents)."""
         return [(d, [d], [0]) for d in self.documents(ids)]
 
-    def passages(self, pids: Iterable[str]) -> list[Document]:  # pragma: no cover - passage engines only
-        raise NotImplementedError
+    def passages(self, pids: Iterable[str]) -> list[Document]:
+        """The passages with these ids (a passage engine's); a whole-document engine has none."""
+        raise ConfigError("this engine holds whole documents, not passages")
 
     def analyzer(self) -> Any:
         """The analyzer that marks query terms in a hit's passage (the engine's BM25 analyzer)."""
@@ -167,15 +171,15 @@ class TwoStageSearch:
 
         return Analyzer()
 
+    @abstractmethod
     def candidates(self, queries: list[str], vectors: np.ndarray | None, first_stage: str, n: int, where: Where,
-                   timings: dict[str, float]) -> dict[str, list[RankedList]]:  # pragma: no cover - abstract
+                   timings: dict[str, float]) -> dict[str, list[RankedList]]:
         """Each first stage's ("dense", "bm25") top ``n`` for every query, best first; adds its seconds to
         ``timings``."""
-        raise NotImplementedError
 
-    def metadata_kinds(self) -> dict[str, str]:  # pragma: no cover - abstract
+    @abstractmethod
+    def metadata_kinds(self) -> dict[str, str]:
         """Each metadata field's type (:data:`twostage.indexer.filters.KINDS`)."""
-        raise NotImplementedError
 
     def search(self, query: str, k: int = 10, *, where: Where = None, offset: int = 0, page_token: str | None = None,
                **knobs: Any) -> SearchResult:
