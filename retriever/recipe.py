@@ -79,6 +79,9 @@ def train_retriever(data: str | Path | BeirDataset, split: str, base: str, out: 
     """
     if teacher is not None and not recipe.negatives:
         raise ConfigError("distillation from a teacher needs hard negatives: set negatives > 0")
+    if recipe.dev_fraction and dev_metric is None:  # else the held-out queries would go unused
+        raise ConfigError(f"dev_fraction {recipe.dev_fraction} holds queries out to choose the best checkpoint: give "
+                          "dev_metric (e.g. twostage.eval.metrics.ndcg10_by_query), or set dev_fraction 0")
     ds = data if isinstance(data, BeirDataset) else BeirDataset(data)
     sp = ds.split(split)
     corpus = ds.corpus

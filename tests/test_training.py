@@ -350,3 +350,13 @@ def test_positives_prefer_the_highest_grades_and_cap_per_query():
     assert set(positives(qrels, "q", 4)) == {"b", "c", "e"} | (set(positives(qrels, "q", 4)) & {"a", "d"})
     assert len(positives(qrels, "q", 4)) == 4 and positives(qrels, "q", 9) == positives(qrels, "q")
     assert {tuple(positives(qrels, "q", 1, seed=s)) for s in range(20)} == {("b",), ("c",), ("e",)}
+
+
+def test_held_out_dev_queries_need_a_dev_metric(tmp_path, tiny_bert_dir, sample):
+    """Queries held out for model selection with nothing to select by would be training data thrown away."""
+    from twostage.retriever.recipe import RetrieverRecipe, train_retriever
+
+    ds, _ = sample
+    with pytest.raises(ConfigError, match="dev_fraction 0.2 holds queries out.*give dev_metric"):
+        train_retriever(ds, "train", str(tiny_bert_dir), tmp_path / "m", RetrieverRecipe(dev_fraction=0.2))
+    assert not (tmp_path / "m").exists()
