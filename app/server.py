@@ -22,8 +22,8 @@ import threading
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -379,7 +379,7 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
     already in flight. ``metrics``: ``GET /metrics`` in Prometheus' format (:mod:`twostage.app.observe`).
     """
     from twostage.app.compat import add_compat_routes
-    from twostage.app.observe import ServerMetrics, log_access, request_id
+    from twostage.app.observe import ServerMetrics
     from twostage.engine.door import open_engine
     from twostage.engine.search import TwoStageSearch
 
@@ -391,42 +391,16 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
                                                                             ray=ray, address=ray_address,
                                                                             replicas=replicas)
     stats = ServerStats()
-    in_flight = [0]
-    flight_lock = threading.Lock()
-    batchers: list[Any] = []
-    load_seconds: dict[str, float] = {}
-
-    def prepare(engine: Any) -> None:
-        """Load (and verify) the engine's models now, not in a request; with batching, wrap them in batchers."""
-        t = time.perf_counter()
-        loaded_encoder = engine.encoder
-        load_seconds["retriever"] = time.perf_counter() - t
-        t = time.perf_counter()
-        loaded_reranker = engine.reranker
-        if loaded_reranker is not None:
-            load_seconds["reranker"] = time.perf_counter() - t
-        if batching:
-            from twostage.app.batching import BatchingEncoder, BatchingReranker
-
-            options = {"max_wait_s": max_wait_ms / 1000, "expected": lambda: in_flight[0]}
-            size = engine.settings.batch_size
-            encoder = BatchingEncoder(loaded_encoder, batch_size=size, **options)
-            reranker = BatchingReranker(loaded_reranker, batch_size=size, **options) if loaded_reranker else None
-            engine.use_models(encoder=encoder, reranker=reranker)
-            retired.extend(batchers)  # a swapped-out version's: closed when the app stops
-            batchers[:] = [b.batcher for b in (encoder, reranker) if b is not None]
-
-    retired: list[Any] = []
-    prepare(opened)
-    holder = EngineHolder(opened, prepare=prepare)
-    observed = ServerMetrics(lambda: holder.engine, batchers, load_seconds) if metrics else None
+    models = ServedModels(batching, max_wait_ms)
+    models.prepare(opened)
+    holder = EngineHolder(opened, prepare=models.prepare)
+    observed = ServerMetrics(lambda: holder.engine, models.batchers, models.load_seconds) if metrics else None
     write_lock = threading.Lock()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
-        for b in batchers + retired:
-            b.close()
+        models.close()
         holder.close()
 
     app = FastAPI(title="twostage", summary="Search an engine: first stage, then reranked hits.",
@@ -434,84 +408,30 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
     app.state.holder, app.state.stats = holder, stats
     app.add_middleware(_BodyLimit, limit=max_body_bytes)
 
-    @app.middleware("http")
-    async def count(request: Request, call_next: Any) -> Any:
-        t = time.perf_counter()
-        rid = request_id(request.headers.get("x-request-id"))
-        status = 500
-        try:
-            response = await call_next(request)
-            status = response.status_code
-            response.headers["X-Request-ID"] = rid
-            return response
-        finally:  # counted and logged however the request ended (a crash is the 500 the client sees)
-            seconds = time.perf_counter() - t
-            route = request.scope.get("route")
-            path = route.path if route is not None else "unmatched"
-            stats.count(f"{request.method} {path}", status)
-            if observed is not None:
-                observed.observe_request(request.method, path, status, seconds)
-            log_access(rid, request.method, request.url.path, status, seconds,
-                       request.client.host if request.client else None)
+    _add_request_log(app, stats, observed)
+    _add_error_handlers(app)
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        status, message = _validation_message(list(exc.errors()))
-        return _error(status, message)
+    writer = _writer(read_only, api_key)
 
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        detail = str(exc.detail)
-        if exc.status_code == 400 and detail == "There was an error parsing the body":  # FastAPI's words for a
-            # body its JSON parser gave up on (e.g. nested past Python's recursion limit)
-            detail = "the JSON body could not be parsed (malformed, or nested too deeply: a filter nests at most 32 " \
-                     "levels)"
-        return JSONResponse({"error": detail}, status_code=exc.status_code, headers=exc.headers)
-
-    @app.exception_handler(Exception)
-    async def crashed(request: Request, exc: Exception) -> JSONResponse:  # pragma: no cover - safety net
-        return _server_error(exc)
-
-    def writer(request: Request) -> None:
-        if read_only:
-            raise HTTPException(403, "this server is read-only (started with --read-only); writes are refused")
-        if api_key is not None:
-            given = request.headers.get("x-api-key") or ""
-            auth = request.headers.get("authorization") or ""
-            if auth.lower().startswith("bearer "):
-                given = auth[7:].strip()
-            if not given or not hmac.compare_digest(given.encode(), api_key.encode()):
-                raise HTTPException(401, "writes need the API key: send 'Authorization: Bearer KEY' or "
-                                         "'X-API-Key: KEY'", headers={"WWW-Authenticate": "Bearer"})
-
-    @contextmanager
-    def searching() -> Iterator[Any]:
-        with flight_lock:
-            in_flight[0] += 1
-        try:
-            with holder.use() as engine:
-                yield engine
-        finally:
-            with flight_lock:
-                in_flight[0] -= 1
+    def searching() -> AbstractContextManager[Any]:
+        return models.searching(holder)
 
     def run_search(queries: list[str], options: SearchOptions) -> tuple[list[SearchResult], str] | JSONResponse:
         t = time.perf_counter()
-        try:
+
+        def run() -> tuple[list[SearchResult], str]:
             with searching() as engine:
                 token = getattr(options, "page_token", None)
                 if token is not None:
-                    version = engine.read_page_token(token).version
-                    results = [engine.search(queries[0], options.k, where=options.where, offset=options.offset,
-                                             page_token=token, **options.knobs())]
-                else:
-                    results = engine.search_batch(queries, options.k, where=options.where, offset=options.offset,
-                                                  **options.knobs())
-                    version = engine.version
-        except TwostageError as exc:
-            return _twostage_error(exc)
-        except Exception as exc:
-            return _server_error(exc)
+                    return [engine.search(queries[0], options.k, where=options.where, offset=options.offset,
+                                          page_token=token, **options.knobs())], engine.read_page_token(token).version
+                return engine.search_batch(queries, options.k, where=options.where, offset=options.offset,
+                                           **options.knobs()), engine.version
+
+        out = _guarded(run)
+        if isinstance(out, JSONResponse):
+            return out
+        results, version = out
         request_ms = (time.perf_counter() - t) * 1000 / len(queries)
         for r in results:
             stats.record(_ms(dict(r.timings)), request_ms)
@@ -536,15 +456,13 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
         return BatchSearchOut(version=version, results=[_search_out(r, version, body) for r in results])
 
     def write(change: Any) -> Any:
-        try:
+        def run() -> Any:
             with write_lock, holder.use() as engine:
                 new = change(engine)
             holder.swap(new)
-        except TwostageError as exc:
-            return _twostage_error(exc)
-        except Exception as exc:
-            return _server_error(exc)
-        return new
+            return new
+
+        return _guarded(run)
 
     @app.post("/documents", response_model=WriteOut, dependencies=[Depends(writer)],
               summary="add documents (or replace them: upsert) in one atomic version")
@@ -582,18 +500,10 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
                            "reranker": engine.manifest.reranker.name if engine.manifest.reranker else None,
                            "precision": engine.precision},
                 "read_only": read_only, "api_key": api_key is not None,
-                "batching": {b.name: b.stats.to_dict() for b in batchers} if batching else None,
+                "batching": {b.name: b.stats.to_dict() for b in models.batchers} if batching else None,
                 **stats.snapshot()}
 
-    def guard(run: Any) -> Any:
-        try:
-            return run()
-        except TwostageError as exc:
-            return _twostage_error(exc)
-        except Exception as exc:
-            return _server_error(exc)
-
-    add_compat_routes(app, searching, _error, guard)
+    add_compat_routes(app, searching, _error, _guarded)
 
     @app.get("/metrics", summary="Prometheus metrics: requests, latency per stage, batches, the engine served")
     def get_metrics() -> Response:
@@ -607,6 +517,131 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
         return HTMLResponse(_page())
 
     return app
+
+
+class ServedModels:
+    """The served engine's models: loaded (and verified) when a version is first served, not in a request; with
+    ``batching``, wrapped so that concurrent searches share their forward passes, each batch waiting at most
+    ``max_wait_ms`` for the searches in flight (counted by :meth:`searching`)."""
+
+    def __init__(self, batching: bool, max_wait_ms: float) -> None:
+        self.batching, self.max_wait_s = batching, max_wait_ms / 1000
+        self.in_flight = 0
+        self.lock = threading.Lock()
+        self.batchers: list[Any] = []  # the served version's (the list object is shared with the metrics)
+        self.retired: list[Any] = []  # a swapped-out version's: closed when the app stops
+        self.load_seconds: dict[str, float] = {}
+
+    def prepare(self, engine: Any) -> None:
+        t = time.perf_counter()
+        loaded_encoder = engine.encoder
+        self.load_seconds["retriever"] = time.perf_counter() - t
+        t = time.perf_counter()
+        loaded_reranker = engine.reranker
+        if loaded_reranker is not None:
+            self.load_seconds["reranker"] = time.perf_counter() - t
+        if self.batching:
+            from twostage.app.batching import BatchingEncoder, BatchingReranker
+
+            options = {"max_wait_s": self.max_wait_s, "expected": lambda: self.in_flight}
+            size = engine.settings.batch_size
+            encoder = BatchingEncoder(loaded_encoder, batch_size=size, **options)
+            reranker = BatchingReranker(loaded_reranker, batch_size=size, **options) if loaded_reranker else None
+            engine.use_models(encoder=encoder, reranker=reranker)
+            self.retired.extend(self.batchers)
+            self.batchers[:] = [b.batcher for b in (encoder, reranker) if b is not None]
+
+    @contextmanager
+    def searching(self, holder: EngineHolder) -> Iterator[Any]:
+        """The engine ``holder`` serves now, for one search, counted in flight while it runs."""
+        with self.lock:
+            self.in_flight += 1
+        try:
+            with holder.use() as engine:
+                yield engine
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+    def close(self) -> None:
+        for b in self.batchers + self.retired:
+            b.close()
+
+
+def _guarded(run: Callable[[], Any]) -> Any:
+    """``run()``, or the JSON error response for what it raised (a TwostageError's own status, else a 500)."""
+    try:
+        return run()
+    except TwostageError as exc:
+        return _twostage_error(exc)
+    except Exception as exc:
+        return _server_error(exc)
+
+
+def _writer(read_only: bool, api_key: str | None) -> Callable[[Request], None]:
+    """The dependency every write route has: refused on a read-only server, and without the API key when set."""
+
+    def writer(request: Request) -> None:
+        if read_only:
+            raise HTTPException(403, "this server is read-only (started with --read-only); writes are refused")
+        if api_key is not None:
+            given = request.headers.get("x-api-key") or ""
+            auth = request.headers.get("authorization") or ""
+            if auth.lower().startswith("bearer "):
+                given = auth[7:].strip()
+            if not given or not hmac.compare_digest(given.encode(), api_key.encode()):
+                raise HTTPException(401, "writes need the API key: send 'Authorization: Bearer KEY' or "
+                                         "'X-API-Key: KEY'", headers={"WWW-Authenticate": "Bearer"})
+
+    return writer
+
+
+def _add_request_log(app: FastAPI, stats: ServerStats, observed: Any) -> None:
+    """Every request counted (``/stats``, ``/metrics``), given an id echoed in ``X-Request-ID``, and logged as one
+    JSON access line, however it ended."""
+    from twostage.app.observe import log_access, request_id
+
+    @app.middleware("http")
+    async def count(request: Request, call_next: Any) -> Any:
+        t = time.perf_counter()
+        rid = request_id(request.headers.get("x-request-id"))
+        status = 500
+        try:
+            response = await call_next(request)
+            status = response.status_code
+            response.headers["X-Request-ID"] = rid
+            return response
+        finally:  # counted and logged however the request ended (a crash is the 500 the client sees)
+            seconds = time.perf_counter() - t
+            route = request.scope.get("route")
+            path = route.path if route is not None else "unmatched"
+            stats.count(f"{request.method} {path}", status)
+            if observed is not None:
+                observed.observe_request(request.method, path, status, seconds)
+            log_access(rid, request.method, request.url.path, status, seconds,
+                       request.client.host if request.client else None)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error as one JSON object ``{"error": ...}`` with its status."""
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        status, message = _validation_message(list(exc.errors()))
+        return _error(status, message)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        detail = str(exc.detail)
+        if exc.status_code == 400 and detail == "There was an error parsing the body":  # FastAPI's words for a
+            # body its JSON parser gave up on (e.g. nested past Python's recursion limit)
+            detail = "the JSON body could not be parsed (malformed, or nested too deeply: a filter nests at most 32 " \
+                     "levels)"
+        return JSONResponse({"error": detail}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def crashed(request: Request, exc: Exception) -> JSONResponse:  # pragma: no cover - safety net
+        return _server_error(exc)
 
 
 def _twostage_error(exc: TwostageError) -> JSONResponse:
