@@ -64,6 +64,9 @@ def rerank_run(run: Run, data: str | Path | BeirDataset, reranker: str | Path, *
         if missing:
             raise DataError(f"{source}: document {missing[0]!r} (query {qid!r}) is not in "
                             f"{dataset.root / 'corpus.jsonl'}; rerank a run of this collection")
+    if not (interpolation in ("auto", None) or (isinstance(interpolation, (int, float))
+                                                 and not isinstance(interpolation, bool) and 0 <= interpolation <= 1)):
+        raise ConfigError(f"rerank_blend must be auto, none or a number in [0, 1], got {interpolation!r}")
     heads = sorted({str(d) for ranked in run.values() for d in ranked.ids[:depth]})
     if not heads:
         raise DataError(f"{source}: no query lists a document; nothing to rerank")
@@ -72,12 +75,8 @@ def rerank_run(run: Run, data: str | Path | BeirDataset, reranker: str | Path, *
         engine = SearchEngine.build([corpus.get(d) for d in heads], work / "engine", retriever=None,
                                     reranker=reranker, passage_words=0, precision=precision, batch_size=batch_size,
                                     device=device)
-        if interpolation == "auto":
-            alpha = blend_for(engine.reranker, run.name if run.name in FIRST_STAGES else None)
-        elif interpolation is None or (isinstance(interpolation, (int, float)) and 0 <= interpolation <= 1):
-            alpha = None if interpolation is None else float(interpolation)
-        else:
-            raise ConfigError(f"interpolation must be auto, none or a number in [0, 1], got {interpolation!r}")
+        alpha = blend_for(engine.reranker, run.name if run.name in FIRST_STAGES else None) \
+            if interpolation == "auto" else None if interpolation is None else float(interpolation)
         logger.info("reranking %d queries, top %d each, blend %s", len(run), depth, alpha)
         out = {}
         for qid, ranked in tqdm(run.items(), total=len(run), desc="rerank", unit="q", disable=not show_progress):

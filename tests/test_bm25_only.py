@@ -160,3 +160,19 @@ def test_swap_on_a_bm25_only_engine(models, sample_dir, tmp_path):
     with pytest.raises(ConfigError, match="BM25-only engine; give it a retriever with a new build"):
         swap(root, retriever=models[0], qrels=sample_dir, split="train")
     assert [p.name for p in tmp_path.iterdir()] == ["e"]  # nothing staged is left behind
+
+
+def test_rerank_run_checks_the_blend_before_building(models, sample_dir, monkeypatch):
+    from twostage.eval.rerank_run import rerank_run
+    from twostage.eval.run import Run
+    from twostage.indexer.records import RankedList
+
+    built = []
+    monkeypatch.setattr(SearchEngine, "build", classmethod(lambda cls, *a, **k: built.append(1)))
+    ds = BeirDataset(sample_dir)
+    qid = next(iter(ds.split("test").queries)).id
+    run = Run("bm25", {qid: RankedList(np.array([next(iter(ds.corpus)).id], dtype=object),
+                                       np.array([1.0], dtype=np.float32))})
+    with pytest.raises(ConfigError, match="rerank_blend must be auto, none or a number in"):
+        rerank_run(run, sample_dir, models[1], rerank_blend=2.0)
+    assert not built
