@@ -533,9 +533,11 @@ class ServedModels:
         self.load_seconds: dict[str, float] = {}
 
     def prepare(self, engine: Any) -> None:
-        t = time.perf_counter()
-        loaded_encoder = engine.encoder
-        self.load_seconds["retriever"] = time.perf_counter() - t
+        loaded_encoder = None  # a BM25-only engine encodes nothing: no model to load, no batcher
+        if engine.manifest.retriever is not None:
+            t = time.perf_counter()
+            loaded_encoder = engine.encoder
+            self.load_seconds["retriever"] = time.perf_counter() - t
         t = time.perf_counter()
         loaded_reranker = engine.reranker
         if loaded_reranker is not None:
@@ -545,7 +547,7 @@ class ServedModels:
 
             options = {"max_wait_s": self.max_wait_s, "expected": lambda: self.in_flight}
             size = engine.settings.batch_size
-            encoder = BatchingEncoder(loaded_encoder, batch_size=size, **options)
+            encoder = BatchingEncoder(loaded_encoder, batch_size=size, **options) if loaded_encoder else None
             reranker = BatchingReranker(loaded_reranker, batch_size=size, **options) if loaded_reranker else None
             engine.use_models(encoder=encoder, reranker=reranker)
             self.retired.extend(self.batchers)

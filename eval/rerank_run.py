@@ -17,7 +17,7 @@ from typing import Any
 
 from twostage.eval.run import Run
 from twostage.indexer.beir import BeirDataset
-from twostage.indexer.engine_dir import EngineSettings
+from twostage.indexer.engine_dir import EngineSettings, is_blend
 from twostage.indexer.errors import ConfigError, DataError
 from twostage.indexer.topk import check_k
 
@@ -64,8 +64,7 @@ def rerank_run(run: Run, data: str | Path | BeirDataset, reranker: str | Path, *
         if missing:
             raise DataError(f"{source}: document {missing[0]!r} (query {qid!r}) is not in "
                             f"{dataset.root / 'corpus.jsonl'}; rerank a run of this collection")
-    if not (interpolation in ("auto", None) or (isinstance(interpolation, (int, float))
-                                                 and not isinstance(interpolation, bool) and 0 <= interpolation <= 1)):
+    if interpolation != "auto" and not is_blend(interpolation):
         raise ConfigError(f"rerank_blend must be auto, none or a number in [0, 1], got {interpolation!r}")
     heads = sorted({str(d) for ranked in run.values() for d in ranked.ids[:depth]})
     if not heads:

@@ -13,7 +13,7 @@ these queries; the best cell is the corpus's label-free choice. Its test nDCG@10
 (the same engines and settings, so the same numbers) and set beside the shipped default, the dev-chosen fixed
 setting, and each collection's own best (an oracle, for reading only).
 
-The zero-shot engines of defaults_across.py (MiniLM, exact search, no reranker) are copied, never changed.
+The zero-shot engines of defaults_across.py (MiniLM, the engine defaults, no reranker) are copied, never changed.
 Writes benchmarks/results/labelfree_fusion.md and .json.
 """
 
@@ -129,7 +129,7 @@ def report(r: dict[str, Any]) -> str:
 
     lines = ["# Fusion chosen per corpus without labels (pseudo-queries), against the fixed defaults", "",
              f"Command: `{r['command']}`", "",
-             "Zero-shot all-MiniLM-L6-v2, no reranker, exact search (defaults_across.py's engines). Label-free "
+             "Zero-shot all-MiniLM-L6-v2, no reranker, defaults_across.py's engines (the engine defaults). Label-free "
              "choice: the cell (shape x fusion) with the best nDCG@10 on pseudo-queries (titles and rare-word "
              "sentences of a seeded sample of documents, each document's copy without the query's words). Test "
              "nDCG@10 from defaults_across.json (the same engines and settings). Shipped default: passages 100/50, "
