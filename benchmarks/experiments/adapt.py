@@ -3,6 +3,8 @@
 Usage (from the repository root):
     python benchmarks/experiments/adapt.py --data ../shared/data/scifact --models runs/adapt/scifact
     python benchmarks/experiments/adapt.py --data ../shared/data/cranfield --models runs/adapt/cranfield
+    python benchmarks/experiments/adapt.py --data ../shared/data/arguana --models runs/adapt/arguana \
+        --ignore-identical-ids --no-reranker
 
 1. `adapt` trains the bi-encoder and the reranker on the corpus alone (the queries and qrels are never read; dev
    is a held-out part of the pseudo-queries). Its time is the sum of the phases adapt.json records (a finished
@@ -35,9 +37,12 @@ def main() -> None:
     parser.add_argument("--models", type=Path, required=True, help="adapt's output directory (reused when done)")
     parser.add_argument("--base", default="all-MiniLM-L6-v2")
     parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/adapt-NAME")
+    parser.add_argument("--ignore-identical-ids", action="store_true",
+                        help="score without each query's own document (ArguAna), as bench does")
+    parser.add_argument("--no-reranker", action="store_true", help="adapt the bi-encoder only")
     args = parser.parse_args()
 
-    from twostage.app.adapt import adapt
+    from twostage.app.adapt import AdaptRecipe, adapt
     from twostage.engine.search_engine import SearchEngine
     from twostage.eval.harness import run_bench
     from twostage.eval.report import write_outputs
@@ -47,7 +52,8 @@ def main() -> None:
 
     ds = BeirDataset(args.data)
     out = args.out or ROOT / "benchmarks" / "results" / f"adapt-{ds.name}"
-    result = adapt(ds.corpus, args.models, base=args.base, show_progress=True)
+    recipe = replace(AdaptRecipe(), reranker=None) if args.no_reranker else AdaptRecipe()
+    result = adapt(ds.corpus, args.models, base=args.base, recipe=recipe, show_progress=True)
     record = json.loads((Path(args.models) / "adapt.json").read_text(encoding="utf-8"))
     minutes = sum(record["seconds"].values()) / 60
     fixed = EngineSettings(precision="fp32", backend="flat")
@@ -71,9 +77,11 @@ def main() -> None:
     }
     if result.reranker:
         systems[f"adapted hybrid ({fusion}) + rerank"] = adapted.as_retriever(first_stage="hybrid", rerank=True)
-    bench = run_bench(ds, args.split, systems, show_progress=True)
+    bench = run_bench(ds, args.split, systems, ignore_identical_ids=args.ignore_identical_ids, show_progress=True)
     command = (f"python benchmarks/experiments/adapt.py --data {args.data} --models {args.models}"
-               + (f" --base {args.base}" if args.base != "all-MiniLM-L6-v2" else ""))
+               + (f" --base {args.base}" if args.base != "all-MiniLM-L6-v2" else "")
+               + (" --ignore-identical-ids" if args.ignore_identical_ids else "")
+               + (" --no-reranker" if args.no_reranker else ""))
     write_outputs(bench, out, {"command": command, "adapt": record})
     table = bench.table()
     ndcg = dict(zip(table.index, table["ndcg@10"])) if "ndcg@10" in table else {}
@@ -84,8 +92,9 @@ def main() -> None:
         f"Adaptation ({record['documents']} documents, {record['pseudo_queries']} pseudo-queries + "
         f"{record['dev_queries']} dev, 2 cores): {minutes:.1f} min "
         f"({', '.join(f'{k} {v / 60:.1f} min' for k, v in record['seconds'].items())}). Queries and qrels of the "
-        "collection are never read by adapt; the reranker's blend is chosen on held-out pseudo-queries, the fusion "
-        f"is the recipe's ({fusion}, chosen on SciFact train). Models in fp32, exact search.", "",
+        "collection are never read by adapt; "
+        + ("the reranker's blend is chosen on held-out pseudo-queries, " if result.reranker else "no reranker; ")
+        + f"the fusion is the recipe's ({fusion}, chosen on SciFact train). Models in fp32, exact search.", "",
     ]
     (out / "summary.md").write_text("\n".join(summary) + "\n" + (out / "report.md").read_text(encoding="utf-8"),
                                     encoding="utf-8")

@@ -136,8 +136,9 @@ def report(scores: dict[str, Any], args: argparse.Namespace, collections: list[t
                                                                                            "hybrid rrf k=60")
     lines = ["# First-stage defaults across collections (chosen on dev only)", "",
              f"Command: `python benchmarks/experiments/defaults_across.py {' '.join(sys.argv[1:])}`", "",
-             f"Retriever `{args.base}` zero-shot, no reranker, engine defaults except the shape and fusion in each row; "
-             "exact search, depth 100 per list. nDCG@10. **Chosen** on the mean over the dev splits "
+             f"Retriever `{args.base}` zero-shot, no reranker, engine defaults except the shape and fusion in each "
+             "row; the engine's default index (hnswlib), depth 100 per list. nDCG@10. **Chosen** on the mean over the "
+             "dev splits "
              f"({', '.join(devs)}); the test splits ({', '.join(tests)}) are reported, never chosen on. ArguAna "
              "without each query's own document.", "",
              "| shape | system | " + " | ".join(devs) + " | dev mean | " + " | ".join(tests) + " | test mean |",
