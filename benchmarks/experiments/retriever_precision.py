@@ -85,10 +85,10 @@ def main() -> int:
 def report(r: dict[str, Any]) -> str:
     lines = ["# The retriever in int8 against fp32, on dev splits (the `auto` precision decided on dev)", "",
              f"Command: `{r['command']}`", "",
-             f"Retriever `{r['base']}` zero-shot, no reranker, the engine defaults (100/50 passages, hnswlib). fp32 (openvino-fp32, "
-             "today's `auto`) from defaults_across.json (the same engine settings; its build seconds were measured "
-             "in that run, alone on the machine as this one); int8 (openvino-int8) built here. nDCG@10 on dev "
-             f"splits only. Machine: {r['machine']}; {r['seconds'] / 60:.1f} min.", "",
+             f"Retriever `{r['base']}` zero-shot, no reranker, the engine defaults (100/50 passages, hnswlib). "
+             "fp32 (openvino-fp32, today's `auto`) from defaults_across.json (the same engine settings; its build "
+             "seconds were measured in that run, alone on the machine as this one); int8 (openvino-int8) built "
+             f"here. nDCG@10 on dev splits only. Machine: {r['machine']}; {r['seconds'] / 60:.1f} min.", "",
              "| dev split | system | fp32 | int8 | int8 - fp32 |", "|---|---|---|---|---|"]
     for x in r["rows"]:
         for s in SYSTEMS:
