@@ -100,17 +100,24 @@ def dev_scorer(engine: TwoStageSearch, queries: Sequence[Query], qrels: Qrels, d
 
 def select_blend(engine: TwoStageSearch, model: Any, queries: Sequence[Query], qrels: Qrels, depth: int,
                  metric: DevMetric, first_stages: Sequence[str] = FIRST_STAGES,
-                 grid: Sequence[float] = GRID) -> InterpolationChoice:
+                 grid: Sequence[float] = GRID, *, show_progress: bool = False) -> InterpolationChoice:
     """The blend with each first stage (and over their mean) chosen on dev ``queries``: every weight of ``grid``
     searched through ``engine`` with ``model`` reading the top ``depth``; ``metric`` gives one value per query
     (:func:`one_se_blend` chooses by their spread too)."""
     if not queries:
         raise ConfigError("choosing the blend needs held-out queries")
+    from tqdm.auto import tqdm
+
     memo = ScoreMemo(model)
     curves: dict[str, list[tuple[float, np.ndarray]]] = {}
-    for fs in first_stages:
-        curves[fs] = [(float(a), np.asarray(metric(qrels, dev_lists(engine, memo, queries, fs, depth, float(a))),
-                                            dtype=np.float64)) for a in grid]
+    with tqdm(total=len(first_stages) * len(grid), desc="choose blend", unit="blend",
+              disable=not show_progress) as bar:  # every weight searches every dev query again
+        for fs in first_stages:
+            curves[fs] = []
+            for a in grid:
+                lists = dev_lists(engine, memo, queries, fs, depth, float(a))
+                curves[fs].append((float(a), np.asarray(metric(qrels, lists), dtype=np.float64)))
+                bar.update()
     mean = [(float(a), np.mean([curve[i][1] for curve in curves.values()], axis=0)) for i, a in enumerate(grid)]
 
     def means(curve: list[tuple[float, np.ndarray]]) -> tuple[tuple[float, float], ...]:
@@ -121,7 +128,8 @@ def select_blend(engine: TwoStageSearch, model: Any, queries: Sequence[Query], q
 
 
 def choose_blend(result: FitResult, engine: TwoStageSearch, queries: Sequence[Query], qrels: Qrels, depth: int,
-                 metric: DevMetric, first_stages: Sequence[str] = FIRST_STAGES) -> FitResult:
+                 metric: DevMetric, first_stages: Sequence[str] = FIRST_STAGES, *,
+                 show_progress: bool = False) -> FitResult:
     """Choose the trained reranker's blends (:func:`select_blend`), then fit the calibration of its score on the
     same dev queries' reranked top ``depth`` at the chosen blend (:mod:`twostage.engine.calibration`), and record
     both with the model in ``result.model_dir`` (an engine built with it writes them into its manifest); the
@@ -129,7 +137,7 @@ def choose_blend(result: FitResult, engine: TwoStageSearch, queries: Sequence[Qu
     from twostage.engine.calibration import fit_calibration
 
     trained = CrossEncoder.load(result.model_dir)
-    choice = select_blend(engine, trained, queries, qrels, depth, metric, first_stages)
+    choice = select_blend(engine, trained, queries, qrels, depth, metric, first_stages, show_progress=show_progress)
     trained.interpolation, trained.blends = choice.alpha, choice.alphas()
     first = engine.settings.first_stage if engine.settings.first_stage in choice.alphas() else first_stages[0]
     view = engine.with_reranker(trained).with_settings(first_stage=first, rerank_depth=depth,
@@ -191,4 +199,4 @@ def train_reranker_on(data: str | Path | BeirDataset, split: str, base: str, out
         dev = dev_scorer(engine, dev_queries, qrels, rerank_depth, dev_metric)
         result = train_reranker(model, groups, config, out, dev=dev, resume=resume, show_progress=show_progress,
                                 info=info)
-        return choose_blend(result, engine, dev_queries, qrels, rerank_depth, dev_metric)
+        return choose_blend(result, engine, dev_queries, qrels, rerank_depth, dev_metric, show_progress=show_progress)

@@ -61,6 +61,18 @@ def test_the_chosen_blend_served_by_the_engine_scores_what_the_selection_saw(eng
     assert engine.settings.rerank_blend == "auto" and not engine.read_only  # views left the engine as it was
 
 
+def test_choosing_the_blend_shows_one_progress_bar_when_asked(engine, sample_dir, capsys):
+    """Every weight searches every dev query again (minutes on a CPU): the choice says how far it is."""
+    queries, qrels = dev_split(sample_dir)
+    quiet = select_blend(engine, Oracle(), queries, qrels, 20, ndcg10_by_query, ("hybrid",), (0.0, 0.5, 1.0))
+    assert "choose blend" not in capsys.readouterr().err
+    shown = select_blend(engine, Oracle(), queries, qrels, 20, ndcg10_by_query, ("hybrid",), (0.0, 0.5, 1.0),
+                         show_progress=True)
+    err = capsys.readouterr().err
+    assert "choose blend" in err and "3/3" in err
+    assert shown == quiet  # the bar changes nothing chosen
+
+
 def test_trained_reranker_blend_is_resolved_into_the_manifest_and_served(sample_dir, tiny_bert_dir, tmp_path):
     from twostage.reranker.training import RerankerConfig
     from twostage.retriever.mining import MiningConfig
