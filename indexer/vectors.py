@@ -308,15 +308,46 @@ def check_faiss_header(path: Path, dim: int, count: int, binary: bool = False) -
                                "restore or rebuild the index")
 
 
+_READS = {"hnswlib": "hnswlib>=0.8", "faiss": "faiss-cpu>=1.8"}  # module -> the distribution whose files are checked
+
+
+def module_provider(module: str) -> str:
+    """The installed distribution whose file ``import module`` loads, with its version ("chroma-hnswlib 0.7.6");
+    every distribution that claims the module when none owns that file; the module's name when none claims it."""
+    import importlib
+    from importlib import metadata
+
+    names = sorted(set(metadata.packages_distributions().get(module, [])))
+    where = getattr(importlib.import_module(module), "__file__", None)
+    for name in names:
+        dist = metadata.distribution(name)
+        if where and any(Path(dist.locate_file(f)).resolve() == Path(where).resolve() for f in dist.files or ()):
+            return f"{name} {dist.version}"
+    return ", ".join(f"{n} {metadata.version(n)}" for n in names) or module
+
+
 def verify_saved(ann: Any, path: Path, dim: int, count: int) -> None:
-    """Read back the header of an ANN file just written: a full disk can leave a short file without an error."""
+    """Read back the header of an ANN file just written. With little space left, a file that does not read back is
+    a short write (an ENOSPC OSError, as the disk's own); with room to spare, the installed library wrote a layout
+    this module does not check (another build, e.g. chroma-hnswlib installed as ``hnswlib``): a ConfigError naming
+    it and what to install."""
+    import shutil
+
+    module = "hnswlib" if isinstance(ann, HnswlibIndex) else "faiss"
     try:
         if isinstance(ann, HnswlibIndex):
             check_hnswlib_file(path, dim, count)
         elif isinstance(ann, (FaissIndex, BinaryIndex)):
             check_faiss_header(path, dim, count, binary=isinstance(ann, BinaryIndex))
+        else:
+            return
     except IndexFormatError:
-        raise OSError(28, "the ANN file was not written completely (is the disk full?)", str(path)) from None
+        if shutil.disk_usage(path.parent).free < 64 * 2**20:
+            raise OSError(28, "the ANN file was not written completely (is the disk full?)", str(path)) from None
+        raise ConfigError(f"{path}: the installed {module} ({module_provider(module)}) wrote an index file that "
+                          f"does not read back in the format twostage checks and loads; install "
+                          f"'{_READS[module]}' in its place, or choose another --backend (nothing was committed)"
+                          ) from None
 
 
 _CHECK_ROWS = 65_536  # rows of an hnswlib file's level 0 checked at a time

@@ -392,3 +392,37 @@ def test_compaction_copies_the_live_rows_one_segment_at_a_time(tmp_path, monkeyp
     queries = vecs[[3, 50, 120]]
     for got, ref in zip(exact.search_batch(queries, 10), index.search_batch(queries, 10)):
         assert list(got.ids) == list(ref.ids)
+
+
+def foreign_hnswlib_save(self, path):
+    """An hnswlib build that writes another layout (chroma-hnswlib installed as ``hnswlib`` does): same length,
+    different bytes."""
+    self.index.save_index(str(path))
+    data = bytearray(path.read_bytes())
+    data[40:48] = (2**40).to_bytes(8, "little")  # a header count twostage's check refuses
+    path.write_bytes(bytes(data))
+
+
+def test_an_ann_library_writing_another_layout_is_named_not_blamed_on_the_disk(tmp_path, corpus, monkeypatch):
+    from twostage.indexer.vectors import HnswlibIndex
+
+    monkeypatch.setattr(HnswlibIndex, "save", foreign_hnswlib_save)
+    with pytest.raises(ConfigError, match=r"installed hnswlib \(hnswlib 0\.\d.*'hnswlib>=0\.8'.*--backend") as err:
+        build_index(corpus, KeywordEncoder(), tmp_path / "idx", backend="hnswlib", chunk_size=50)
+    assert "disk" not in str(err.value)
+    assert not (tmp_path / "idx" / "CURRENT").exists()  # nothing committed
+
+
+def test_an_ann_file_that_does_not_read_back_on_a_full_disk_is_a_disk_error(tmp_path, corpus, monkeypatch):
+    import errno
+    import shutil
+    from collections import namedtuple
+
+    from twostage.indexer.vectors import HnswlibIndex
+
+    monkeypatch.setattr(HnswlibIndex, "save", foreign_hnswlib_save)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 1000, 1000))
+    with pytest.raises(OSError) as err:
+        build_index(corpus, KeywordEncoder(), tmp_path / "idx", backend="hnswlib", chunk_size=50)
+    assert err.value.errno == errno.ENOSPC and "disk full" in str(err.value)
