@@ -15,7 +15,6 @@ from twostage.indexer.beir import BeirDataset
 from twostage.indexer.engine_dir import EngineSettings
 from twostage.indexer.errors import ConfigError
 
-
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
 
 
