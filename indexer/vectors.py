@@ -321,7 +321,7 @@ def module_provider(module: str) -> str:
     where = getattr(importlib.import_module(module), "__file__", None)
     for name in names:
         dist = metadata.distribution(name)
-        if where and any(Path(dist.locate_file(f)).resolve() == Path(where).resolve() for f in dist.files or ()):
+        if where and any(Path(str(dist.locate_file(f))).resolve() == Path(where).resolve() for f in dist.files or ()):
             return f"{name} {dist.version}"
     return ", ".join(f"{n} {metadata.version(n)}" for n in names) or module
 
