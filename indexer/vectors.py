@@ -319,9 +319,10 @@ def module_provider(module: str) -> str:
 
     names = sorted(set(metadata.packages_distributions().get(module, [])))
     where = getattr(importlib.import_module(module), "__file__", None)
+    loaded = Path(where).resolve() if where else None
     for name in names:
         dist = metadata.distribution(name)
-        if where and any(Path(str(dist.locate_file(f))).resolve() == Path(where).resolve() for f in dist.files or ()):
+        if loaded and any(Path(str(dist.locate_file(f))).resolve() == loaded for f in dist.files or ()):
             return f"{name} {dist.version}"
     return ", ".join(f"{n} {metadata.version(n)}" for n in names) or module
 
@@ -333,15 +334,13 @@ def verify_saved(ann: Any, path: Path, dim: int, count: int) -> None:
     it and what to install."""
     import shutil
 
-    module = "hnswlib" if isinstance(ann, HnswlibIndex) else "faiss"
     try:
         if isinstance(ann, HnswlibIndex):
             check_hnswlib_file(path, dim, count)
         elif isinstance(ann, (FaissIndex, BinaryIndex)):
             check_faiss_header(path, dim, count, binary=isinstance(ann, BinaryIndex))
-        else:
-            return
     except IndexFormatError:
+        module = "hnswlib" if isinstance(ann, HnswlibIndex) else "faiss"
         if shutil.disk_usage(path.parent).free < 64 * 2**20:
             raise OSError(28, "the ANN file was not written completely (is the disk full?)", str(path)) from None
         raise ConfigError(f"{path}: the installed {module} ({module_provider(module)}) wrote an index file that "
