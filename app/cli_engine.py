@@ -483,7 +483,8 @@ def add_commands(sub: Any) -> None:
                         "0: at most --passage-words)")
     b.add_argument("--rerank-whole-up-to", type=int, default=d.rerank_whole_up_to, metavar="WORDS",
                    help=f"the reranker reads a document of at most this many words whole, a longer one by its best "
-                        f"passage (default {d.rerank_whole_up_to}; 0: every document by its best passage)")
+                        f"passage in each first stage, the higher score counting (default {d.rerank_whole_up_to}; "
+                        "0: every document so)")
     b.add_argument("--strict", action="store_true",
                    help="a folder corpus: stop at the first file that cannot be read (default: skip it, say so)")
     add_folder_flags(b)

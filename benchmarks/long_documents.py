@@ -39,20 +39,24 @@ SYSTEMS = {"bm25": {"first_stage": "bm25", "rerank": False}, "hybrid": {"first_s
 METRICS = ["ndcg@10", "recall@100"]
 
 
-def long_collection(data: Path, documents: int, seed: int,
-                    split_name: str = "test") -> tuple[list[Any], list[Any], Any, dict[str, Any]]:
-    """The composite corpus, the split's queries, their qrels mapped to composites, and a description."""
+def long_collection(data: Path, documents: int, seed: int, split_name: str = "test",
+                    query_ids: set[str] | None = None) -> tuple[list[Any], list[Any], Any, dict[str, Any]]:
+    """The composite corpus, the split's queries (only ``query_ids`` when given), their qrels mapped to
+    composites, and a description."""
     from twostage.indexer.beir import BeirDataset
     from twostage.indexer.records import Document, Judgment, Qrels
 
     ds = BeirDataset(data)
     test = ds.split(split_name)
+    queries, split_qrels = list(test.queries), test.qrels
+    if query_ids is not None:
+        queries, split_qrels = [q for q in queries if q.id in query_ids], split_qrels.subset(query_ids)
     corpus = {d.id: d for d in ds.corpus}
     judged: set[str] = set()
     for split in ds.splits:
         judged |= {j.doc_id for j in ds.split(split).qrels}
     rng = random.Random(seed)
-    targets = sorted({j.doc_id for j in test.qrels if j.grade > 0 and j.doc_id in corpus})
+    targets = sorted({j.doc_id for j in split_qrels if j.grade > 0 and j.doc_id in corpus})
     others = sorted(set(corpus) - judged)
     extra = rng.sample(others, max(0, documents - len(targets)))
     fillers = [d for d in others if d not in set(extra)]
@@ -69,10 +73,10 @@ def long_collection(data: Path, documents: int, seed: int,
         text = "\n\n".join(f"{p.title}. {p.text}" if p.title else p.text for p in parts)
         words.append(len(text.split()))
         composites.append(Document(f"long-{target}", text, "", {"inner": target}))
-    qrels = Qrels(Judgment(j.query_id, f"long-{j.doc_id}", j.grade) for j in test.qrels if j.doc_id in corpus)
+    qrels = Qrels(Judgment(j.query_id, f"long-{j.doc_id}", j.grade) for j in split_qrels if j.doc_id in corpus)
     about = {"composites": len(composites), "relevant_inside": len(targets), "fillers_pool": len(fillers),
              "words_median": statistics.median(words), "words_min": min(words), "words_max": max(words)}
-    return composites, list(test.queries), qrels, about
+    return composites, queries, qrels, about
 
 
 def evaluate_engine(engine: Any, queries: list[Any], qrels: Any) -> dict[str, dict[str, float]]:

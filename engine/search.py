@@ -223,7 +223,7 @@ class TwoStageSearch(ABC):
         from twostage.engine.highlight import hit_passage
 
         queries = check_queries(queries)
-        ranked, stage_scores, timings, chosen = self._ranked(queries, k, where, knobs, offset)
+        ranked, stage_scores, timings, reads = self._ranked(queries, k, where, knobs, offset)
         t = time.perf_counter()
         ids = sorted({str(d) for r in ranked for d in r.ids})
         docs = {entry[0].id: entry for entry in self.documents_with_passages(ids)}
@@ -239,7 +239,7 @@ class TwoStageSearch(ABC):
             for rank, (d, s) in enumerate(zip(r.ids, r.scores), offset + 1):
                 doc, passages, starts = docs[str(d)]
                 stages = {name: table[str(d)] for name, table in scores.items() if str(d) in table}
-                best = split_id(chosen[q][str(d)])[1] if chosen is not None else None
+                best = split_id(reads[q][str(d)][0])[1] if reads is not None else None
                 hits.append(Hit(doc.id, float(s), rank, stages.get("first_stage"), doc.text, doc.title,
                                 dict(doc.metadata), stages, hit_passage(query, doc, passages, starts, best, analyzer)))
             following = None
@@ -276,9 +276,10 @@ class TwoStageSearch(ABC):
 
     def _ranked(self, queries: list[str], k: int, where: Where, knobs: Mapping[str, Any],
                 offset: int = 0) -> tuple[list[RankedList], list[StageScores], dict[str, float],
-                                          list[dict[str, str]] | None]:
+                                          list[dict[str, tuple[str, ...]]] | None]:
         """Each query's page of final ids and scores, each stage's scores, the seconds of each stage, and in a passage
-        engine each query's chosen passage id by document (the one the reranker read)."""
+        engine the passages each document is read by, for each query (:func:`~twostage.indexer.passages.by_document`:
+        the first is the one a hit shows)."""
         s, rerank = settings_for(self.settings, knobs)
         k = check_k(k)
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
@@ -304,9 +305,9 @@ class TwoStageSearch(ABC):
             vectors = self.encoder.encode(queries, kind="query", batch_size=s.batch_size)
             timings["encode_s"] = time.perf_counter() - t
         lists = self.candidates(queries, vectors, s.first_stage, n, where, timings)
-        chosen = None
-        if s.passages.enabled:  # each stage's best passages -> documents, and which passage each one is read by
-            lists, chosen = by_document(lists)
+        reads = None
+        if s.passages.enabled:  # each stage's best passages -> documents, and the passages each one is read by
+            lists, reads = by_document(lists)
         t = time.perf_counter()
         if s.first_stage == "hybrid":
             weights = dense_weights(s.dense_weight)
@@ -315,7 +316,7 @@ class TwoStageSearch(ABC):
         else:
             firsts = lists[s.first_stage]
         timings["fuse_s"] = time.perf_counter() - t
-        reranked, relevance = self._rerank(queries, firsts, chosen, s, reranker, end, timings)
+        reranked, relevance = self._rerank(queries, firsts, reads, s, reranker, end, timings)
         stage_scores = []
         for i, (first, res) in enumerate(zip(firsts, reranked)):
             scores = {name: dict(zip(map(str, ls[i].ids), ls[i].scores.astype(float).tolist()))
@@ -327,14 +328,15 @@ class TwoStageSearch(ABC):
                 scores["relevance"] = relevance[i]
             stage_scores.append(scores)
         pages = [RankedList(r.ranked.ids[offset:end], r.ranked.scores[offset:end]) for r in reranked]
-        return pages, stage_scores, timings, chosen
+        return pages, stage_scores, timings, reads
 
-    def _rerank(self, queries: list[str], firsts: list[RankedList], chosen: list[dict[str, str]] | None,
+    def _rerank(self, queries: list[str], firsts: list[RankedList], reads: list[dict[str, tuple[str, ...]]] | None,
                 s: EngineSettings, reranker: Any, end: int,
                 timings: dict[str, float]) -> tuple[list[Reranked], list[dict[str, float]]]:
         """Each query's first-stage list with its top ``rerank_depth`` read by ``reranker`` (None: as it is) and
         blended, cut to ``end``; each reranked document's probability of relevance (when calibrated), the ones
-        below ``min_relevance`` dropped. ``chosen``: in a passage engine, the passage each document is read by."""
+        below ``min_relevance`` dropped. ``reads``: in a passage engine, the passages each document is read by (its
+        best passage in each first stage; the reranker's score is the highest of them)."""
         t = time.perf_counter()
         alpha = blend_of(s, reranker, s.first_stage)
         if s.min_relevance and (reranker is None or s.rerank_calibration is None):
@@ -344,11 +346,12 @@ class TwoStageSearch(ABC):
         scored = reranker is not None and (reorders(alpha) or s.min_relevance > 0)
         heads = sorted({str(d) for f in firsts for d in f.ids[:s.rerank_depth]}) if scored else []
         per_query = None
-        if chosen is None:
+        if reads is None:
             texts = {d.id: d.full_text for d in self.documents(heads)}  # one read for every query's candidates
-        else:  # a document is read by its chosen passage (title in front, as the first stages read it), or whole
-            # when it has at most rerank_whole_up_to words (as far as the reranker reads)
-            pids = {c[str(d)] for c, f in zip(chosen, firsts) for d in f.ids[:s.rerank_depth]} if scored else set()
+        else:  # a document is read by its best passage in each first stage (title in front, as the first stages
+            # read it), or whole when it has at most rerank_whole_up_to words (as far as the reranker reads)
+            pids = ({p for r, f in zip(reads, firsts) for d in f.ids[:s.rerank_depth] for p in r[str(d)]}
+                    if scored else set())
             if s.rerank_whole_up_to:  # one read: each candidate with its passages
                 texts = {}
                 for doc, passages, _ in self.documents_with_passages(heads):
@@ -358,7 +361,7 @@ class TwoStageSearch(ABC):
                         texts.update((p.id, p.full_text) for p in passages if p.id in pids)
             else:
                 texts = {p.id: p.full_text for p in self.passages(sorted(pids))}
-            per_query = [lambda d, c=c: texts[d] if d in texts else texts[c[d]] for c in chosen]
+            per_query = [lambda d, r=r: texts[d] if d in texts else [texts[p] for p in r[d]] for r in reads]
         reranked = rerank_lists(reranker, queries, firsts, texts.__getitem__, k=end, rerank_depth=s.rerank_depth,
                                 blend=alpha, batch_size=s.batch_size, per_query=per_query,
                                 always_score=s.min_relevance > 0)

@@ -207,7 +207,8 @@ class SearchEngine(TwoStageSearch):
                                f"{max(s.passage_words, s.passage_whole_up_to)} words and are searched as overlapping "
                                f"passages ({m.passages} in all; every word is searched); the reranker reads "
                                + (f"a document of at most {s.rerank_whole_up_to} words whole, a longer one"
-                                  if s.rerank_whole_up_to else "each document") + " by its best passage"}
+                                  if s.rerank_whole_up_to else "each document") + " by its best passage in each first "
+                               "stage, the higher score counting"}
         if m.retriever is None:
             return {"passages": 0, "documents_truncated": 0,
                     "summary": f"{m.documents} documents, searched whole by BM25 (no retriever)"}

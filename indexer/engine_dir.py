@@ -69,7 +69,8 @@ class EngineSettings:
     passage_title: bool = True  # the title in front of every passage (False: the first passage only)
     passage_whole_up_to: int = 0  # a document of at most this many words stays one passage (0: passage_words)
     rerank_whole_up_to: int = 300  # the reranker reads a document of at most this many words whole, a longer one by
-    # its best passage (0: every document by its best passage); a search-time choice (benchmarks/results/rerank_reads)
+    # its best passage in each first stage, the higher score counting (0: every document so); a search-time choice
+    # (benchmarks/results/rerank_reads, rerank_long)
 
     def blend_for(self, first_stage: str) -> float | None:
         """The resolved blend with ``first_stage`` (its own when the manifest has one, else ``rerank_blend``); call

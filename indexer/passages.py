@@ -136,23 +136,26 @@ def best_per_document(ranked: RankedList, n: int) -> RankedList:
     return RankedList(ranked.ids[at], ranked.scores[at])
 
 
-def by_document(lists: dict[str, list[RankedList]]) -> tuple[dict[str, list[RankedList]], list[dict[str, str]]]:
+def by_document(lists: dict[str, list[RankedList]]) -> tuple[dict[str, list[RankedList]],
+                                                              list[dict[str, tuple[str, ...]]]]:
     """Each stage's lists of best passages (one per document) as lists of documents, and for each query the
-    passage chosen for each document: the one of the stage that ranked the document highest."""
+    passages each document is read by: its best passage in every stage, once each, the passage of the stage that
+    ranked the document highest first (the one a hit shows)."""
     out: dict[str, list[RankedList]] = {}
-    chosen: list[dict[str, str]] = []
-    rank_of: list[dict[str, int]] = []
+    found: list[dict[str, list[tuple[int, str]]]] = []  # each query: document -> (rank, passage) in every stage
     for stage, ranked_lists in lists.items():
         out[stage] = []
         for q, ranked in enumerate(ranked_lists):
-            if q == len(chosen):
-                chosen.append({})
-                rank_of.append({})
+            if q == len(found):
+                found.append({})
             pids = [str(p) for p in ranked.ids]
             docs = [doc_id_of(p) for p in pids]
             out[stage].append(RankedList(np.array(docs, dtype=object), ranked.scores))
+            first_here: set[str] = set()
             for pos, (d, p) in enumerate(zip(docs, pids)):
-                if pos < rank_of[q].get(d, len(pids) + 1):
-                    rank_of[q][d] = pos
-                    chosen[q][d] = p
-    return out, chosen
+                if d not in first_here:  # a stage's best passage of each document
+                    first_here.add(d)
+                    found[q].setdefault(d, []).append((pos, p))
+    reads = [{d: tuple(dict.fromkeys(p for _, p in sorted(seen, key=lambda x: x[0])))
+              for d, seen in per_query.items()} for per_query in found]
+    return out, reads

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from twostage.indexer.errors import ConfigError
 from twostage.indexer.records import RankedList
 from twostage.reranker.interpolation import reorders, rerank_order
 
@@ -25,15 +26,19 @@ class Reranked:
     rerank_scores: Mapping[str, float]
 
 
-def rerank_lists(reranker: Any, queries: Sequence[str], firsts: Sequence[RankedList], text_of: Callable[[str], str], *,
+Reading = Callable[[str], "str | Sequence[str]"]  # a document id -> what the reranker reads of it
+
+
+def rerank_lists(reranker: Any, queries: Sequence[str], firsts: Sequence[RankedList], text_of: Reading, *,
                  k: int, rerank_depth: int, blend: float | None, batch_size: int = 32,
-                 per_query: Sequence[Callable[[str], str]] | None = None, always_score: bool = False) -> list[Reranked]:
+                 per_query: Sequence[Reading] | None = None, always_score: bool = False) -> list[Reranked]:
     """Rerank the top ``rerank_depth`` of each first-stage list; the rest of its top ``k`` follows in first-stage order.
 
-    ``text_of`` gives the text the reranker reads for a document id; ``per_query``, one such function per query,
-    when that text depends on the query (a passage engine reads each document by its best passage for the query).
+    ``text_of`` gives the text the reranker reads for a document id, or several texts (at least one): the document
+    then scores the highest of them (a passage engine reads a long document by the best passage of each first
+    stage). ``per_query``, one such function per query, when the texts depend on the query.
 
-    Every query's (query, document) pairs are scored in one call, so batches are shared across queries. With no
+    Every query's (query, text) pairs are scored in one call, so batches are shared across queries. With no
     reranker, or a blend of 0 (:func:`reorders`), the first stage's top ``k`` comes back unchanged, nothing scored
     (unless ``always_score``: the scores are wanted for themselves, e.g. a relevance threshold).
     """
@@ -41,14 +46,29 @@ def rerank_lists(reranker: Any, queries: Sequence[str], firsts: Sequence[RankedL
         return [Reranked(first.truncate(k), {}) for first in firsts]
     heads = [first.truncate(rerank_depth) for first in firsts]
     readers = list(per_query) if per_query is not None else [text_of] * len(queries)
-    pairs = [(q, read(str(d))) for q, head, read in zip(queries, heads, readers) for d in head.ids]
+    pairs: list[tuple[str, str]] = []
+    owner: list[int] = []  # each pair's candidate, numbered across every query's head
+    bounds = [0]  # where each query's pairs start and end
+    candidate = 0
+    for q, head, read in zip(queries, heads, readers):
+        for d in head.ids:
+            got = read(str(d))
+            texts = [got] if isinstance(got, str) else list(got)
+            if not texts:
+                raise ConfigError(f"the reranker was given no text to read for document {d!r}")
+            owner += [candidate] * len(texts)
+            pairs += [(q, t) for t in texts]
+            candidate += 1
+        bounds.append(len(pairs))
     if not pairs:
-        scores = np.zeros(0, dtype=np.float32)
+        pair_scores = np.zeros(0, dtype=np.float32)
     elif hasattr(reranker, "predict"):  # a CrossEncoder: every query's pairs in shared, length-sorted batches
-        scores = np.asarray(reranker.predict(pairs, batch_size=batch_size), dtype=np.float32)
+        pair_scores = np.asarray(reranker.predict(pairs, batch_size=batch_size), dtype=np.float32)
     else:  # any object with score(query, texts), one query at a time
-        scores = np.concatenate([np.asarray(reranker.score(q, [read(str(d)) for d in head.ids]), dtype=np.float32)
-                                 for q, head, read in zip(queries, heads, readers) if len(head)])
+        pair_scores = np.concatenate([np.asarray(reranker.score(q, [t for _, t in pairs[a:b]]), dtype=np.float32)
+                                      for q, a, b in zip(queries, bounds, bounds[1:]) if b > a])
+    scores = np.full(candidate, -np.inf, dtype=np.float32)
+    np.maximum.at(scores, np.asarray(owner, dtype=np.int64), pair_scores)  # a document: its best-read text
     out, at = [], 0
     for first, head in zip(firsts, heads):
         ce = scores[at:at + len(head)]

@@ -67,16 +67,19 @@ def test_whole_up_to_keeps_short_documents_whole():
         PassageShape(10, 5, whole_up_to=-1)
 
 
-def test_by_document_keeps_each_stage_order_and_picks_the_better_ranked_passage():
+def test_by_document_keeps_each_stage_order_and_reads_each_stage_best_passage():
     import numpy as np
 
     dense = [RankedList(np.array(["a\x1f2", "b\x1f0"], dtype=object), np.array([0.9, 0.8], dtype=np.float32))]
     bm25 = [RankedList(np.array(["b\x1f1", "a\x1f0"], dtype=object), np.array([7.0, 3.0], dtype=np.float32))]
-    lists, chosen = by_document({"dense": dense, "bm25": bm25})
+    lists, reads = by_document({"dense": dense, "bm25": bm25})
     assert list(lists["dense"][0].ids) == ["a", "b"] and list(lists["bm25"][0].ids) == ["b", "a"]
-    assert chosen == [{"a": "a\x1f2", "b": "b\x1f1"}]  # each by the stage that ranked it first
+    # every stage's best passage, the one of the stage that ranked the document higher first (the hit shows it)
+    assert reads == [{"a": ("a\x1f2", "a\x1f0"), "b": ("b\x1f1", "b\x1f0")}]
     _, tied = by_document({"dense": dense, "bm25": [RankedList(bm25[0].ids[::-1], bm25[0].scores)]})
-    assert tied == [{"a": "a\x1f2", "b": "b\x1f0"}]  # the same rank in both: the first stage listed wins
+    assert tied == [{"a": ("a\x1f2", "a\x1f0"), "b": ("b\x1f0", "b\x1f1")}]  # the same rank: the first stage listed
+    same = [RankedList(np.array(["a\x1f2", "a\x1f1"], dtype=object), np.array([2.0, 1.0], dtype=np.float32))]
+    assert by_document({"dense": dense, "bm25": same})[1] == [{"a": ("a\x1f2",), "b": ("b\x1f0",)}]  # once each
 
 
 def test_term_spans_and_the_window_a_whole_document_shows():
@@ -215,6 +218,25 @@ def test_rerank_whole_up_to_reads_short_documents_whole(tmp_path, models, monkey
             if not whole:
                 assert any(text.startswith(doc.title) and text in ("", *[p.full_text for p in split(doc, engine.shape)])
                            for text in read)
+    # hybrid: a long candidate is read by its best passage in each first stage, and scores the higher one
+    scored: dict[str, float] = {}
+
+    def spy_scores(self, pairs, **kw):
+        out = predict(self, pairs, **kw)
+        scored.update(zip((d for _, d in pairs), out.tolist()))
+        return out
+
+    monkeypatch.setattr(CrossEncoder, "predict", spy_scores)
+    engine = engine.configure(rerank_whole_up_to=0)
+    twice = 0
+    for query in ("zebra crossing rain", "striped tail", "filler sun"):
+        scored.clear()
+        r = engine.search(query, k=41, first_stage="hybrid", rerank_depth=41)
+        for hit in r.hits:
+            texts = [p.full_text for p in split(docs[hit.id], engine.shape) if p.full_text in scored]
+            assert texts and hit.stage_scores["rerank"] == pytest.approx(max(scored[t] for t in texts), abs=1e-6)
+            twice += len(texts) > 1
+    assert twice > 0  # some document had a different best passage in BM25 and in dense
     manifest = engine.version_dir / "manifest.json"
     data = json.loads(manifest.read_text())
     del data["settings"]["rerank_whole_up_to"]

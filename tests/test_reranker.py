@@ -227,3 +227,31 @@ def test_per_first_stage_blends_are_saved_and_checked(tmp_path, tiny_bert_dir):
     meta_file.write_text(json.dumps(meta))
     with pytest.raises(ConfigError, match="interpolation must be a number"):
         CrossEncoder.load(tmp_path / "ce")
+
+
+def test_rerank_lists_scores_a_document_read_by_several_texts_by_the_best():
+    """A reader may give several texts for a document (a long one by each first stage's best passage): the document
+    scores the highest of them, with a CrossEncoder-like ``predict`` and with a plain ``score``."""
+    import numpy as np
+
+    from twostage.indexer.errors import ConfigError
+    from twostage.indexer.records import RankedList
+    from twostage.reranker.rerank import rerank_lists
+
+    class ByLength:
+        def score(self, query, texts):
+            return [float(len(t)) for t in texts]
+
+    class Predicting:
+        def predict(self, pairs, batch_size=32):
+            return np.array([float(len(t)) for _, t in pairs])
+
+    texts = {"a": ["xx", "xxxxxxxx"], "b": "xxxxx", "c": ("x",)}
+    first = RankedList(np.array(["c", "b", "a"], dtype=object), np.array([3.0, 2.0, 1.0], dtype=np.float32))
+    for reranker in (ByLength(), Predicting()):
+        out = rerank_lists(reranker, ["q", "q2"], [first, first], texts.__getitem__, k=3, rerank_depth=3, blend=None)
+        for r in out:
+            assert list(r.ranked.ids) == ["a", "b", "c"] and dict(r.rerank_scores) == {"a": 8.0, "b": 5.0, "c": 1.0}
+    with pytest.raises(ConfigError, match="no text"):
+        rerank_lists(ByLength(), ["q"], [first], {"a": [], "b": "x", "c": "y"}.__getitem__, k=3, rerank_depth=3,
+                     blend=None)
