@@ -9,14 +9,15 @@ of other queries as filler), around the documents relevant to the SciFact train 
 when they were trained (the reranker's twostage.json lists them). One default passage engine over them; its hybrid
 first stage once; then the reranker reads each of the top ``rerank_depth`` candidates in one of these ways:
 
-- ``chosen``: the best passage of the first stage that ranked the document highest (the engine today);
-- ``maxp``: the best passage of each first stage (BM25's and dense's), the higher reranker score counts;
+- ``chosen``: the best passage of the first stage that ranked the document highest (the engine before cd4b50f);
+- ``maxp``: the best passage of each first stage (BM25's and dense's), the higher reranker score counts (the
+  engine since);
 - ``para``: the chosen passage, moved back to the start of its paragraph when that is at most --back words
   before it (a paragraph: text after a blank line), then as many words as a passage has;
 - ``para-maxp``: both stages' passages moved so, the higher score counts.
 
 Each is blended with the first stage at every blend 0, 0.1 ... 1 (the engine's min-max blend); nDCG@10 on the dev
-queries. A sanity row checks that ``chosen`` at the engine's own blend equals the engine's hybrid+rerank.
+queries. A sanity row gives the engine's own hybrid+rerank: it equals the row of the engine's reading at its blend.
 Writes benchmarks/results/rerank_long.md.
 """
 
@@ -72,7 +73,7 @@ def main() -> int:
 
     from twostage import SearchEngine
     from twostage.eval.metrics import evaluate
-    from twostage.indexer.passages import by_document, doc_id_of, split_id
+    from twostage.indexer.passages import by_document, split_id
     from twostage.indexer.records import RankedList
     from twostage.reranker.interpolation import rerank_order
     from twostage.retriever.hybrid import dense_weights, fuse
@@ -99,22 +100,14 @@ def main() -> int:
         engine_run = {q.id: engine.ranked(q.text, k=10) for q in queries}
         vectors = engine.encoder.encode(texts, kind="query", batch_size=s.batch_size)
         lists = engine.candidates(texts, vectors, "hybrid", s.first_stage_depth, None, {})
-        doc_lists, chosen = by_document(lists)
+        doc_lists, by_stage = by_document(lists)  # each document's best passage in each stage, the first: "chosen"
         firsts = [fuse([b, d], s.fusion, k_rrf=s.k_rrf, weights=dense_weights(s.dense_weight))
                   .truncate(s.first_stage_depth) for b, d in zip(doc_lists["bm25"], doc_lists["dense"])]
-        best: dict[str, list[dict[str, str]]] = {"bm25": [], "dense": []}
-        for stage, per_stage in best.items():
-            for ls in lists[stage]:
-                first: dict[str, str] = {}
-                for p in map(str, ls.ids):
-                    first.setdefault(doc_id_of(p), p)
-                per_stage.append(first)
         heads = [f.truncate(s.rerank_depth) for f in firsts]
         full = {d.id: d for d in engine.documents(sorted({str(d) for h in heads for d in h.ids}))}
         shape = s.passages
 
-        wanted = {p for q, h in enumerate(heads) for d in map(str, h.ids)
-                  for p in [chosen[q][d]] + [best[st][q][d] for st in ("bm25", "dense") if d in best[st][q]]}
+        wanted = {p for q, h in enumerate(heads) for d in map(str, h.ids) for p in by_stage[q][d]}
         passage_text = {p.id: p.full_text for p in engine.passages(sorted(wanted))}
 
         def read(pid: str, para: bool) -> str:
@@ -132,8 +125,7 @@ def main() -> int:
                 para = v.startswith("para")
                 per_doc = []
                 for d in map(str, head.ids):
-                    pids = [chosen[q][d]] if not v.endswith("maxp") else sorted(
-                        {best[st][q][d] for st in ("bm25", "dense") if d in best[st][q]} | {chosen[q][d]})
+                    pids = by_stage[q][d] if v.endswith("maxp") else by_stage[q][d][:1]
                     per_doc.append([read(p, para) for p in pids])
                 reads[v].append(per_doc)
         pairs = sorted({(texts[q], t) for v in VARIANTS for q, per_doc in enumerate(reads[v])
@@ -156,8 +148,7 @@ def main() -> int:
                 run[queries[q].id] = RankedList(head.ids[order], final[order])
             table[v].append(ndcg(run))
     engine_blend = engine.settings.rerank_blend
-    two = sum(len({best[st][q].get(str(d)) for st in ("bm25", "dense")} - {None}) > 1
-              for q, h in enumerate(heads) for d in h.ids)
+    two = sum(len(by_stage[q][str(d)]) > 1 for q, h in enumerate(heads) for d in h.ids)
     lines = [f"# How the reranker reads a long candidate (dev queries, {args.collection})", "",
              f"Command: `python benchmarks/experiments/rerank_long.py --retriever {args.retriever} --reranker "
              f"{args.reranker} --documents {args.documents} --back {args.back} --collection {args.collection}"
