@@ -47,7 +47,9 @@ class EngineSettings:
     """
 
     first_stage: str = "hybrid"
-    fusion: str = "rrf"  # "rrf" (reciprocal rank) or "blend" (min-max normalised scores, dense_weight for dense)
+    # "blend" (min-max normalised scores, dense_weight for dense) or "rrf" (reciprocal rank); blend 0.5 was chosen
+    # on dev splits across collections (benchmarks/experiments/defaults_across.py, fusion_trained.py)
+    fusion: str = "blend"
     k_rrf: float = 60.0
     dense_weight: float = 0.5  # blend only: dense's weight, BM25's is 1 - dense_weight
     first_stage_depth: int = 100  # candidates each first stage gives the fusion

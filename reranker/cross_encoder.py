@@ -17,10 +17,10 @@ import torch
 
 from twostage.indexer.atomic import atomic_directory
 from twostage.indexer.errors import ConfigError, DataError, UntrainedHeadError
-from twostage.retriever.biencoder import check_texts
 from twostage.retriever.hf import (
     arrays,
     cap_max_length,
+    check_texts,
     check_tokenizer,
     pair_heads,
     require_tokenizer_files,

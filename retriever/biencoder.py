@@ -19,11 +19,12 @@ import torch
 
 from twostage.indexer.atomic import atomic_directory
 from twostage.indexer.codec import from_json_dict, to_json_dict
-from twostage.indexer.errors import ConfigError, DataError
+from twostage.indexer.errors import ConfigError
 from twostage.indexer.manifest import EncoderInfo
 from twostage.retriever.hf import (
     arrays,
     cap_max_length,
+    check_texts,
     check_tokenizer,
     head_words,
     padded,
@@ -104,18 +105,6 @@ def config_from_directory(path: Path) -> BiEncoderConfig:
         prompts = _read_json(st).get("prompts") or {}
         cfg = replace(cfg, query_prefix=prompts.get("query", ""), document_prefix=prompts.get("document", ""))
     return cfg
-
-
-def check_texts(texts: Sequence[str], kind: str, allow_empty: bool = False) -> list[str]:
-    """Texts as a list; None, non-strings and (unless allowed) blank strings are errors naming the item."""
-    if isinstance(texts, str) or not isinstance(texts, Sequence):
-        raise DataError(f"expected a list of {kind} texts, got {type(texts).__name__}")
-    for i, t in enumerate(texts):
-        if not isinstance(t, str):
-            raise DataError(f"{kind} text #{i} is {type(t).__name__}, not a string")
-        if not allow_empty and not t.strip():
-            raise DataError(f"{kind} text #{i} is empty; give it some words")
-    return list(texts)
 
 
 class BiEncoder(torch.nn.Module):

@@ -11,11 +11,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from twostage.indexer.errors import ConfigError
+from twostage.indexer.errors import ConfigError, DataError
 from twostage.retriever.weights import ModelNotFoundError
 
 logger = logging.getLogger(__name__)
 PRECISIONS = ("fp32", "bf16", "int8", "openvino-fp32", "openvino-int8")
+
+
+def check_texts(texts: Sequence[str], kind: str, allow_empty: bool = False) -> list[str]:
+    """Texts as a list; None, non-strings and (unless allowed) blank strings are errors naming the item."""
+    if isinstance(texts, str) or not isinstance(texts, Sequence):
+        raise DataError(f"expected a list of {kind} texts, got {type(texts).__name__}")
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise DataError(f"{kind} text #{i} is {type(t).__name__}, not a string")
+        if not allow_empty and not t.strip():
+            raise DataError(f"{kind} text #{i} is empty; give it some words")
+    return list(texts)
 
 
 def cap_max_length(model: Any, max_length: int) -> int:

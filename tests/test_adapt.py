@@ -142,7 +142,7 @@ def test_engine_blend_fusion_and_its_tuning(tmp_path, models, sample_dir, monkey
 
     retriever, _ = models
     engine = SearchEngine.build(sample_dir, tmp_path / "e", retriever=retriever,
-                                settings=EngineSettings(precision="fp32", backend="flat"))
+                                settings=EngineSettings(precision="fp32", backend="flat", fusion="rrf"))
     queries = ["why do cats purr", "snow and rain", "music for the piano"]
     blended = engine.configure(fusion="blend", dense_weight=0.3)
     for q in queries:
