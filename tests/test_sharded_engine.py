@@ -89,8 +89,11 @@ def test_sharded_top10_equals_single_engine(engines, which):
         assert [h.id for h in a.hits] == [h.id for h in b.hits]
         np.testing.assert_allclose([h.score for h in a.hits], [h.score for h in b.hits], rtol=1e-5, atol=1e-6)
     hits = sharded.search(QUERIES[0], k=10).hits
-    assert hits[0].text and {"first_stage", "rerank", "dense"} <= set(hits[0].stage_scores)
-    assert any("bm25" in h.stage_scores for h in hits)  # a hit BM25 also found carries its BM25 score
+    assert hits[0].text and {"first_stage", "rerank"} <= set(hits[0].stage_scores)
+    for stage in ("bm25", "dense"):  # a hit carries a stage's score exactly when that stage found it
+        found = set(sharded.ranked(QUERIES[0], 100, first_stage=stage, rerank=False).ids)
+        assert all((stage in h.stage_scores) == (h.id in found) for h in hits)
+    assert all({"bm25", "dense"} & set(h.stage_scores) for h in hits)
 
 
 def test_each_shard_is_a_normal_engine_directory(engines):
