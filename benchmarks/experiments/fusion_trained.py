@@ -58,6 +58,8 @@ def main() -> int:
     args = ap.parse_args()
     out = args.out or ROOT / "benchmarks" / "results" / f"fusion_trained_{args.collection}.md"
 
+    from defaults_across import CachedQueries  # this folder is on sys.path when the script runs
+
     from twostage.engine.search_engine import SearchEngine
     from twostage.indexer.beir import BeirDataset
 
@@ -79,6 +81,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         engine = SearchEngine.build(data.corpus, f"{tmp}/engine", retriever=args.retriever, show_progress=True)
         build_s = time.perf_counter() - started
+        engine.use_models(encoder=CachedQueries(engine.encoder))  # each query encoded once for all the views
         for name, (queries, qrels, _) in (("dev", dev), ("test", test)):
             for system in ("bm25", "dense"):
                 scores[name][system] = per_query(engine, queries, qrels, {}, system)
