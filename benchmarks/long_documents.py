@@ -184,6 +184,9 @@ def main() -> None:
         print("long collection:", about, flush=True)
         engines, seconds = build_pair(corpus, Path(tmp) / "long", args)
         report["long"]["build_s"] = seconds
+        served = engines["passages"].manifest.settings
+        report["fusion"] = served.fusion if served.fusion == "rrf" else f"blend, dense weight {served.dense_weight}"
+        report["rerank_blend"] = served.blend_for("hybrid") if args.reranker else None
         report["long"]["results"] = {name: evaluate_engine(e, queries, qrels) for name, e in engines.items()}
         for e in engines.values():
             e.close()
@@ -210,6 +213,9 @@ def render(r: dict[str, Any]) -> str:
     long, about = r["long"], r["long"]["collection"]
     lines = ["# Long documents: passages against whole documents", "", f"Command: `{r['command']}`", "",
              f"Passages of {r['passage_words']} words, a new one every {r['passage_stride']} (the engine's defaults); "
+             f"hybrid fuses by {r.get('fusion', 'the default of the day')}"
+             + (f", the reranker's dev-chosen blend {r['rerank_blend']}" if r.get("rerank_blend") is not None else "")
+             + "; "
              "the same models (trained on SciFact train only), settings and precision for both engines; every number "
              "on test queries. Machine: " + r["machine"] + f"; {r['minutes']:.1f} min.", "",
              "## Long SciFact (300 test queries)", "",
