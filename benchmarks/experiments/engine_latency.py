@@ -1,14 +1,17 @@
 """Two-stage latency of the engine, one query at a time, per precision and reranking depth (SciFact test).
 
     python benchmarks/experiments/engine_latency.py --retriever MODEL_DIR --reranker MODEL_DIR \
-        [--modes fp32:20 auto:10,20,50] [--out benchmarks/results/engine_latency]
+        [--modes fp32:20 auto:10,20,50] [--rerank-whole-up-to N] [--out benchmarks/results/engine_latency]
 
 For each precision an engine is built over the SciFact corpus (hybrid first stage, the default settings; the
 openvino-int8 models calibrated on the corpus by the build), then every test query is searched once with
 ``engine.search(query, rerank_depth=depth)`` (a warm-up pass over 20 queries first). Reported per (precision, depth):
 p50 / p95 / max of the whole call and the p50 of each stage (query encoding; first stage = dense search, BM25 and
-the fusion; reranking), and the
-nDCG@10 of the hits. The engine directories are removed afterwards.
+the fusion; reranking), the reranker's pairs per query (counted in a second, untimed pass) and the nDCG@10 of the
+hits. ``--rerank-whole-up-to N`` adds, for each (precision, depth), a row from the same engine searched with the
+reranker reading every candidate of at most N words whole (the default reads one of more than
+``rerank_whole_up_to`` words by its best passage in each first stage): what the passage reads cost. The engine
+directories are removed afterwards.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -32,13 +36,13 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "scifact")
     ap.add_argument("--modes", nargs="+", default=["fp32:20", "auto:10,20,50"],
                     help="PRECISION:DEPTH[,DEPTH...] (default: fp32:20 auto:10,20,50; auto is shown resolved)")
+    ap.add_argument("--rerank-whole-up-to", type=int, default=None, metavar="N",
+                    help="also measure each row with the reranker reading candidates of at most N words whole")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "engine_latency")
     args = ap.parse_args()
 
     from twostage import BeirDataset, SearchEngine
-    from twostage.eval.metrics import mean_ndcg10
     from twostage.indexer.manifest import library_versions
-    from twostage.indexer.records import RankedList
 
     ds = BeirDataset(args.data)
     split = ds.split("test")
@@ -54,43 +58,72 @@ def main() -> None:
             build_s = time.perf_counter() - t
             for q in queries[:20]:
                 engine.search(q.text, k=10)
+            views = [(engine.settings.rerank_whole_up_to, engine)]
+            if args.rerank_whole_up_to is not None:
+                views.append((args.rerank_whole_up_to,
+                              engine.with_settings(rerank_whole_up_to=args.rerank_whole_up_to)))
             for depth in map(int, depths.split(",")):
-                total, stages, run = [], {"encode_s": [], "first_stage": [], "rerank_s": []}, {}
-                for q in queries:
-                    t = time.perf_counter()
-                    res = engine.search(q.text, k=10, rerank_depth=depth)
-                    total.append(1000 * (time.perf_counter() - t))
-                    stages["encode_s"].append(1000 * res.timings.get("encode_s", 0.0))
-                    stages["rerank_s"].append(1000 * res.timings.get("rerank_s", 0.0))
-                    stages["first_stage"].append(1000 * sum(res.timings.get(k, 0.0)
-                                                            for k in ("dense_s", "bm25_s", "fuse_s")))
-                    run[q.id] = RankedList(np.array([h.id for h in res.hits], dtype=object),
-                                           np.array([h.score for h in res.hits], dtype=np.float32))
-                ndcg = mean_ndcg10(split.qrels, run)
-                shown = precision if precision == engine.precision else f"{precision} = {engine.precision}"
-                row = {"precision": shown, "depth": depth, "p50": float(np.percentile(total, 50)),
-                       "p95": float(np.percentile(total, 95)), "max": float(np.max(total)),
-                       **{f"{k}_p50": float(np.median(v)) for k, v in stages.items()}, "ndcg@10": ndcg,
-                       "build_s": build_s}
-                rows.append(row)
-                raw[f"{precision}:{depth}"] = total
-                print(json.dumps(row), flush=True)
+                for whole, view in views:
+                    row, total = measure(view, queries, split.qrels, depth)
+                    shown = precision if precision == engine.precision else f"{precision} = {engine.precision}"
+                    row = {"precision": shown, "depth": depth, "whole_up_to": whole, **row, "build_s": build_s}
+                    rows.append(row)
+                    raw[f"{precision}:{depth}:{whole}"] = total
+                    print(json.dumps(row), flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    whole = "" if args.rerank_whole_up_to is None else f" --rerank-whole-up-to {args.rerank_whole_up_to}"
+    command = (f"python benchmarks/experiments/engine_latency.py --retriever {args.retriever} "
+               f"--reranker {args.reranker} --modes {' '.join(args.modes)}{whole}")
+    header = ("| precision | rerank depth | read whole up to (words) | p50 ms | p95 ms | max ms | encode p50 | "
+              "first stage p50 | rerank p50 | reranker pairs / query | hybrid+rerank nDCG@10 | engine build s |")
     lines = ["# Engine latency, one query at a time (SciFact test, all 300 queries, hybrid first stage)", "",
-             f"Command: `python benchmarks/experiments/engine_latency.py --retriever {args.retriever} --reranker {args.reranker} "
-             f"--modes {' '.join(args.modes)}`", "",
-             "| precision | rerank depth | p50 ms | p95 ms | max ms | encode p50 | first stage p50 | rerank p50 | "
-             "hybrid+rerank nDCG@10 | engine build s |", "|---|---|---|---|---|---|---|---|---|---|"]
+             f"Command: `{command}`", "", header, "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['precision']} | {r['depth']} | {r['p50']:.1f} | {r['p95']:.1f} | {r['max']:.1f} | "
-                     f"{r['encode_s_p50']:.1f} | {r['first_stage_p50']:.1f} | {r['rerank_s_p50']:.1f} | "
-                     f"{r['ndcg@10']:.4f} | {r['build_s']:.0f} |")
+        lines.append(f"| {r['precision']} | {r['depth']} | {r['whole_up_to']} | {r['p50']:.1f} | {r['p95']:.1f} | "
+                     f"{r['max']:.1f} | {r['encode_s_p50']:.1f} | {r['first_stage_p50']:.1f} | "
+                     f"{r['rerank_s_p50']:.1f} | {r['pairs_per_query']:.1f} | {r['ndcg@10']:.4f} | "
+                     f"{r['build_s']:.0f} |")
     lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in library_versions().items())]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     args.out.with_suffix(".json").write_text(json.dumps({"rows": rows, "latencies_ms": raw}, indent=1) + "\n")
     print("\n".join(lines))
+
+
+class PairCounter:
+    """A reranker that counts the pairs it is given and passes them on."""
+
+    def __init__(self, reranker: Any) -> None:
+        self.reranker, self.pairs = reranker, 0
+
+    def predict(self, pairs: list[tuple[str, str]], batch_size: int = 32) -> Any:
+        self.pairs += len(pairs)
+        return self.reranker.predict(pairs, batch_size=batch_size)
+
+
+def measure(engine: Any, queries: list[Any], qrels: Any, depth: int) -> tuple[dict[str, float], list[float]]:
+    """Every query once, timed; then once more, untimed, through a pair-counting reranker."""
+    from twostage.eval.metrics import mean_ndcg10
+    from twostage.indexer.records import RankedList
+
+    total, stages, run = [], {"encode_s": [], "first_stage": [], "rerank_s": []}, {}
+    for q in queries:
+        t = time.perf_counter()
+        res = engine.search(q.text, k=10, rerank_depth=depth)
+        total.append(1000 * (time.perf_counter() - t))
+        stages["encode_s"].append(1000 * res.timings.get("encode_s", 0.0))
+        stages["rerank_s"].append(1000 * res.timings.get("rerank_s", 0.0))
+        stages["first_stage"].append(1000 * sum(res.timings.get(k, 0.0) for k in ("dense_s", "bm25_s", "fuse_s")))
+        run[q.id] = RankedList(np.array([h.id for h in res.hits], dtype=object),
+                               np.array([h.score for h in res.hits], dtype=np.float32))
+    counter = PairCounter(engine.reranker)
+    counting = engine.with_reranker(counter)
+    for q in queries:
+        counting.search(q.text, k=10, rerank_depth=depth)
+    return {"p50": float(np.percentile(total, 50)), "p95": float(np.percentile(total, 95)),
+            "max": float(np.max(total)), **{f"{k}_p50": float(np.median(v)) for k, v in stages.items()},
+            "pairs_per_query": counter.pairs / len(queries), "ndcg@10": mean_ndcg10(qrels, run)}, total
 
 
 if __name__ == "__main__":

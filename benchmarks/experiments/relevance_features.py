@@ -12,7 +12,11 @@ apply ``min_relevance``:
 
 - ``platt``: the reranker's logit alone (the engine's calibration today);
 - ``rerank+dense``: with the hit's dense cosine (the retriever's best passage; the list's lowest when dense did not
-  return it); ``rerank+dense+bm25``: with BM25's score / 10 too; ``dense``: the cosine alone.
+  return it); ``rerank+dense+bm25``: with BM25's score / 10 too; ``dense``: the cosine alone;
+- ``query gate``: not a hit's probability but a query's: whether its top 20 holds anything relevant, from the shape
+  of the whole list (the best reranker logit, its lead over the second and over the list's mean, the best dense
+  cosine and BM25 score, whether the reranker's and the retriever's best agree), fitted on the dev queries with
+  their relevant documents (label: one is in the top 20) and without them (label 0). Its ECE is over queries.
 
 Per model: ECE on every test query's top 20; the threshold chosen on dev (the smallest of 0.01..0.99 emptying
 >= 80% of the dev queries with their relevant documents deleted); on test (the same seeded half as calibration.py
@@ -119,6 +123,61 @@ def ndcg(hits: dict[str, list[Row]], qrels: Any, keep: Callable[[str, Row], bool
     return float(np.mean(ndcg10_by_query(qrels.subset(hits), run)))
 
 
+def query_features(rows: list[Row]) -> list[float]:
+    """The list's shape: best logit, its lead over the second and over the mean, best cosine, best BM25, agreement."""
+    logits = sorted((_logit(h["rerank"]) for h in rows), reverse=True) or [0.0]
+    dense = [h["dense"] for h in rows if h["dense"] is not None] or [0.0]
+    bm25 = [h["bm25"] for h in rows if h["bm25"] is not None] or [0.0]
+    top_rerank = max(rows, key=lambda h: h["rerank"])["doc"] if rows else None
+    top_dense = max((h for h in rows if h["dense"] is not None), key=lambda h: h["dense"], default=None)
+    agree = float(top_dense is not None and top_dense["doc"] == top_rerank)
+    second = logits[1] if len(logits) > 1 else logits[0]
+    return [logits[0], logits[0] - second, logits[0] - float(np.mean(logits)), max(dense), max(bm25) / 10, agree]
+
+
+def judge_gate(groups: dict[str, dict[str, list[Row]]], test_qrels: Any) -> dict[str, Any]:
+    """The per-query gate: one probability per query that its list holds a relevant document."""
+    from scipy.special import expit
+
+    from twostage.engine.calibration import expected_calibration_error
+
+    def xy(g: str, positive: bool) -> tuple[list[list[float]], list[float]]:
+        hits = groups[g]
+        return ([query_features(rows) for rows in hits.values()],
+                [float(positive and any(h["label"] for h in rows)) for rows in hits.values()])
+
+    (xp, yp), (xn, yn) = xy("dev_pos", True), xy("dev_neg", False)
+    x = np.asarray(xp + xn, dtype=np.float64)
+    mean, std = x.mean(axis=0), x.std(axis=0) + 1e-9
+    w = fit((x - mean) / std, np.asarray(yp + yn))
+
+    def prob(g: str) -> dict[str, float]:
+        z = (np.asarray([query_features(r) for r in groups[g].values()], dtype=np.float64) - mean) / std
+        return dict(zip(groups[g], expit(np.hstack([z, np.ones((len(z), 1))]) @ w).tolist()))
+
+    p = {g: prob(g) for g in groups}
+    _, ya = xy("test_all", True)
+    ece = expected_calibration_error(np.array(list(p["test_all"].values())), np.asarray(ya))
+    scores_pos = [p["test_kept"][q] for q in groups["test_kept"]]
+    scores_neg = list(p["test_removed"].values())
+    auc = float(np.mean([[float(a > b) + 0.5 * float(a == b) for b in scores_neg] for a in scores_pos]))
+
+    def emptied(g: str, t: float) -> float:
+        return float(np.mean([v < t for v in p[g].values()]))
+
+    chosen = next((t for t in GRID if emptied("dev_neg", t) >= 0.8), GRID[-1])
+    plain = ndcg(groups["test_kept"], test_qrels, lambda q, h: True)
+
+    def per_query(t: float) -> float:
+        return ndcg(groups["test_kept"], test_qrels, lambda q, h: p["test_kept"][q] >= t) - plain
+
+    within = max((emptied("test_removed", t) for t in GRID if per_query(t) >= -0.01), default=0.0)
+    return {"weights": w.tolist(), "ece_test": ece, "auc_kept_vs_removed": auc, "chosen_on_dev": chosen,
+            "ndcg_kept_plain": plain, "emptied_test": emptied("test_removed", chosen), "delta_per_hit": None,
+            "delta_per_query": per_query(chosen), "most_emptied_within_0.01_per_hit": None,
+            "most_emptied_within_0.01_per_query": within}
+
+
 def judge(name: str, groups: dict[str, dict[str, list[Row]]], test_qrels: Any) -> dict[str, Any]:
     from twostage.engine.calibration import expected_calibration_error
 
@@ -184,6 +243,7 @@ def main() -> int:
         groups["test_kept"] = collect(copy, kept, test.qrels)
         models = {name: judge(name, groups, test.qrels)
                   for name in ("platt", "rerank+dense", "rerank+dense+bm25", "dense")}
+        models["query gate"] = judge_gate(groups, test.qrels)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result = {"command": "python benchmarks/experiments/relevance_features.py " + " ".join(sys.argv[1:]),
@@ -210,9 +270,17 @@ def report(r: dict[str, Any]) -> str:
              "per query | most emptied within -0.01, per hit | per query |",
              "|---|---|---|---|---|---|---|---|"]
     for name, m in r["models"].items():
+        per_hit = "n/a" if m["delta_per_hit"] is None else f"{m['delta_per_hit']:+.4f}"
+        most_hit = m["most_emptied_within_0.01_per_hit"]
         lines.append(f"| {name} | {m['ece_test']:.3f} | {m['chosen_on_dev']:.2f} | {m['emptied_test']:.1%} | "
-                     f"{m['delta_per_hit']:+.4f} | {m['delta_per_query']:+.4f} | "
-                     f"{m['most_emptied_within_0.01_per_hit']:.1%} | {m['most_emptied_within_0.01_per_query']:.1%} |")
+                     f"{per_hit} | {m['delta_per_query']:+.4f} | "
+                     f"{'n/a' if most_hit is None else f'{most_hit:.1%}'} | "
+                     f"{m['most_emptied_within_0.01_per_query']:.1%} |")
+    gate = r["models"].get("query gate")
+    if gate:
+        lines += ["", ("The query gate's ECE is over test queries (does the top 20 hold a relevant document); its "
+                       "AUC, queries that keep their relevant documents against those that lost them: "
+                       f"{gate['auc_kept_vs_removed']:.3f}.")]
     return "\n".join(lines) + "\n"
 
 
