@@ -42,6 +42,7 @@ def main() -> None:
     from twostage import SearchEngine
     from twostage.eval.metrics import evaluate
     from twostage.indexer.beir import BeirDataset
+    from twostage.indexer.engine_dir import EngineSettings
 
     data = BeirDataset(args.data)
     split = data.split("train")
@@ -56,6 +57,10 @@ def main() -> None:
         engine = SearchEngine.build(data.corpus, f"{tmp}/engine", retriever=args.retriever, reranker=args.reranker,
                                     show_progress=True)
         build_s = time.time() - start
+        cfg = engine.settings
+        shape = (f"{cfg.passages.words}/{cfg.passages.stride} passages" if cfg.passages.enabled
+                 else "whole documents")
+        fusion = f"RRF k {cfg.k_rrf}" if cfg.fusion == "rrf" else f"the blend, dense weight {cfg.dense_weight}"
         trained = [q for q in split.queries if q.id not in dev]
         queries = [q for q in split.queries if q.id in dev] + trained[::max(1, len(trained) // args.trained)]
         for value in args.values:
@@ -71,8 +76,9 @@ def main() -> None:
     best = max(rows, key=lambda r: r[1])
     lines = ["# What the reranker reads in a passage engine (dev)", "",
              f"Command: `python benchmarks/experiments/rerank_reads.py --retriever {args.retriever} --reranker "
-             f"{args.reranker}` (2-core CPU, the engine's defaults: 100/50 passages, hybrid RRF, rerank top 20, "
-             f"auto precision; build {build_s:.0f} s).", "",
+             f"{args.reranker} --out {args.out.as_posix()}` (2-core CPU, the engine's defaults: {shape}, hybrid by "
+             f"{fusion}, rerank top {cfg.rerank_depth} at the reranker's dev-chosen blend {cfg.blend_for('hybrid')}, "
+             f"{cfg.precision} precision; build {build_s:.0f} s).", "",
              f"SciFact train split: {len(dev)} dev queries held out by both models' training "
              f"({'the same list in both models' if same_dev else 'the list the reranker records'}),"
              f" {len(queries) - len(dev)} queries they were trained on. SciFact documents: median {np.median(words):.0f} "
@@ -81,7 +87,9 @@ def main() -> None:
              "| rerank_whole_up_to (words) | nDCG@10 dev | nDCG@10 trained-on queries | search s |",
              "| --- | --- | --- | --- |"]
     lines += [f"| {v if v < 10**6 else 'every document whole'} | {d:.4f} | {t:.4f} | {s:.0f} |" for v, d, t, s in rows]
-    lines += ["", f"Best on dev: {best[0]} ({best[1]:.4f}; 0, today's engine: {rows[0][1]:.4f})."]
+    default = EngineSettings().rerank_whole_up_to
+    at_default = next((f"{d:.4f}" for v, d, _, _ in rows if v == default), "not measured")
+    lines += ["", f"Best on dev: {best[0]} ({best[1]:.4f}; the engine's default, {default}: {at_default})."]
     args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
