@@ -10,10 +10,10 @@ Usage (from the repository root):
    is a held-out part of the pseudo-queries). Its time is the sum of the phases adapt.json records (a finished
    `--models` directory is reused: then the recorded time of the run that trained it).
 2. Systems scored on the split (the same harness as `twostage bench`), every model in fp32 with exact search:
-   BM25; the base model zero-shot: dense, hybrid with RRF (the engine's default fusion) and hybrid with the
-   adapted engine's fusion (the recipe's blend); the adapted engine: dense, hybrid with RRF, hybrid with its
-   fusion, and hybrid+rerank (the adapted reranker over the top 20, blended with the first stage by the weight
-   chosen on the dev pseudo-queries). The zero-shot rows with both fusions separate what the fusion gives from
+   BM25; the base model zero-shot: dense, hybrid with RRF (the engine's default fusion when this was written) and
+   hybrid with the adapted engine's fusion (the recipe's blend); the adapted engine: dense, hybrid with RRF, hybrid
+   with its fusion, and hybrid+rerank (the adapted reranker over the top 20, blended with the first stage by the
+   weight chosen on the dev pseudo-queries). The zero-shot rows with both fusions separate what the fusion gives from
    what the adapted models give.
 Writes OUT/report.md (and the harness's files); last line:
 `adapt: NAME engine X nDCG@10, zero-shot hybrid Y (+D), bm25 Z, adaptation M min`.

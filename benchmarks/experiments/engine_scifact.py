@@ -122,13 +122,15 @@ def main() -> None:
         args.out = args.out.with_name(f"{args.out.name}-{args.precision}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    fusion = "RRF" if settings["fusion"] == "rrf" else f"blend, dense weight {settings['dense_weight']}"
     md = f"""# The engine on SciFact test (300 queries), 2-core CPU
 
 Command: `python benchmarks/experiments/engine_scifact.py --retriever {args.retriever} --reranker {args.reranker} --precision {args.precision} --rounds {args.rounds}`
 
 Models: the one-command run's bi-encoder and reranker (`twostage bench --data ../shared/data/scifact --split test
 --systems all --train-split train`, trained on SciFact train only). Engine settings (the defaults): first stage
-{settings['first_stage']} (RRF of BM25 and dense top {settings['first_stage_depth']}), reranker on the top {settings['rerank_depth']},
+{settings['first_stage']} ({fusion} of BM25 and dense top {settings['first_stage_depth']}),
+reranker on the top {settings['rerank_depth']},
 blend {settings['rerank_blend']} (the reranker's dev-chosen blend), precision {settings['precision']},
 {settings['backend']} index.
 
