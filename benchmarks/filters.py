@@ -194,7 +194,6 @@ def write_report(args: Any, docs: list[Any], corr: dict[str, Any], corr_s: float
     from twostage.indexer.engine_dir import EngineSettings
 
     d = EngineSettings()
-    fusion = f"RRF k {d.k_rrf}" if d.fusion == "rrf" else f"the blend (dense weight {d.dense_weight})"
     rows = "\n".join(f"| {c} | {p50:.1f} | {p95:.1f} | {p95 / lat['unfiltered'][1]:.2f}x | {fs:.2f} |"
                      for c, (p50, p95, fs) in lat.items())
     rec = "\n".join(f"| {label} | " + " | ".join(f"{v[s]:.3f}" for s in SELECTIVITY) + " |"
@@ -207,7 +206,7 @@ Command: `python benchmarks/filters.py --docs {args.docs} --filters {args.filter
 Corpus: {len(docs)} documents (SciFact abstracts cut in halves) with generated metadata: numbers (`year`, `score`,
 `sel`), ISO dates (`published`, 30% with a time and an offset), strings (`source`, 5% missing), lists of
 strings (`tags`, 10% missing). Engines: all-MiniLM-L6-v2, default settings (documents searched as passages of
-100 words, a new one every 50, each document by its best passage; hybrid: {fusion} of BM25 and dense top
+100 words, a new one every 50, each document by its best passage; hybrid: {d.fusion_label} of BM25 and dense top
 {d.first_stage_depth}, reranker on the top {d.rerank_depth}); `flat` (exact) and `hnswlib` backends; both built in
 {build_s:.0f} s. The reranker
 is all-MiniLM-L6-v2 with an untrained one-logit head: its scores mean nothing, its cost is our reranker's (the

@@ -185,7 +185,7 @@ def main() -> None:
         engines, seconds = build_pair(corpus, Path(tmp) / "long", args)
         report["long"]["build_s"] = seconds
         served = engines["passages"].manifest.settings
-        report["fusion"] = served.fusion if served.fusion == "rrf" else f"blend, dense weight {served.dense_weight}"
+        report["fusion"] = served.fusion_label
         report["rerank_blend"] = served.blend_for("hybrid") if args.reranker else None
         report["long"]["results"] = {name: evaluate_engine(e, queries, qrels) for name, e in engines.items()}
         for e in engines.values():

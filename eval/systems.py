@@ -121,8 +121,7 @@ DESCRIPTIONS = {
     "rank-bm25": "the same BM25 computed by rank-bm25 (reference engine, slow)",
     "dense": "bi-encoder (--retriever-model) through the engine's ANN index (--backend), or an --engine's",
     "hybrid": f"bm25 and dense (top {EngineSettings().first_stage_depth} each) fused by the engine's fusion "
-              f"(default: {EngineSettings().fusion}, dense weight {EngineSettings().dense_weight}; blend: min-max "
-              "normalised scores)",
+              f"(default: {EngineSettings().fusion_label}; blend: min-max normalised scores)",
     "bm25+rerank": "the engine's bm25 (with no retriever: a BM25-only engine over whole documents, bm25's list), "
                    "top --rerank-depth reranked by the cross-encoder (--reranker-model)",
     "dense+rerank": "dense, top --rerank-depth reranked by the cross-encoder",

@@ -82,6 +82,11 @@ class EngineSettings:
         return None if alpha is None else float(alpha)  # type: ignore[arg-type]  # not "auto": checked by callers
 
     @property
+    def fusion_label(self) -> str:
+        """The first stage's fusion in words, for reports: "RRF k 60" or "the blend, dense weight 0.5"."""
+        return f"RRF k {self.k_rrf:g}" if self.fusion == "rrf" else f"the blend, dense weight {self.dense_weight}"
+
+    @property
     def passages(self) -> PassageShape:
         return PassageShape(self.passage_words, self.passage_stride, self.passage_title, self.passage_whole_up_to)
 

@@ -101,6 +101,7 @@ def main() -> None:
             single_s.append(time.perf_counter() - t)
             differ = max(differ, sum(a.ids != b.ids for a, b in zip(batched, single)))
         settings = to_json_dict(engine.settings)
+        fusion = engine.settings.fusion_label
         # the same comparison with both models in fp32 (query time only; the corpus vectors stay as built)
         fp32 = engine.configure(precision="fp32")
         sample = texts[:64]
@@ -122,7 +123,6 @@ def main() -> None:
         args.out = args.out.with_name(f"{args.out.name}-{args.precision}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    fusion = "RRF" if settings["fusion"] == "rrf" else f"blend, dense weight {settings['dense_weight']}"
     md = f"""# The engine on SciFact test (300 queries), 2-core CPU
 
 Command: `python benchmarks/experiments/engine_scifact.py --retriever {args.retriever} --reranker {args.reranker} --precision {args.precision} --rounds {args.rounds}`

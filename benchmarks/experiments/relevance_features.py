@@ -162,20 +162,36 @@ def judge_gate(groups: dict[str, dict[str, list[Row]]], test_qrels: Any) -> dict
     scores_neg = list(p["test_removed"].values())
     auc = float(np.mean([[float(a > b) + 0.5 * float(a == b) for b in scores_neg] for a in scores_pos]))
 
+    return {"weights": w.tolist(), "ece_test": ece, "auc_kept_vs_removed": auc, **readout(p, groups, test_qrels)}
+
+
+def readout(per_query_p: dict[str, dict[str, float]], groups: dict[str, dict[str, list[Row]]], test_qrels: Any,
+            per_hit: Callable[[float], Callable[[str, Row], bool]] | None = None) -> dict[str, Any]:
+    """A probability model judged as the engine would apply it: the threshold chosen on dev (the smallest emptying
+    >= 80% of the dev queries without their relevant documents), then on test the share of the deleted-relevant
+    queries emptied and the nDCG@10 change of the others, per query (all hits or none, on ``per_query_p``) and, given
+    ``per_hit`` (threshold -> which hits stay), per hit; and the most emptied within -0.01 (read on test)."""
     def emptied(g: str, t: float) -> float:
-        return float(np.mean([v < t for v in p[g].values()]))
+        return float(np.mean([v < t for v in per_query_p[g].values()]))
 
     chosen = next((t for t in GRID if emptied("dev_neg", t) >= 0.8), GRID[-1])
     plain = ndcg(groups["test_kept"], test_qrels, lambda q, h: True)
 
-    def per_query(t: float) -> float:
-        return ndcg(groups["test_kept"], test_qrels, lambda q, h: p["test_kept"][q] >= t) - plain
+    def change(keep: Callable[[float], Callable[[str, Row], bool]]) -> Callable[[float], float]:
+        return lambda t: ndcg(groups["test_kept"], test_qrels, keep(t)) - plain
 
-    within = max((emptied("test_removed", t) for t in GRID if per_query(t) >= -0.01), default=0.0)
-    return {"weights": w.tolist(), "ece_test": ece, "auc_kept_vs_removed": auc, "chosen_on_dev": chosen,
-            "ndcg_kept_plain": plain, "emptied_test": emptied("test_removed", chosen), "delta_per_hit": None,
-            "delta_per_query": per_query(chosen), "most_emptied_within_0.01_per_hit": None,
-            "most_emptied_within_0.01_per_query": within}
+    def most(delta: Callable[[float], float]) -> float:
+        return max((emptied("test_removed", t) for t in GRID if delta(t) >= -0.01), default=0.0)
+
+    top = per_query_p["test_kept"]
+    per_query = change(lambda t: lambda q, h: top[q] >= t)
+    out = {"chosen_on_dev": chosen, "ndcg_kept_plain": plain, "emptied_test": emptied("test_removed", chosen),
+           "delta_per_hit": None, "delta_per_query": per_query(chosen), "most_emptied_within_0.01_per_hit": None,
+           "most_emptied_within_0.01_per_query": most(per_query)}
+    if per_hit is not None:
+        hit = change(per_hit)
+        out.update({"delta_per_hit": hit(chosen), "most_emptied_within_0.01_per_hit": most(hit)})
+    return out
 
 
 def judge(name: str, groups: dict[str, dict[str, list[Row]]], test_qrels: Any) -> dict[str, Any]:
@@ -187,28 +203,10 @@ def judge(name: str, groups: dict[str, dict[str, list[Row]]], test_qrels: Any) -
     _, labels, keys = matrix(groups["test_all"], f)
     ece = expected_calibration_error(np.array([p["test_all"][k] for k in keys]), labels)
 
-    def best(g: str) -> dict[str, float]:
-        return {q: max(p[g][(q, h["doc"])] for h in rows) for q, rows in groups[g].items()}
-
-    def emptied(g: str, t: float) -> float:
-        return float(np.mean([v < t for v in best(g).values()]))
-
-    chosen = next((t for t in GRID if emptied("dev_neg", t) >= 0.8), GRID[-1])
-    plain = ndcg(groups["test_kept"], test_qrels, lambda q, h: True)
-    top_kept = best("test_kept")
-
-    def per_hit(t: float) -> float:
-        return ndcg(groups["test_kept"], test_qrels, lambda q, h: p["test_kept"][(q, h["doc"])] >= t) - plain
-
-    def per_query(t: float) -> float:
-        return ndcg(groups["test_kept"], test_qrels, lambda q, h: top_kept[q] >= t) - plain
-
-    within_hit = max((emptied("test_removed", t) for t in GRID if per_hit(t) >= -0.01), default=0.0)
-    within_query = max((emptied("test_removed", t) for t in GRID if per_query(t) >= -0.01), default=0.0)
-    return {"weights": w.tolist(), "ece_test": ece, "chosen_on_dev": chosen, "ndcg_kept_plain": plain,
-            "emptied_test": emptied("test_removed", chosen), "delta_per_hit": per_hit(chosen),
-            "delta_per_query": per_query(chosen), "most_emptied_within_0.01_per_hit": within_hit,
-            "most_emptied_within_0.01_per_query": within_query}
+    best = {g: {q: max(p[g][(q, h["doc"])] for h in rows) for q, rows in groups[g].items()}
+            for g in ("dev_neg", "test_removed", "test_kept")}
+    return {"weights": w.tolist(), "ece_test": ece,
+            **readout(best, groups, test_qrels, per_hit=lambda t: lambda q, h: p["test_kept"][(q, h["doc"])] >= t)}
 
 
 def main() -> int:

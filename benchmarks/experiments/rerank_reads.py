@@ -60,7 +60,6 @@ def main() -> None:
         cfg = engine.settings
         shape = (f"{cfg.passages.words}/{cfg.passages.stride} passages" if cfg.passages.enabled
                  else "whole documents")
-        fusion = f"RRF k {cfg.k_rrf}" if cfg.fusion == "rrf" else f"the blend, dense weight {cfg.dense_weight}"
         trained = [q for q in split.queries if q.id not in dev]
         queries = [q for q in split.queries if q.id in dev] + trained[::max(1, len(trained) // args.trained)]
         for value in args.values:
@@ -77,8 +76,8 @@ def main() -> None:
     lines = ["# What the reranker reads in a passage engine (dev)", "",
              f"Command: `python benchmarks/experiments/rerank_reads.py --retriever {args.retriever} --reranker "
              f"{args.reranker} --out {args.out.as_posix()}` (2-core CPU, the engine's defaults: {shape}, hybrid by "
-             f"{fusion}, rerank top {cfg.rerank_depth} at the reranker's dev-chosen blend {cfg.blend_for('hybrid')}, "
-             f"{cfg.precision} precision; build {build_s:.0f} s).", "",
+             f"{cfg.fusion_label}, rerank top {cfg.rerank_depth} at the reranker's dev-chosen blend "
+             f"{cfg.blend_for('hybrid')}, {cfg.precision} precision; build {build_s:.0f} s).", "",
              f"SciFact train split: {len(dev)} dev queries held out by both models' training "
              f"({'the same list in both models' if same_dev else 'the list the reranker records'}),"
              f" {len(queries) - len(dev)} queries they were trained on. SciFact documents: median {np.median(words):.0f} "
