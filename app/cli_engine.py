@@ -9,6 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from twostage.app.budgets import HELP as BUDGET_HELP
+from twostage.app.budgets import Budgets
+from twostage.app.budgets import flag as budget_flag
 from twostage.indexer.engine_dir import FIRST_STAGES, FUSIONS, PRECISIONS, EngineSettings
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.vectors import BACKENDS
@@ -409,9 +412,13 @@ def _serve(args: argparse.Namespace) -> int:
                           "choose another --port") from None
     from twostage.app.server import create_app
 
+    if args.protect_reads and api_key is None:
+        raise ConfigError("--protect-reads puts /stats and /metrics behind the API key: give --api-key-env VAR too")
+    budgets = Budgets(**{name: getattr(args, f"max_{name}") for name in BUDGET_HELP})
     app = create_app(args.engine, api_key=api_key, read_only=args.read_only, batching=not args.no_batching,
                      max_wait_ms=args.max_wait_ms, verify=not args.fast, device=args.device, ray=args.ray,
-                     ray_address=args.ray_address, replicas=args.replicas, metrics=not args.no_metrics)
+                     ray_address=args.ray_address, replicas=args.replicas, metrics=not args.no_metrics,
+                     budgets=budgets, protect_reads=args.protect_reads)
     if not args.no_access_log:  # one JSON line a request on stderr (the library only logs it)
         import logging
 
@@ -543,7 +550,7 @@ def add_commands(sub: Any) -> None:
     c.add_argument("engine", type=Path)
     c.set_defaults(func=_compact)
     sw = sub.add_parser("swap", help="rebuild an engine with new model(s) and promote it only if it is not worse "
-                                     "(exit 0 promoted, 1 refused)")
+                                     "(exit 0 promoted, 1 refused, 2 bad input or the engine changed meanwhile)")
     sw.add_argument("engine", type=Path)
     sw.add_argument("--retriever", default=None, help="the new bi-encoder (name or directory)")
     sw.add_argument("--reranker", default=None, help="the new cross-encoder (name or directory)")
@@ -589,4 +596,9 @@ def add_commands(sub: Any) -> None:
     add_ray_flags(sv)
     sv.add_argument("--no-metrics", action="store_true", help="no GET /metrics (Prometheus)")
     sv.add_argument("--no-access-log", action="store_true", help="no JSON access-log line a request on stderr")
+    sv.add_argument("--protect-reads", action="store_true", help="/stats and /metrics need the API key too")
+    budget = sv.add_argument_group("budgets", "what one request may make the server do; over a budget: 413 naming it")
+    for name, text in BUDGET_HELP.items():
+        default = getattr(Budgets(), name)
+        budget.add_argument(budget_flag(name), type=int, default=default, metavar="N", help=f"{text} (default {default:,})")
     sv.set_defaults(func=_serve)

@@ -25,6 +25,9 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from twostage.app.budgets import Budgets, pair_tokens, text_tokens
+from twostage.indexer.records import check_encodable
+
 MAX_INPUTS = 2048  # OpenAI's own limit on inputs a request
 MAX_DOCUMENTS = 1000
 MAX_CHARS = 100_000
@@ -34,12 +37,19 @@ class _Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+def _model_name(value: str | None) -> str | None:
+    """The ``model`` a client names is echoed back: valid Unicode only."""
+    return None if value is None else check_encodable(value, "model")
+
+
 class EmbeddingsRequest(_Lenient):
     input: str | list[str] = Field(..., description="a text or a list of texts (token arrays are not taken)")
     model: str | None = Field(None, description="echoed back; the engine's retriever encodes")
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)
     input_type: Literal["query", "document", "search_query", "search_document"] = "document"
+
+    _model = field_validator("model")(classmethod(lambda cls, value: _model_name(value)))
 
     @field_validator("input")
     @classmethod
@@ -54,6 +64,7 @@ class EmbeddingsRequest(_Lenient):
                 raise ValueError(f"text #{i + 1} is empty")
             if len(t) > MAX_CHARS:
                 raise ValueError(f"text #{i + 1} has {len(t):,} characters; at most {MAX_CHARS:,}")
+            check_encodable(t, f"text #{i + 1}")
         return value
 
 
@@ -69,6 +80,14 @@ class RerankRequest(_Lenient):
     return_documents: bool = False
 
     _words = field_validator("query")(classmethod(lambda cls, value: not_blank(value)))
+    _model = field_validator("model")(classmethod(lambda cls, value: _model_name(value)))
+
+    @field_validator("documents")
+    @classmethod
+    def _valid(cls, values: list[str | RerankDocument]) -> list[str | RerankDocument]:
+        for i, d in enumerate(values):
+            check_encodable(d if isinstance(d, str) else d.text, f"document #{i + 1}")
+        return values
 
     def texts(self) -> list[str]:
         return [d if isinstance(d, str) else d.text for d in self.documents]
@@ -78,13 +97,16 @@ def not_blank(value: str) -> str:
     """A query with some words (pydantic reports the ValueError against the field)."""
     if not value.strip():
         raise ValueError("is blank; give it some words")
-    return value
+    return check_encodable(value, "the text")
 
 
 def add_compat_routes(app: Any, searching: Callable[[], AbstractContextManager[Any]],
-                      error: Callable[..., Any], guard: Callable[[Callable[[], Any]], Any]) -> None:
+                      error: Callable[..., Any], guard: Callable[[Callable[[], Any]], Any],
+                      budgets: Budgets | None = None) -> None:
     """Register the routes on ``app``: ``searching()`` yields the engine a request uses, ``error(status, text)``
-    makes an error response, ``guard(fn)`` runs ``fn`` and turns a raised error into a response."""
+    makes an error response, ``guard(fn)`` runs ``fn`` and turns a raised error into a response; ``budgets``
+    bounds each request's work before it starts (:mod:`twostage.app.budgets`)."""
+    budgets = budgets or Budgets()
 
     @app.post("/v1/embeddings", summary="OpenAI-style embeddings of texts by the engine's retriever")
     def embeddings(body: EmbeddingsRequest) -> Any:
@@ -101,9 +123,11 @@ def add_compat_routes(app: Any, searching: Callable[[], AbstractContextManager[A
                 if body.dimensions is not None and dim is not None and body.dimensions != dim:
                     return error(422, f"dimensions: this model gives {dim}-dimensional vectors; leave out "
                                       "dimensions or ask for that many")
+                budgets.check_count("embedding_texts", len(texts), "input: texts")
+                tokens = text_tokens(encoder, texts, stop_over=budgets.request_tokens)
+                budgets.check_count("request_tokens", tokens, "input: tokens the retriever would read")
                 vectors = np.asarray(encoder.encode(texts, kind=kind, batch_size=engine.settings.batch_size),
                                      dtype=np.float32)
-                tokens = _tokens(encoder, texts)
                 name = body.model or engine.manifest.retriever.name
             data = [{"object": "embedding", "index": i,
                      "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode("ascii")
@@ -121,9 +145,11 @@ def add_compat_routes(app: Any, searching: Callable[[], AbstractContextManager[A
                 reranker = engine.reranker
                 if reranker is None:
                     return error(409, "this engine has no reranker; build it with --reranker to rerank")
+                budgets.check_count("rerank_documents", len(texts), "documents")
+                tokens = pair_tokens(reranker, body.query, texts)
+                budgets.check_count("request_tokens", tokens, "query and documents: tokens the reranker would read")
                 scores = np.asarray(reranker.predict([(body.query, t) for t in texts],
                                                      batch_size=engine.settings.batch_size), dtype=np.float64)
-                tokens = _tokens(reranker, [body.query] * len(texts), texts)
                 name = body.model or engine.manifest.reranker.name
             order = sorted(range(len(texts)), key=lambda i: (-scores[i], i))[:body.top_n or len(texts)]
             results = [{"index": i, "relevance_score": float(scores[i]),
@@ -137,13 +163,3 @@ def add_compat_routes(app: Any, searching: Callable[[], AbstractContextManager[A
     app.post("/v1/rerank", summary="Cohere/Jina-style rerank of documents by the engine's cross-encoder")(rerank)
     app.post("/v2/rerank", summary="the same rerank at the path Cohere's v2 client calls")(rerank)
 
-
-def _tokens(model: Any, texts: list[str], pairs: list[str] | None = None) -> int:
-    """Tokens the model reads (cut at its limit), as the usage fields report them; 0 when it has no tokenizer."""
-    tokenizer = getattr(model, "tokenizer", None)
-    limit = getattr(model, "max_length", None) or getattr(getattr(model, "config", None), "max_length", None)
-    if tokenizer is None:
-        return 0
-    ids = tokenizer(texts, pairs, truncation=limit is not None, max_length=limit)["input_ids"] if pairs else \
-        tokenizer(texts, truncation=limit is not None, max_length=limit)["input_ids"]
-    return int(sum(len(x) for x in ids))

@@ -15,7 +15,8 @@ share counters):
 
 The access log is the logger ``twostage.access`` at INFO: one JSON object a request with ``request_id`` (the
 client's ``X-Request-ID`` when it is a short token, else a new one; echoed in the response's ``X-Request-ID``),
-method, path, status and milliseconds. The library only logs it; ``twostage serve`` prints it (``--no-access-log``
+method (``other`` for an unknown one, as in the metrics), path (at most 1,000 characters) status and
+milliseconds. The library only logs it; ``twostage serve`` prints it (``--no-access-log``
 silences it).
 """
 
@@ -33,7 +34,15 @@ from twostage.indexer.errors import MissingDependencyError
 
 access_log = logging.getLogger("twostage.access")
 _ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+MAX_LOGGED_PATH = 1000  # characters of a request's path the access log keeps (a longer one is cut, marked "...")
 _SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+def method_label(method: str) -> str:
+    """The HTTP method as a metric label: one of :data:`METHODS`, anything else ``other`` (a client choosing the
+    label's values would grow ``/metrics`` without bound)."""
+    return method if method in METHODS else "other"
 
 
 def request_id(given: str | None) -> str:
@@ -66,6 +75,7 @@ class ServerMetrics:
         self.registry.register(_EngineCollector(engine, batchers if batchers is not None else [], self.load_seconds))
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        method = method_label(method)
         self.requests.labels(method, route, str(status)).inc()
         if status >= 400:
             self.errors.labels(method, route, str(status)).inc()
@@ -117,5 +127,6 @@ class _EngineCollector:
 def log_access(rid: str, method: str, path: str, status: int, seconds: float, client: str | None) -> None:
     if access_log.isEnabledFor(logging.INFO):
         access_log.info(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "request_id": rid,
-                                    "method": method, "path": path, "status": status,
+                                    "method": method_label(method), "path": path if len(path) <= MAX_LOGGED_PATH
+                                    else path[:MAX_LOGGED_PATH] + "...", "status": status,
                                     "ms": round(seconds * 1000, 3), "client": client}, ensure_ascii=True))

@@ -24,6 +24,7 @@ import uuid
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
+from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -36,7 +37,7 @@ from twostage.indexer.errors import (
     ShardUnavailableError,
     TwostageError,
 )
-from twostage.indexer.records import Document, SearchResult
+from twostage.indexer.records import Document, SearchResult, check_encodable, check_metadata
 from twostage.indexer.versions import WriterBusyError
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ try:
     from pydantic import BaseModel, ConfigDict, Field, field_validator
     from starlette.exceptions import HTTPException
 
+    from twostage.app.budgets import Budgets, OverBudget
     from twostage.app.compat import not_blank
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingDependencyError("twostage serve needs FastAPI and uvicorn: "
@@ -117,6 +119,7 @@ class BatchSearchRequest(SearchOptions):
         for i, q in enumerate(values):
             if not q.strip():
                 raise ValueError(f"query #{i + 1} is empty; give every query some words")
+            check_encodable(q, f"query #{i + 1}")
         return values
 
 
@@ -134,6 +137,13 @@ class DocumentsRequest(_Strict):
 
 class DeleteRequest(_Strict):
     ids: list[str] = Field(..., min_length=1, max_length=MAX_DOCUMENTS)
+
+    @field_validator("ids")
+    @classmethod
+    def _valid(cls, values: list[str]) -> list[str]:
+        for i, doc_id in enumerate(values):
+            check_encodable(doc_id, f"id #{i + 1}")
+        return values
 
 
 class PassageOut(BaseModel):
@@ -224,6 +234,11 @@ class EngineHolder:
                 del self._retired[key], self._users[key]
                 old.close()
 
+    def refresh(self) -> None:
+        """Move to the newest committed version now (``/health`` asks; searches check every ``check_every_s``)."""
+        self._checked = float("-inf")
+        self._maybe_refresh()
+
     def _maybe_refresh(self) -> None:
         now = time.monotonic()
         if now - self._checked < self.check_every_s or not self._refreshing.acquire(blocking=False):
@@ -287,7 +302,9 @@ class ServerStats:
 
 # ---- the app -----------------------------------------------------------------------------------------
 def _error(status: int, message: str, **extra: Any) -> JSONResponse:
-    return JSONResponse({"error": message, **extra}, status_code=status)
+    # a message may quote what the client sent: a lone surrogate in it is written as its escape, not a 500
+    return JSONResponse({"error": message.encode("utf-8", "backslashreplace").decode("utf-8"), **extra},
+                        status_code=status)
 
 
 class _BodyLimit:
@@ -344,6 +361,8 @@ def _validation_message(errors: list[dict[str, Any]]) -> tuple[int, str]:
         return 400, "the request needs a JSON body"
     if kind == "extra_forbidden":
         return 422, f"unknown field {_where_of(first)!r}; see /docs for the fields this endpoint takes"
+    if kind == "string_unicode":  # pydantic's words for a lone surrogate in a constrained string field
+        return 422, f"{_where_of(first)}: holds a lone surrogate, which is not valid Unicode; send the text as UTF-8"
     msg = first.get("msg", "invalid value").removeprefix("Value error, ")
     return 422, f"{_where_of(first)}: {msg}"
 
@@ -370,13 +389,16 @@ def _search_out(result: SearchResult, version: str, body: SearchOptions) -> Sear
 def create_app(source: str | Path | Any, *, api_key: str | None = None, read_only: bool = False,
                batching: bool = True, max_wait_ms: float = 5.0, max_body_bytes: int = MAX_BODY_BYTES,
                verify: bool = True, device: str = "auto", ray: bool = False, ray_address: str | None = None,
-               replicas: int = 1, metrics: bool = True) -> FastAPI:
+               replicas: int = 1, metrics: bool = True, budgets: Budgets | None = None,
+               protect_reads: bool = False) -> FastAPI:
     """The HTTP app over an engine directory, single or sharded (or an open engine; ``device``: where a directory's
     models run; ``ray``: a sharded engine's shards served by Ray actors).
 
     ``api_key``: writes need ``Authorization: Bearer KEY`` (or ``X-API-Key: KEY``); ``read_only`` refuses writes.
     ``batching``: concurrent searches share model calls, a batch waiting at most ``max_wait_ms`` for requests
     already in flight. ``metrics``: ``GET /metrics`` in Prometheus' format (:mod:`twostage.app.observe`).
+    ``budgets``: what one request may make the server do (:mod:`twostage.app.budgets`); ``protect_reads``:
+    ``/stats`` and ``/metrics`` need the API key too.
     """
     from twostage.app.compat import add_compat_routes
     from twostage.app.observe import ServerMetrics
@@ -387,15 +409,17 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
         raise ConfigError("the API key is empty; set it to a secret string or serve without one")
     if max_wait_ms < 0 or max_body_bytes <= 0:
         raise ConfigError("max_wait_ms must be >= 0 and max_body_bytes positive")
+    if protect_reads and api_key is None:
+        raise ConfigError("protect_reads needs an API key (--api-key-env VAR): without one nothing can read /stats")
+    budgets = budgets or Budgets()
     opened = source if isinstance(source, TwoStageSearch) else open_engine(source, verify=verify, device=device,
                                                                             ray=ray, address=ray_address,
                                                                             replicas=replicas)
     stats = ServerStats()
-    models = ServedModels(batching, max_wait_ms)
+    models = ServedModels(batching, max_wait_ms, budgets.piece)
     models.prepare(opened)
     holder = EngineHolder(opened, prepare=models.prepare)
     observed = ServerMetrics(lambda: holder.engine, models.batchers, models.load_seconds) if metrics else None
-    write_lock = threading.Lock()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -412,19 +436,22 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
     _add_error_handlers(app)
 
     writer = _writer(read_only, api_key)
+    reader = _key_check(api_key if protect_reads else None, "/stats and /metrics")
 
-    def searching() -> AbstractContextManager[Any]:
-        return models.searching(holder)
+    def searching(search: bool = False) -> AbstractContextManager[Any]:
+        return models.searching(holder, search)
 
     def run_search(queries: list[str], options: SearchOptions) -> tuple[list[SearchResult], str] | JSONResponse:
         t = time.perf_counter()
 
         def run() -> tuple[list[SearchResult], str]:
-            with searching() as engine:
+            with searching(True) as engine:
                 token = getattr(options, "page_token", None)
                 if token is not None:
-                    return [engine.search(queries[0], options.k, where=options.where, offset=options.offset,
-                                          page_token=token, **options.knobs())], engine.read_page_token(token).version
+                    pinned = engine.read_page_token(token)
+                    k = options.k if "k" in options.model_fields_set else pinned.k  # a token pages at its own k
+                    return [engine.search(queries[0], k, where=options.where, offset=options.offset,
+                                          page_token=token, **options.knobs())], pinned.version
                 return engine.search_batch(queries, options.k, where=options.where, offset=options.offset,
                                            **options.knobs()), engine.version
 
@@ -456,8 +483,11 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
         return BatchSearchOut(version=version, results=[_search_out(r, version, body) for r in results])
 
     def write(change: Any) -> Any:
+        # No lock of the server's around the change: the engine encodes new documents first and takes its own
+        # writer lock only to commit (on the version current then), so a large document being encoded never
+        # holds up another client's write.
         def run() -> Any:
-            with write_lock, holder.use() as engine:
+            with holder.use() as engine:
                 new = change(engine)
             holder.swap(new)
             return new
@@ -469,10 +499,18 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
     def add_documents(body: DocumentsRequest) -> Any:
         ids = [d.id for d in body.documents]
         if len(set(ids)) != len(ids):
-            dup = next(i for i in ids if ids.count(i) > 1)
+            seen: set[str] = set()
+            dup = next(i for i in ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]
             return _error(422, f"documents: the id {dup!r} appears twice in this request")
         try:
+            for d in body.documents:
+                budgets.check_document(d.id, d.text, d.title, d.metadata)
+        except OverBudget as exc:
+            return _error(413, str(exc))
+        try:
             docs = [Document(d.id, d.text, d.title, d.metadata) for d in body.documents]
+            for doc in docs:
+                check_metadata(doc.metadata, f"document {doc.id!r}: metadata")
         except DataError as exc:
             return _error(422, f"documents: {exc}")
         new = write(lambda engine: engine.upsert(docs) if body.upsert else engine.add(docs))
@@ -488,10 +526,12 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
 
     @app.get("/health", summary="whether the server answers, and the engine version it serves")
     def health() -> dict[str, Any]:
+        holder.refresh()  # the version committed now, by this server or another process
         engine = holder.engine
         return {"status": "ok", "version": engine.version, "documents": len(engine)}
 
-    @app.get("/stats", summary="engine version, document count, latency percentiles per stage, requests")
+    @app.get("/stats", summary="engine version, document count, latency percentiles per stage, requests",
+             dependencies=[Depends(reader)])
     def get_stats() -> dict[str, Any]:
         engine = holder.engine
         s = engine.settings
@@ -499,13 +539,15 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
                            "first_stage": s.first_stage, "rerank_depth": s.rerank_depth, "rerank": engine.reranks,
                            "reranker": engine.manifest.reranker.name if engine.manifest.reranker else None,
                            "precision": engine.precision},
-                "read_only": read_only, "api_key": api_key is not None,
+                "read_only": read_only, "api_key": api_key is not None, "protect_reads": protect_reads,
+                "budgets": {f"max_{k}": v for k, v in asdict(budgets).items() if k != "piece"},
                 "batching": {b.name: b.stats.to_dict() for b in models.batchers} if batching else None,
                 **stats.snapshot()}
 
-    add_compat_routes(app, searching, _error, _guarded)
+    add_compat_routes(app, searching, _error, _guarded, budgets)
 
-    @app.get("/metrics", summary="Prometheus metrics: requests, latency per stage, batches, the engine served")
+    @app.get("/metrics", summary="Prometheus metrics: requests, latency per stage, batches, the engine served",
+             dependencies=[Depends(reader)])
     def get_metrics() -> Response:
         if observed is None:
             return _error(404, "metrics are off (the server was started with --no-metrics)")
@@ -524,9 +566,10 @@ class ServedModels:
     ``batching``, wrapped so that concurrent searches share their forward passes, each batch waiting at most
     ``max_wait_ms`` for the searches in flight (counted by :meth:`searching`)."""
 
-    def __init__(self, batching: bool, max_wait_ms: float) -> None:
-        self.batching, self.max_wait_s = batching, max_wait_ms / 1000
+    def __init__(self, batching: bool, max_wait_ms: float, piece: int = 8) -> None:
+        self.batching, self.max_wait_s, self.piece = batching, max_wait_ms / 1000, piece
         self.in_flight = 0
+        self.searches = 0  # searches in flight (the embeddings and rerank routes not counted): bulk work waits
         self.lock = threading.Lock()
         self.batchers: list[Any] = []  # the served version's (the list object is shared with the metrics)
         self.retired: list[Any] = []  # a swapped-out version's: closed when the app stops
@@ -545,7 +588,8 @@ class ServedModels:
         if self.batching:
             from twostage.app.batching import BatchingEncoder, BatchingReranker
 
-            options = {"max_wait_s": self.max_wait_s, "expected": lambda: self.in_flight}
+            options = {"max_wait_s": self.max_wait_s, "expected": lambda: self.in_flight, "piece": self.piece,
+                       "busy": lambda: self.searches}
             size = engine.settings.batch_size
             encoder = BatchingEncoder(loaded_encoder, batch_size=size, **options) if loaded_encoder else None
             reranker = BatchingReranker(loaded_reranker, batch_size=size, **options) if loaded_reranker else None
@@ -554,16 +598,25 @@ class ServedModels:
             self.batchers[:] = [b.batcher for b in (encoder, reranker) if b is not None]
 
     @contextmanager
-    def searching(self, holder: EngineHolder) -> Iterator[Any]:
-        """The engine ``holder`` serves now, for one search, counted in flight while it runs."""
+    def searching(self, holder: EngineHolder, search: bool = False) -> Iterator[Any]:
+        """The engine ``holder`` serves now, for one request, counted in flight while it runs (``search``: also
+        as a search, which bulk model work waits for)."""
         with self.lock:
             self.in_flight += 1
+            self.searches += search
         try:
             with holder.use() as engine:
-                yield engine
+                if search:
+                    from twostage.app.batching import serving_search
+
+                    with serving_search():
+                        yield engine
+                else:
+                    yield engine
         finally:
             with self.lock:
                 self.in_flight -= 1
+                self.searches -= search
 
     def close(self) -> None:
         for b in self.batchers + self.retired:
@@ -574,6 +627,8 @@ def _guarded(run: Callable[[], Any]) -> Any:
     """``run()``, or the JSON error response for what it raised (a TwostageError's own status, else a 500)."""
     try:
         return run()
+    except OverBudget as exc:
+        return _error(413, str(exc))
     except TwostageError as exc:
         return _twostage_error(exc)
     except Exception as exc:
@@ -582,26 +637,37 @@ def _guarded(run: Callable[[], Any]) -> Any:
 
 def _writer(read_only: bool, api_key: str | None) -> Callable[[Request], None]:
     """The dependency every write route has: refused on a read-only server, and without the API key when set."""
+    check_key = _key_check(api_key, "writes")
 
     def writer(request: Request) -> None:
         if read_only:
             raise HTTPException(403, "this server is read-only (started with --read-only); writes are refused")
-        if api_key is not None:
-            given = request.headers.get("x-api-key") or ""
-            auth = request.headers.get("authorization") or ""
-            if auth.lower().startswith("bearer "):
-                given = auth[7:].strip()
-            if not given or not hmac.compare_digest(given.encode(), api_key.encode()):
-                raise HTTPException(401, "writes need the API key: send 'Authorization: Bearer KEY' or "
-                                         "'X-API-Key: KEY'", headers={"WWW-Authenticate": "Bearer"})
+        check_key(request)
 
     return writer
+
+
+def _key_check(api_key: str | None, what: str) -> Callable[[Request], None]:
+    """A dependency refusing a request without ``api_key`` (none: every request passes)."""
+
+    def check(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("x-api-key") or ""
+        auth = request.headers.get("authorization") or ""
+        if auth.lower().startswith("bearer "):
+            given = auth[7:].strip()
+        if not given or not hmac.compare_digest(given.encode("utf-8", "replace"), api_key.encode()):
+            raise HTTPException(401, f"{what} need the API key: send 'Authorization: Bearer KEY' or "
+                                     "'X-API-Key: KEY'", headers={"WWW-Authenticate": "Bearer"})
+
+    return check
 
 
 def _add_request_log(app: FastAPI, stats: ServerStats, observed: Any) -> None:
     """Every request counted (``/stats``, ``/metrics``), given an id echoed in ``X-Request-ID``, and logged as one
     JSON access line, however it ended."""
-    from twostage.app.observe import log_access, request_id
+    from twostage.app.observe import log_access, method_label, request_id
 
     @app.middleware("http")
     async def count(request: Request, call_next: Any) -> Any:
@@ -617,7 +683,7 @@ def _add_request_log(app: FastAPI, stats: ServerStats, observed: Any) -> None:
             seconds = time.perf_counter() - t
             route = request.scope.get("route")
             path = route.path if route is not None else "unmatched"
-            stats.count(f"{request.method} {path}", status)
+            stats.count(f"{method_label(request.method)} {path}", status)
             if observed is not None:
                 observed.observe_request(request.method, path, status, seconds)
             log_access(rid, request.method, request.url.path, status, seconds,

@@ -8,15 +8,19 @@ to the engine, from the engine's own documents and settings, with the new model(
 judged queries through their default search (``qrels``: a BEIR directory's queries and a split's judgments; or
 ``pseudo_queries`` made from the engine's documents, each judging its source document relevant); the per-query
 metric of the two is compared with the harness's paired test. The candidate becomes the engine's next version (one
-atomic commit) only if its mean is at least the current one's plus ``min_gain`` (0: not worse), or with
-``force``; it is refused when the engine changed while the candidate was built (run again). A server on the
-engine moves to the new version by itself. A swap killed midway leaves the engine as it was (the staging directory
-``.NAME.swap-*`` beside it may be left; delete it).
+atomic commit) only if its mean is at least the current one's plus ``min_gain`` (a finite number; 0: not worse), or
+with ``force``; it is refused when the engine changed while the candidate was built (run again). The new models'
+files are checked before anything is built (:func:`~twostage.retriever.weights.check_model_files`: plain files of
+sane sizes, a sane config). A server on the engine moves to the new version by itself. A swap that fails removes
+its staging directory; one killed midway leaves the engine as it was (the staging directory ``.NAME.swap-*``
+beside it may be left; delete it). ``twostage swap`` exits 0 when it promoted, 1 when the comparison refused the
+candidate, 2 on bad input or when the engine changed meanwhile.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -28,6 +32,7 @@ import numpy as np
 
 from twostage.indexer.engine_dir import with_changes
 from twostage.indexer.errors import ConfigError
+from twostage.retriever.weights import ModelNotFoundError, resolve_model
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +76,14 @@ def swap(path: str | Path, *, retriever: str | Path | None = None, reranker: str
         raise ConfigError("judge the swap with --qrels DIR (queries with judgments) or --pseudo-queries N, one of "
                           "them")
     check_test(test, "none")
+    if isinstance(min_gain, bool) or not isinstance(min_gain, (int, float)) or not math.isfinite(min_gain):
+        raise ConfigError(f"min_gain must be a finite number (the least gain that promotes), got {min_gain!r}")
+    for role, given in (("retriever", retriever), ("reranker", reranker)):
+        if given is not None:  # its files checked before any heavy work (or a staging directory) starts
+            try:
+                resolve_model(given)
+            except ModelNotFoundError as exc:
+                raise ConfigError(f"--{role}: {exc}") from None
     root = Path(path)
     current = SearchEngine.load(root, verify=False)
     staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.swap-", dir=root.resolve().parent))

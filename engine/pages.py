@@ -2,9 +2,10 @@
 
 A token names the engine version it pins, the next offset, ``k``, a digest of the request (query, filter, knobs)
 and when it was issued; it is base64 of that JSON followed by an HMAC-SHA256 tag over it (first 16 bytes), keyed
-by a 32-byte secret kept in the engine directory (``ENGINE_DIR/PAGE_KEY``, made on first use, mode 0600). A token
-whose tag does not verify (compared in constant time), whose digest belongs to another request, or that is older
-than :data:`TTL_S` is refused: nobody without the key can make one, so nobody can pin a version the engine did not
+by a 32-byte secret kept in the engine directory (``ENGINE_DIR/PAGE_KEY``, made on first use, mode 0600) together
+with the directory's inode, so a copied engine's tokens are its own. A token whose tag does not verify (compared in
+constant time), whose digest belongs to another request, that is older than :data:`TTL_S` or dated in the future
+is refused: nobody without the key can make one, so nobody can pin a version the engine did not
 hand out. What a valid token may still show: the version it pinned, while that version is on disk (docs/trust.md).
 
 A directory the process cannot write gets a key that lives as long as the process: its tokens then work only in
@@ -35,6 +36,7 @@ logger = logging.getLogger(__name__)
 KEY_FILE = "PAGE_KEY"
 TTL_S = 3600  # a token pages for an hour after its first page was searched
 MAX_TOKEN_CHARS = 200
+CLOCK_SKEW_S = 300  # a token dated further ahead than this is refused (clocks of processes sharing a key may differ)
 _TAG_BYTES = 16
 _DOMAIN = b"twostage page token v1\0"
 _ephemeral: dict[str, bytes] = {}
@@ -64,12 +66,21 @@ def fingerprint(query: str, where: Where, knobs: Mapping[str, Any]) -> str:
 
 
 def page_key(root: Path) -> bytes:
-    """The engine directory's page-token secret, made (atomically, once) when it has none."""
+    """The engine directory's page-token secret, made (atomically, once) when it has none, bound to the directory.
+
+    The key tokens are signed with is derived from the secret and the directory's inode: a copy of the engine
+    (``cp -a``, a restored backup) is another directory, so tokens of the original never page the copy (nor the
+    other way round), though the two files hold the same secret. Moving the directory within its file system keeps
+    its tokens."""
     path = root / KEY_FILE
+    try:
+        inode = os.stat(root).st_ino
+    except OSError as exc:
+        raise IndexFormatError(f"{root}: cannot be read ({exc.strerror}); check the engine directory") from None
     for _ in range(3):
         key = _read_key(path)
         if key is not None:
-            return key
+            return hashlib.sha256(_DOMAIN + key + str(inode).encode("ascii")).digest()
         tmp = root / f".{KEY_FILE}.tmp-{secrets.token_hex(4)}"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -154,6 +165,8 @@ def decode_page_token(text: Any, key: bytes, *, now: float | None = None) -> Pag
             and type(k) is int and k > 0 and isinstance(digest, str) and type(issued) is int):
         raise bad
     age = (time.time() if now is None else now) - issued
+    if age < -CLOCK_SKEW_S:  # signed with this engine's key, yet dated in the future: never honoured
+        raise bad
     if age > TTL_S:
         raise PageExpiredError(f"page_token: it was given {age / 60:.0f} minutes ago; tokens page for "
                                f"{TTL_S // 60} minutes: search again for the first page")

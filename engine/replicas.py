@@ -67,22 +67,42 @@ class ReplicatedShards:
         root, version = self.specs[shard]
         return self.actor_class.options(**options).remote(root, version, self.verify), node
 
-    def check_open(self, timeout: float = 300.0) -> None:
+    def check_open(self, timeout: float = 300.0, replace_for: float = 60.0) -> None:
         """Wait until every replica has opened its shard (a damaged shard, or one no node has room for: one error
-        naming it)."""
+        naming it). A replica whose actor died for another reason than its shard (placed on a node that was just
+        lost, before Ray marked it dead) is started again on another live node, for up to ``replace_for``
+        seconds."""
+        deadline = time.monotonic() + timeout
         for s, row in enumerate(self.actors):
-            try:
-                self.ray.get([a.size.remote() for a in row], timeout=timeout)
-            except self.ray.exceptions.GetTimeoutError:
-                self.close()
-                raise ConfigError(f"{self.specs[s][0]}: a replica did not start within {timeout:.0f} s: no node has "
-                                  f"{self.num_cpus:g} free CPUs for it; lower cpus_per_shard or the replicas, or add "
-                                  "nodes") from None
-            except self.ray.exceptions.RayError as exc:
-                self.close()
-                cause = next((line for line in reversed(str(exc).splitlines()) if "Error" in line), str(exc))
-                raise IndexFormatError(f"{self.specs[s][0]}: a shard could not be opened by its Ray actor: "
-                                       f"{cause.strip()}") from None
+            for r in range(len(row)):
+                avoid: set[str] = set()
+                started = time.monotonic()
+                while True:
+                    try:
+                        self.ray.get(self.actors[s][r].size.remote(), timeout=max(1.0, deadline - time.monotonic()))
+                        break
+                    except self.ray.exceptions.GetTimeoutError:
+                        self.close()
+                        raise ConfigError(f"{self.specs[s][0]}: a replica did not start within {timeout:.0f} s: no "
+                                          f"node has {self.num_cpus:g} free CPUs for it; lower cpus_per_shard or the "
+                                          "replicas, or add nodes") from None
+                    except self.ray.exceptions.RayError as exc:
+                        cause = next((line for line in reversed(str(exc).splitlines()) if "Error" in line), str(exc))
+                        if "creation task" in str(exc) or time.monotonic() - started > replace_for:
+                            self.close()
+                            raise IndexFormatError(f"{self.specs[s][0]}: a shard could not be opened by its Ray "
+                                                   f"actor: {cause.strip()}") from None
+                        placed = self.nodes[s][r]
+                        if placed is not None:
+                            avoid.add(placed)
+                        self.events.append((time.time(), f"restarted shard {s} replica {r} while opening "
+                                                         f"({type(exc).__name__})"))
+                        logger.warning("shard %s replica %d died while opening (%s); starting it on another node",
+                                       self.specs[s][0], r, type(exc).__name__)
+                        time.sleep(1.0)
+                        nodes = [n for n in self.live_nodes() if n not in avoid] or self.live_nodes()
+                        self.actors[s][r], self.nodes[s][r] = self.start(s, nodes[(s + r) % len(nodes)] if nodes
+                                                                         else None)
 
     # ---- calling -------------------------------------------------------------------------------
     def call(self, method: str, *args: Any) -> list[Any]:

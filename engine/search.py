@@ -34,10 +34,10 @@ from twostage.indexer.engine_dir import (
     EngineSettings,
     with_changes,
 )
-from twostage.indexer.errors import ConfigError, PageExpiredError
+from twostage.indexer.errors import ConfigError, DataError, PageExpiredError
 from twostage.indexer.filters import CheckedFilter, Where, check_filter, parse_filter
 from twostage.indexer.passages import by_document, split_id
-from twostage.indexer.records import Document, Hit, RankedList, SearchResult
+from twostage.indexer.records import Document, Hit, RankedList, SearchResult, check_encodable
 from twostage.indexer.topk import check_k
 from twostage.reranker.interpolation import reorders
 from twostage.reranker.rerank import Reranked, rerank_lists
@@ -196,6 +196,9 @@ class TwoStageSearch(ABC):
                 raise ConfigError("give offset or page_token, not both (the token holds its offset)")
             self.check_where(where)  # a malformed filter is named before it is digested
             token = self.read_page_token(page_token)
+            if k != token.k:
+                raise ConfigError(f"page_token: it pages {token.k} hits at a time; ask for k={token.k} with it (or "
+                                  "search again without it for a first page of another size)")
             if not hmac.compare_digest(token.fingerprint, fingerprint(query, where, knobs)):
                 raise ConfigError("page_token: it was given for another query, filter or settings; search again "
                                   "without it for the first page")
@@ -285,7 +288,13 @@ class TwoStageSearch(ABC):
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise ConfigError(f"offset must be an integer >= 0, got {offset!r}")
         where = self.check_where(where)
+        if knobs.get("rerank") is True and self.manifest.reranker is None:
+            raise ConfigError("rerank: this engine has no reranker, so there is nothing to rerank with; search "
+                              "without rerank, or build the engine with --reranker")
         reranker = self.reranker if rerank else None
+        if s.min_relevance and reranker is None and self.manifest.reranker is not None:
+            raise ConfigError("min_relevance needs the reranker's score, and this search turns the reranker off "
+                              "(rerank false); search with the reranker, or without min_relevance")
         window = max(s.first_stage_depth, s.rerank_depth) if reranker is not None else s.first_stage_depth
         if offset >= window:
             raise ConfigError(f"offset {offset} is past the {window} hits one query ranks (the engine's "
@@ -441,6 +450,21 @@ class EngineRetriever:
                              rerank=rerank and self.engine.has_reranker)
 
 
+def ids_to_delete(ids: Iterable[str]) -> list[str]:
+    """The ids of a delete as a list: at least one, each a string of valid Unicode (else one ConfigError)."""
+    ids = list(ids)
+    if not ids:
+        raise ConfigError("no ids to delete")
+    for i in ids:
+        if not isinstance(i, str):
+            raise ConfigError("document ids to delete must be strings")
+        try:
+            check_encodable(i, f"document id {i[:40]!r} to delete")
+        except DataError as exc:
+            raise ConfigError(str(exc)) from None
+    return ids
+
+
 def check_queries(queries: Sequence[str]) -> list[str]:
     """The queries as a list, each a non-empty string (else one ConfigError naming the query)."""
     if isinstance(queries, str) or not isinstance(queries, Sequence):
@@ -450,6 +474,10 @@ def check_queries(queries: Sequence[str]) -> list[str]:
             raise ConfigError(f"query #{i + 1} is {type(q).__name__}, not a string")
         if not q.strip():
             raise ConfigError(f"query #{i + 1} is empty; give it some words")
+        try:
+            check_encodable(q, f"query #{i + 1}")
+        except DataError as exc:
+            raise ConfigError(str(exc)) from None
     if not queries:
         raise ConfigError("no queries given")
     return list(queries)

@@ -32,7 +32,7 @@ import numpy as np
 
 from twostage.engine.knobs import resolved_blends
 from twostage.engine.models import Models, NoRetriever
-from twostage.engine.search import TwoStageSearch
+from twostage.engine.search import TwoStageSearch, ids_to_delete
 from twostage.indexer.build import (
     check_out_dir,
     chunk_documents,
@@ -161,6 +161,11 @@ class SearchEngine(TwoStageSearch):
             engine = SearchEngine._open(self.root, version_dir, lease, False, self._models)
         except (OSError, IndexFormatError):
             raise gone from None
+        if not engine.shares_models(self):  # a swap since: paging would load and verify the old models per page
+            engine.close()
+            raise PageExpiredError(f"page_token: it belongs to version {version}, which searched with other models "
+                                   f"(the engine is at {self.version} since a model swap); search again for the "
+                                   "first page")
         try:
             yield engine
         finally:
@@ -414,11 +419,7 @@ class SearchEngine(TwoStageSearch):
     def delete(self, ids: Iterable[str]) -> SearchEngine:
         """Delete documents by id (an unknown id is an error naming it), in one version; a passage engine deletes
         every passage of each."""
-        ids = list(ids)
-        if not ids:
-            raise ConfigError("no ids to delete")
-        if any(not isinstance(i, str) for i in ids):
-            raise ConfigError("document ids to delete must be strings")
+        ids = ids_to_delete(ids)
 
         def make(base: SearchEngine) -> tuple[IndexChange, list[Document]]:
             return base.index.change_delete(base._passage_ids(ids) if base.shape.enabled else ids), []

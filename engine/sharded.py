@@ -42,7 +42,7 @@ import numpy as np
 from twostage.engine.knobs import resolved_blends
 from twostage.engine.models import Models
 from twostage.engine.replicas import ReplicatedShards, check_replicas
-from twostage.engine.search import TwoStageSearch
+from twostage.engine.search import TwoStageSearch, ids_to_delete
 from twostage.engine.search_engine import (
     SearchEngine,
     encode_corpus,
@@ -351,10 +351,7 @@ class ShardedEngine(TwoStageSearch):
 
     def delete(self, ids: Iterable[str]) -> ShardedEngine:
         """Delete documents by id (an unknown id is an error naming it); one new sharded version."""
-        ids = list(ids)
-        if not ids:
-            raise ConfigError("no ids to delete")
-        return self._update([], ids, replace_docs=False)
+        return self._update([], ids_to_delete(ids), replace_docs=False)
 
     def compact(self) -> ShardedEngine:
         """Rewrite every shard's dense part without its deleted rows (each shard's BM25 already holds only live

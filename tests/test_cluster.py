@@ -119,3 +119,83 @@ def test_open_engine_checks_replicas_and_a_single_engine_refuses_them(tmp_path):
         open_engine(tmp_path, replicas=0)
     with pytest.raises(ConfigError, match="serves the shards of a sharded engine"):
         open_engine(tmp_path, replicas=2)
+
+
+class _FakeRay:
+    """Just enough of Ray for ReplicatedShards: actors that die on a lost node, or for their shard, on opening."""
+
+    class exceptions:  # noqa: N801 - mirrors ray.exceptions
+        class RayError(Exception):
+            pass
+
+        class GetTimeoutError(RayError):
+            pass
+
+        class RayActorError(RayError):
+            pass
+
+        class ActorUnavailableError(RayError):
+            pass
+
+    def __init__(self, lost: set[str], broken: bool = False) -> None:
+        self.lost, self.broken, self.placed = lost, broken, []
+
+    def nodes(self):
+        return [{"NodeID": n, "Alive": True, "Resources": {"CPU": 1}} for n in ("a", "b", "c")]
+
+    def get(self, ref, timeout=None):
+        if isinstance(ref, list):
+            return [self.get(r) for r in ref]
+        if isinstance(ref, Exception):
+            raise ref
+        return ref
+
+    def kill(self, actor):
+        pass
+
+
+def _fake_shards(fake: _FakeRay, monkeypatch):
+    from twostage.engine import replicas as rep
+
+    class Actor:
+        def __init__(self, node):
+            self.node = node
+
+        @property
+        def size(self):
+            class Call:
+                @staticmethod
+                def remote(node=self.node):
+                    if fake.broken:
+                        return fake.exceptions.RayActorError("ActorDiedError: an error raised in its creation task: "
+                                                             "IndexFormatError: damaged")
+                    if node in fake.lost:
+                        return fake.exceptions.RayActorError("ActorDiedError: The actor died unexpectedly")
+                    return 205
+            return Call()
+
+    def start(self, shard, node):
+        fake.placed.append(node)
+        return Actor(node), node
+
+    monkeypatch.setattr(rep.ReplicatedShards, "start", start)
+    monkeypatch.setattr(rep.time, "sleep", lambda s: None)
+    return rep.ReplicatedShards
+
+
+def test_a_replica_placed_on_a_just_lost_node_is_opened_elsewhere(monkeypatch):
+    """Ray still lists a node it has lost: the replica placed there dies while opening, and is started again on
+    another live node instead of failing the load (#61, the cluster script's write phase)."""
+    fake = _FakeRay(lost={"b"})
+    shards = _fake_shards(fake, monkeypatch)(fake, object, [("s0", "v1"), ("s1", "v1")], verify=False, replicas=2)
+    assert all(n != "b" for row in shards.nodes for n in row) and shards.health() == [2, 2]
+    assert "b" in fake.placed and any("restarted" in what for _, what in shards.events)
+
+
+def test_a_damaged_shard_still_fails_the_load_at_once(monkeypatch):
+    from twostage.indexer.errors import IndexFormatError
+
+    fake = _FakeRay(lost=set(), broken=True)
+    with pytest.raises(IndexFormatError, match="could not be opened by its Ray actor"):
+        _fake_shards(fake, monkeypatch)(fake, object, [("s0", "v1")], verify=False, replicas=2)
+    assert len(fake.placed) == 2  # not started again: the shard itself is bad

@@ -270,7 +270,7 @@ def test_a_version_committed_by_another_process_is_picked_up(fresh):
 def test_micro_batcher_splits_results_and_errors():
     calls: list[int] = []
 
-    def double(items):
+    def double(items, group):
         calls.append(len(items))
         if "boom" in items:
             raise ValueError("boom")
@@ -292,6 +292,63 @@ def test_micro_batcher_splits_results_and_errors():
     b.close()
     with pytest.raises(RuntimeError, match="closed"):
         b(["late"])
+
+
+def test_micro_batcher_a_bad_item_fails_its_own_caller_only():
+    calls: list[list[str]] = []
+
+    def upper(items, group):
+        calls.append(list(items))
+        if "boom" in items:
+            raise ValueError("boom")
+        return [x.upper() for x in items]
+
+    b = MicroBatcher(upper, name="t", max_wait_s=0.2, expected=lambda: 3)
+    out: dict[int, object] = {}
+
+    def call(i: int, items: list[str]) -> None:
+        try:
+            out[i] = b(items)
+        except ValueError as exc:
+            out[i] = exc
+
+    threads = [threading.Thread(target=call, args=(i, items)) for i, items in
+               enumerate([["a"], ["boom"], ["c", "d"]])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    b.close()
+    assert out[0] == ["A"] and out[2] == ["C", "D"] and isinstance(out[1], ValueError)
+    assert any(len(c) > 2 for c in calls), "the three callers shared one batch first"
+
+
+def test_micro_batcher_puts_small_calls_before_the_pieces_of_a_bulk_call():
+    order: list[tuple[str, ...]] = []
+    gate, running = threading.Event(), threading.Event()
+
+    def record(items, group):
+        if items[0] == "bulk-0":
+            running.set()
+            gate.wait(5)  # the bulk call's first piece runs while a search arrives
+        order.append(tuple(items))
+        return list(items)
+
+    b = MicroBatcher(record, name="t", max_wait_s=0, piece=2, bulk_over=2)
+    bulk = threading.Thread(target=lambda: b([f"bulk-{i}" for i in range(6)]))
+    bulk.start()
+    assert running.wait(5)
+    small: list = []
+    search = threading.Thread(target=lambda: small.append(b(["search"], "query")))
+    search.start()
+    time.sleep(0.1)
+    gate.set()
+    bulk.join()
+    search.join()
+    b.close()
+    assert small == [["search"]]
+    assert order[0] == ("bulk-0", "bulk-1") and order[1] == ("search",), order
+    assert [x for piece in order if piece != ("search",) for x in piece] == [f"bulk-{i}" for i in range(6)]
 
 
 def test_cli_serve_bad_inputs(engine_dir, tmp_path, capsys, monkeypatch):
@@ -342,3 +399,29 @@ def test_cli_serve_answers_over_http(engine_dir):
     assert "serving" in out and f":{port}/" in out
     assert "Traceback" not in err, err
     assert json.loads(json.dumps(r.json()))["error"]
+
+
+def test_bulk_pieces_wait_while_searches_run_but_a_search_never_waits_for_itself():
+    from twostage.app.batching import serving_search
+
+    busy, order = [1], []
+
+    def record(items, group):
+        order.append(tuple(items))
+        return list(items)
+
+    b = MicroBatcher(record, name="t", max_wait_s=0, piece=2, bulk_over=2, busy=lambda: busy[0], max_defer_s=5)
+    bulk = threading.Thread(target=lambda: b(["x1", "x2", "x3"]))
+    bulk.start()
+    time.sleep(0.3)
+    assert order == []  # held while a search runs
+    assert b(["s"]) == ["s"] and order == [("s",)]  # a small call goes first, the piece waits on
+    busy[0] = 0
+    bulk.join(5)
+    assert order == [("s",), ("x1", "x2"), ("x3",)]
+    busy[0] = 1
+    t = time.perf_counter()
+    with serving_search():  # a search's own bulk call (a deep rerank, a batch of queries) is never held back
+        assert b(["y1", "y2", "y3"]) == ["y1", "y2", "y3"]
+    assert time.perf_counter() - t < 1
+    b.close()
