@@ -146,6 +146,10 @@ class ReplicatedShards:
         threading.Thread(target=self.replace, args=(shard, replica), daemon=True).start()
 
     def replace(self, shard: int, replica: int, attempts: int = 20) -> None:
+        """Start a replica again, first on a live node that neither holds another replica of the shard nor is the
+        node the lost one ran on (Ray may list a lost node as alive for a while), then anywhere live."""
+        with self.lock:
+            avoid = {self.nodes[shard][replica]} - {None}
         for _ in range(attempts):
             with self.lock:
                 if self.closed:
@@ -153,13 +157,16 @@ class ReplicatedShards:
                 taken = {n for r, n in enumerate(self.nodes[shard]) if r != replica and
                          self.actors[shard][r] is not None}
             nodes = self.live_nodes()
-            free = [n for n in nodes if n not in taken] or nodes
+            free = ([n for n in nodes if n not in taken and n not in avoid] or
+                    [n for n in nodes if n not in avoid] or nodes)
             actor, node = self.start(shard, free[(shard + replica) % len(free)] if free else None)
             try:
                 self.ray.get(actor.size.remote(), timeout=120)
             except self.ray.exceptions.RayError as exc:
                 logger.warning("replacement for shard %d replica %d failed (%s); trying again", shard, replica,
                                type(exc).__name__)
+                if node is not None:
+                    avoid.add(node)
                 time.sleep(1.0)
                 continue
             with self.lock:

@@ -94,7 +94,7 @@ def head_words(tokenizer: Any, texts: Sequence[str], words: int | Sequence[int])
 
     Every whitespace-separated word gives at least one token, so a text cut after ``n`` words still has at least
     ``n`` tokens, the first ones unchanged: a single text truncated to ``max_length`` tokens is unchanged with
-    ``words=max_length`` (pairs: :func:`pair_heads`). Applied only where that premise holds: BERT-style tokenisers
+    ``words=max_length`` (pairs: :func:`cut_pairs`). Applied only where that premise holds: BERT-style tokenisers
     (BERT pre-tokeniser, BERT or no normaliser), and heads free of characters such a normaliser may delete
     (``_DELETABLE``); any other text, or any text for another tokeniser, is passed through whole."""
     texts = list(texts)
@@ -112,22 +112,6 @@ def head_words(tokenizer: Any, texts: Sequence[str], words: int | Sequence[int])
                 text = head
         out.append(text)
     return out
-
-
-def pair_heads(tokenizer: Any, queries: Sequence[str], documents: Sequence[str], max_length: int) -> list[str]:
-    """The ``documents`` cut to their head words where truncating (query, document) pairs ``longest_first`` to
-    ``max_length`` keeps the same tokens (SciFact abstracts at 128 tokens: rerank tokenisation 1.4x faster).
-
-    With ``q`` query tokens and ``b`` tokens of budget (``max_length`` less the special tokens), the split of the
-    budget between the two sides is decided by ``q`` alone once the document has at least ``max(q, b - q)``
-    tokens: it is then the longer side (or as long), and keeps at most that many. So each document is cut after
-    that many words (:func:`head_words`); queries are never cut. (:func:`cut_pairs` also bounds the pairs whose
-    query is over the budget.)"""
-    queries = list(queries)
-    unique = list(dict.fromkeys(queries))
-    tokens = dict(zip(unique, map(len, tokenizer(unique, add_special_tokens=False, verbose=False)["input_ids"])))
-    budget = max_length - tokenizer.num_special_tokens_to_add(pair=True)
-    return head_words(tokenizer, documents, [max(tokens[q], budget - tokens[q]) for q in queries])
 
 
 def head_tokens(tokenizer: Any, texts: Sequence[str], n: Sequence[int], over: int = 0) -> list[str]:
@@ -155,8 +139,11 @@ def cut_pairs(tokenizer: Any, queries: Sequence[str], documents: Sequence[str],
     truncates a pair whose two sides are both far over the budget with memory and time that grow with the product
     of their lengths: 2,000 tokens a side at 128, 58 MB and 0.24 s a pair.)
 
-    With ``b`` tokens of budget: a query within it cuts each document as :func:`pair_heads` does, and a document
-    still over ``8 b`` characters (text without spaces) to the same number of tokens. A query over it (``q > b``)
+    With ``q`` query tokens and ``b`` tokens of budget (``max_length`` less the special tokens), a query within the
+    budget decides the split alone once the document has at least ``max(q, b - q)`` tokens: the document is then
+    the longer side (or as long) and keeps at most that many. So each document is cut after that many words
+    (:func:`head_words`; SciFact abstracts at 128 tokens: rerank tokenisation 1.4x faster), and one still over
+    ``8 b`` characters (text without spaces) after that many tokens; such queries are not cut. A query over it (``q > b``)
     decides nothing but which side is the longer: longest-first truncation then keeps half the budget a side, the
     odd token going to the longer one (or to the document on a tie). So the query is cut to ``b + 1`` tokens and
     each document to ``b + 1`` tokens when it is at least as long as the query, else to at most ``b``: the same

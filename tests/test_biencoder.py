@@ -169,7 +169,7 @@ def test_head_words_keep_every_token_truncation_keeps(tiny_bert_dir):
 
     from transformers import AutoTokenizer
 
-    from twostage.retriever.hf import head_words, pair_heads
+    from twostage.retriever.hf import cut_pairs, head_words
 
     tok = AutoTokenizer.from_pretrained(tiny_bert_dir)
     rng = random.Random(0)
@@ -184,10 +184,10 @@ def test_head_words_keep_every_token_truncation_keeps(tiny_bert_dir):
         assert tok(texts, truncation=True, max_length=max_length)["input_ids"] == \
             tok(heads, truncation=True, max_length=max_length)["input_ids"]
         queries, docs = texts[:150], texts[150:]
-        cut_docs = pair_heads(tok, queries, docs, max_length)
+        cut_queries, cut_docs = cut_pairs(tok, queries, docs, max_length)
         cut_any |= cut_docs != docs
         assert tok(queries, docs, truncation="longest_first", max_length=max_length)["input_ids"] == \
-            tok(queries, cut_docs, truncation="longest_first", max_length=max_length)["input_ids"]
+            tok(cut_queries, cut_docs, truncation="longest_first", max_length=max_length)["input_ids"]
     assert cut_any
     plain = ["word " * 50]
     assert head_words(object(), plain, 8) == plain  # not a BERT-style fast tokenizer: never cut

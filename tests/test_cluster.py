@@ -199,3 +199,17 @@ def test_a_damaged_shard_still_fails_the_load_at_once(monkeypatch):
     with pytest.raises(IndexFormatError, match="could not be opened by its Ray actor"):
         _fake_shards(fake, monkeypatch)(fake, object, [("s0", "v1")], verify=False, replicas=2)
     assert len(fake.placed) == 2  # not started again: the shard itself is bad
+
+
+def test_a_lost_replica_is_replaced_away_from_the_node_it_was_lost_on(monkeypatch):
+    """Ray lists a lost node as alive for a while: the replacement must not be started there again (the cluster
+    script's node-lost phase once left a replica unreplaced because of it)."""
+    fake = _FakeRay(lost=set())
+    shards = _fake_shards(fake, monkeypatch)(fake, object, [("s0", "v1")], verify=False, replicas=2)
+    gone, other = shards.nodes[0]
+    fake.lost.add(gone)
+    shards.actors[0][0] = None
+    fake.placed.clear()
+    shards.replace(0, 0)
+    assert shards.health() == [2] and shards.nodes[0][0] not in {gone, other}
+    assert fake.placed == [shards.nodes[0][0]]  # the first try already went elsewhere

@@ -311,7 +311,7 @@ def report(out: dict[str, Any], args: argparse.Namespace, where: str) -> str:
               "replica adds no CPU: it buys availability here, not speed.", "",
               "## A worker node killed under load (R=2)", "",
               f"SIGKILL to worker node 1's {lost['killed_pids']} processes (its raylet, its Ray workers and, with "
-              "`ray start`, the command that started it), a third of the way in. Requests: **{lost['summary']['requests']}, {lost['summary']['failed']} failed**"
+              f"`ray start`, the command that started it), a third of the way in. Requests: **{lost['summary']['requests']}, {lost['summary']['failed']} failed**"
               + (f" ({'; '.join(lost['summary']['errors'])})" if lost['summary']['failed'] else "")
               + f"; after the kill {lost['after_kill']['requests']} requests, p50 {lost['after_kill']['p50_ms']:.1f} "
               f"ms, max {lost['after_kill']['max_ms']:.0f} ms. Every shard had 2 live replicas again "
