@@ -153,7 +153,8 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
                           passage_title=not args.no_passage_title, passage_whole_up_to=args.passage_whole_up_to,
                           rerank_whole_up_to=args.rerank_whole_up_to, rerank_blend=blend_setting(args.rerank_blend),
                           fusion=args.fusion if args.fusion is not None else defaults.fusion,
-                          dense_weight=args.dense_weight if args.dense_weight is not None else defaults.dense_weight)
+                          dense_weight=args.dense_weight if args.dense_weight is not None else defaults.dense_weight,
+                          language=args.language)
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -199,7 +200,7 @@ def _build(args: argparse.Namespace) -> int:
     shards = f" in {args.shards} shards" if args.shards else ""
     print(f"built {args.out}: {len(engine)} documents{shards}, version {engine.version}; first stage {s.first_stage}, "
           f"reranker {engine.manifest.reranker.name if engine.manifest.reranker else 'none'} "
-          f"(top {s.rerank_depth}), {s.backend} index")
+          f"(top {s.rerank_depth}), {s.backend} index; language {engine.language}")
     _print_reading(engine, corpus)
     return 0
 
@@ -475,6 +476,10 @@ def add_commands(sub: Any) -> None:
     b.add_argument("--backend", default=d.backend, help=", ".join(BACKENDS))
     b.add_argument("--batch-size", type=int, default=d.batch_size)
     b.add_argument("--chunk-size", type=int, default=4096, help="documents encoded per resumable chunk")
+    b.add_argument("--language", default=d.language, metavar="CODE",
+                   help="the language of the corpus's text for BM25 (stemmer, stopwords): auto (default: each "
+                        "document's detected among the corpus's languages, each query's too) or a code such as en, "
+                        "de, zh (docs/languages.md)")
     b.add_argument("--passage-words", type=int, default=d.passage_words,
                    help=f"search documents as passages of this many words (default {d.passage_words}; 0: whole "
                         "documents, read only as far as each model reads)")

@@ -22,6 +22,10 @@ def _bench(args: argparse.Namespace) -> int:
     from twostage.eval.significance import check_test
     from twostage.eval.systems import NEEDS_MODEL, NEEDS_RERANKER, SYSTEMS, SystemOptions, resolve_systems
 
+    if args.language != "legacy":
+        from twostage.retriever.languages import check_language
+
+        check_language(args.language)
     retriever_model, reranker_model, trained = args.retriever_model, args.reranker_model, None
     collections = list(args.data)
     if len(collections) > 1 and (args.train_split or args.engine):
@@ -51,7 +55,8 @@ def _bench(args: argparse.Namespace) -> int:
                             backend=args.backend,
                             reranker_model=reranker_model, rerank_depth=args.rerank_depth,
                             rerank_blend=blend_setting(args.rerank_blend),
-                            batch_size=args.batch_size, show_progress=not args.quiet, device=args.device)
+                            batch_size=args.batch_size, show_progress=not args.quiet, device=args.device,
+                            language=None if args.language == "legacy" else args.language)
     check_test(args.test, args.correction)
     systems = list(SYSTEMS) if args.systems.strip() == "all" else resolve_systems(args.systems)
     if len(systems) > 1 and args.baseline not in resolve_systems(args.systems, options):
@@ -238,6 +243,9 @@ def add_commands(sub: Any) -> None:
     bench.add_argument("--ignore-identical-ids", nargs="*", default=None, metavar="NAME",
                        help="drop retrieved documents whose id equals the query id (ArguAna, Quora); in a suite, "
                             "only for the collections named (folder names), or every one when none is named")
+    bench.add_argument("--language", default=EngineSettings().language, metavar="CODE",
+                       help="the lexical analysis: auto (default: each text's language detected), a language code, "
+                            "or legacy (the English analysis of engines built before languages)")
     bench.add_argument("--retriever-model", default=None, help="bi-encoder name or directory (dense systems)")
     bench.add_argument("--engine", default=None, help="an engine directory built from this corpus (twostage build): "
                        "the dense, hybrid and +rerank systems search it with its models")

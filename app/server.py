@@ -17,6 +17,7 @@ that says nothing of the inside.
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import threading
 import time
@@ -301,10 +302,22 @@ class ServerStats:
 
 
 # ---- the app -----------------------------------------------------------------------------------------
+class SafeJSONResponse(JSONResponse):
+    """JSON as UTF-8, except that a body holding a lone surrogate (text no UTF-8 can carry) is written with
+    ``\\uXXXX`` escapes instead of failing as a 500: every request's input is checked for them, this guards the
+    answers whatever path one takes in (the server's default response class)."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
 def _error(status: int, message: str, **extra: Any) -> JSONResponse:
     # a message may quote what the client sent: a lone surrogate in it is written as its escape, not a 500
-    return JSONResponse({"error": message.encode("utf-8", "backslashreplace").decode("utf-8"), **extra},
-                        status_code=status)
+    return SafeJSONResponse({"error": message.encode("utf-8", "backslashreplace").decode("utf-8"), **extra},
+                            status_code=status)
 
 
 class _BodyLimit:
@@ -428,7 +441,7 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
         holder.close()
 
     app = FastAPI(title="twostage", summary="Search an engine: first stage, then reranked hits.",
-                  version=_version(), lifespan=lifespan)
+                  version=_version(), lifespan=lifespan, default_response_class=SafeJSONResponse)
     app.state.holder, app.state.stats = holder, stats
     app.add_middleware(_BodyLimit, limit=max_body_bytes)
 
@@ -538,7 +551,7 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
         return {"engine": {"path": str(engine.root), "version": engine.version, "documents": len(engine),
                            "first_stage": s.first_stage, "rerank_depth": s.rerank_depth, "rerank": engine.reranks,
                            "reranker": engine.manifest.reranker.name if engine.manifest.reranker else None,
-                           "precision": engine.precision},
+                           "precision": engine.precision, "language": engine.language},
                 "read_only": read_only, "api_key": api_key is not None, "protect_reads": protect_reads,
                 "budgets": {f"max_{k}": v for k, v in asdict(budgets).items() if k != "piece"},
                 "batching": {b.name: b.stats.to_dict() for b in models.batchers} if batching else None,
@@ -705,7 +718,7 @@ def _add_error_handlers(app: FastAPI) -> None:
             # body its JSON parser gave up on (e.g. nested past Python's recursion limit)
             detail = "the JSON body could not be parsed (malformed, or nested too deeply: a filter nests at most 32 " \
                      "levels)"
-        return JSONResponse({"error": detail}, status_code=exc.status_code, headers=exc.headers)
+        return SafeJSONResponse({"error": detail}, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def crashed(request: Request, exc: Exception) -> JSONResponse:  # pragma: no cover - safety net

@@ -38,6 +38,25 @@ def resolved_blends(settings: EngineSettings, reranker: Any) -> EngineSettings:
                    rerank_blend_by_first_stage={fs: blend_for(reranker, fs) for fs in FIRST_STAGES})
 
 
+def with_model_languages(settings: EngineSettings, retriever: Any, reranker: Any) -> EngineSettings:
+    """``settings`` with the languages the retriever's and the reranker's model cards list (their ModelRefs, None
+    when absent; :mod:`twostage.retriever.model_card`). An engine of the legacy English analysis keeps None."""
+    from twostage.retriever.model_card import model_languages
+
+    if settings.language is None:
+        return settings
+    return replace(settings, dense_languages=model_languages(retriever.path) if retriever is not None else None,
+                   rerank_languages=model_languages(reranker.path) if reranker is not None else None)
+
+
+def outside(languages: tuple[str, ...] | None, query_languages: list[str] | None) -> list[bool]:
+    """For each query, whether a model listing ``languages`` does not cover its language (never when either is
+    unknown)."""
+    if languages is None or query_languages is None:
+        return [False] * (len(query_languages) if query_languages is not None else 0)
+    return [code not in languages for code in query_languages]
+
+
 def settings_for(settings: EngineSettings, knobs: Mapping[str, Any]) -> tuple[EngineSettings, bool]:
     """The engine's settings with one call's knobs (None: the engine's), checked; and whether to rerank. The old
     names (``k_retrieve``, ``depth``, ``interpolation``) still work, with a DeprecationWarning."""

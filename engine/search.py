@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from twostage.engine.knobs import blend_of, settings_for
+from twostage.engine.knobs import blend_of, outside, settings_for
 from twostage.engine.models import Models, NoRetriever
 from twostage.engine.pages import PageToken, decode_page_token, encode_page_token, fingerprint, page_key
 from twostage.indexer.engine_dir import (
@@ -36,7 +36,7 @@ from twostage.indexer.engine_dir import (
 )
 from twostage.indexer.errors import ConfigError, DataError, PageExpiredError
 from twostage.indexer.filters import CheckedFilter, Where, check_filter, parse_filter
-from twostage.indexer.passages import by_document, split_id
+from twostage.indexer.passages import by_document, split_id, word_starts
 from twostage.indexer.records import Document, Hit, RankedList, SearchResult, check_encodable
 from twostage.indexer.topk import check_k
 from twostage.reranker.interpolation import reorders
@@ -166,10 +166,16 @@ class TwoStageSearch(ABC):
         raise ConfigError("this engine holds whole documents, not passages")
 
     def analyzer(self) -> Any:
-        """The analyzer that marks query terms in a hit's passage (the engine's BM25 analyzer)."""
-        from twostage.retriever.analyzer import Analyzer
+        """The analyzer that marks query terms in a hit's passage (the engine's BM25 analyzer; here: one of the
+        engine's language, which detects each text's language when it is auto)."""
+        from twostage.retriever.analyzer import Analyzer, for_language
 
-        return Analyzer()
+        return Analyzer(for_language(self.settings.language))
+
+    @property
+    def language(self) -> str:
+        """The lexical analysis in words: ``auto (de, en)``, ``zh``, or the English one of older engines."""
+        return self.analyzer().config.described
 
     @abstractmethod
     def candidates(self, queries: list[str], vectors: np.ndarray | None, first_stage: str, n: int, where: Where,
@@ -309,23 +315,28 @@ class TwoStageSearch(ABC):
         if s.first_stage != "bm25" and self.manifest.retriever is None:
             raise ConfigError(f"first_stage {s.first_stage} needs a retriever, and this engine was built without one "
                               "(BM25 only): search with first_stage bm25, or rebuild the engine with --retriever")
-        if s.first_stage in ("dense", "hybrid"):
+        languages = self.query_languages(queries, s)
+        # a query in a language the dense model does not know is searched by BM25 alone (its model card says so)
+        dense_off = outside(s.dense_languages, languages) if s.first_stage == "hybrid" else []
+        stage = "bm25" if dense_off and all(dense_off) else s.first_stage  # then nothing is encoded
+        if stage in ("dense", "hybrid"):
             t = time.perf_counter()
             vectors = self.encoder.encode(queries, kind="query", batch_size=s.batch_size)
             timings["encode_s"] = time.perf_counter() - t
-        lists = self.candidates(queries, vectors, s.first_stage, n, where, timings)
+        lists = self.candidates(queries, vectors, stage, n, where, timings)
         reads = None
         if s.passages.enabled:  # each stage's best passages -> documents, and the passages each one is read by
             lists, reads = by_document(lists)
         t = time.perf_counter()
-        if s.first_stage == "hybrid":
+        if stage == "hybrid":
             weights = dense_weights(s.dense_weight)
-            firsts = [fuse([b, d], s.fusion, k_rrf=s.k_rrf, weights=weights).truncate(n)
-                      for b, d in zip(lists["bm25"], lists["dense"])]
+            firsts = [b.truncate(n) if skip else fuse([b, d], s.fusion, k_rrf=s.k_rrf, weights=weights).truncate(n)
+                      for b, d, skip in zip(lists["bm25"], lists["dense"], dense_off or [False] * len(queries))]
         else:
-            firsts = lists[s.first_stage]
+            firsts = [f.truncate(n) for f in lists[stage]]
         timings["fuse_s"] = time.perf_counter() - t
-        reranked, relevance = self._rerank(queries, firsts, reads, s, reranker, end, timings)
+        skip_rerank = outside(s.rerank_languages, languages) if reranker is not None else []
+        reranked, relevance = self._rerank(queries, firsts, reads, s, reranker, end, timings, skip_rerank)
         stage_scores = []
         for i, (first, res) in enumerate(zip(firsts, reranked)):
             scores = {name: dict(zip(map(str, ls[i].ids), ls[i].scores.astype(float).tolist()))
@@ -339,39 +350,48 @@ class TwoStageSearch(ABC):
         pages = [RankedList(r.ranked.ids[offset:end], r.ranked.scores[offset:end]) for r in reranked]
         return pages, stage_scores, timings, reads
 
+    def query_languages(self, queries: list[str], s: EngineSettings) -> list[str] | None:
+        """Each query's language as the engine's analysis reads it, when a model's languages make it matter."""
+        if s.language is None or (s.dense_languages is None and s.rerank_languages is None):
+            return None
+        analyzer = self.analyzer()
+        return [analyzer.language_of(q) for q in queries]
+
     def _rerank(self, queries: list[str], firsts: list[RankedList], reads: list[dict[str, tuple[str, ...]]] | None,
-                s: EngineSettings, reranker: Any, end: int,
-                timings: dict[str, float]) -> tuple[list[Reranked], list[dict[str, float]]]:
+                s: EngineSettings, reranker: Any, end: int, timings: dict[str, float],
+                skip: Sequence[bool] = ()) -> tuple[list[Reranked], list[dict[str, float]]]:
         """Each query's first-stage list with its top ``rerank_depth`` read by ``reranker`` (None: as it is) and
         blended, cut to ``end``; each reranked document's probability of relevance (when calibrated), the ones
         below ``min_relevance`` dropped. ``reads``: in a passage engine, the passages each document is read by (its
-        best passage in each first stage; the reranker's score is the highest of them)."""
+        best passage in each first stage; the reranker's score is the highest of them). ``skip``: queries left in
+        their first-stage order (a language the reranker does not know)."""
         t = time.perf_counter()
+        depths = [0 if skip and skip[i] else s.rerank_depth for i in range(len(queries))]
         alpha = blend_of(s, reranker, s.first_stage)
         if s.min_relevance and (reranker is None or s.rerank_calibration is None):
             raise ConfigError("min_relevance needs a calibrated reranker: this engine has "
                               + ("no reranker" if reranker is None else "no calibration (fit one on judged dev queries "
                                  "with `twostage calibrate ENGINE --data DIR`)") + "; or search without it")
         scored = reranker is not None and (reorders(alpha) or s.min_relevance > 0)
-        heads = sorted({str(d) for f in firsts for d in f.ids[:s.rerank_depth]}) if scored else []
+        heads = sorted({str(d) for f, depth in zip(firsts, depths) for d in f.ids[:depth]}) if scored else []
         per_query = None
         if reads is None:
             texts = {d.id: d.full_text for d in self.documents(heads)}  # one read for every query's candidates
         else:  # a document is read by its best passage in each first stage (title in front, as the first stages
             # read it), or whole when it has at most rerank_whole_up_to words (as far as the reranker reads)
-            pids = ({p for r, f in zip(reads, firsts) for d in f.ids[:s.rerank_depth] for p in r[str(d)]}
+            pids = ({p for r, f, depth in zip(reads, firsts, depths) for d in f.ids[:depth] for p in r[str(d)]}
                     if scored else set())
             if s.rerank_whole_up_to:  # one read: each candidate with its passages
                 texts = {}
                 for doc, passages, _ in self.documents_with_passages(heads):
-                    if len(doc.text.split()) <= s.rerank_whole_up_to:
+                    if len(word_starts(doc.text, s.passages.cjk_characters)) <= s.rerank_whole_up_to:
                         texts[doc.id] = doc.full_text
                     else:
                         texts.update((p.id, p.full_text) for p in passages if p.id in pids)
             else:
                 texts = {p.id: p.full_text for p in self.passages(sorted(pids))}
             per_query = [lambda d, r=r: texts[d] if d in texts else [texts[p] for p in r[d]] for r in reads]
-        reranked = rerank_lists(reranker, queries, firsts, texts.__getitem__, k=end, rerank_depth=s.rerank_depth,
+        reranked = rerank_lists(reranker, queries, firsts, texts.__getitem__, k=end, rerank_depth=depths,
                                 blend=alpha, batch_size=s.batch_size, per_query=per_query,
                                 always_score=s.min_relevance > 0)
         if scored and s.rerank_calibration is not None:  # each reranked document's probability of relevance

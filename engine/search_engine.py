@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from twostage.engine.knobs import resolved_blends
+from twostage.engine.knobs import resolved_blends, with_model_languages
 from twostage.engine.models import Models, NoRetriever
 from twostage.engine.search import TwoStageSearch, ids_to_delete
 from twostage.indexer.build import (
@@ -59,7 +59,7 @@ from twostage.indexer.records import Document, RankedList
 from twostage.indexer.topk import top_k
 from twostage.indexer.vectors import BackendConfig
 from twostage.indexer.versions import VERSION, Lease, commit, current_version, open_current, writer_lock
-from twostage.retriever.bm25 import BM25Retriever
+from twostage.retriever.bm25 import BM25Config, BM25Retriever
 from twostage.retriever.bm25_stats import CorpusStats
 from twostage.retriever.device import resolve_device
 from twostage.retriever.precision import resolve_precisions
@@ -225,7 +225,7 @@ class SearchEngine(TwoStageSearch):
     def info(self) -> dict[str, Any]:
         m = self.manifest
         return {"path": str(self.root), "version": self.version, "documents": m.documents,
-                "reading": self.reading(),
+                "reading": self.reading(), "language": self.language,
                 "settings": {**to_json_dict(m.settings), "rerank": self.reranks},
                 "retriever": asdict(m.retriever) if m.retriever else None,
                 "reranker": asdict(m.reranker) if m.reranker else None, "dense": self.index.info(),
@@ -371,6 +371,7 @@ class SearchEngine(TwoStageSearch):
         candidates reranked): its first stage is bm25, and dense or hybrid searches are refused.
         """
         settings = with_changes(settings or EngineSettings(), overrides, "build")
+        bm25_settings(settings)  # an unknown language: one line, before any work
         if retriever is None:
             settings = bm25_only(settings, overrides)
         device = resolve_device(device)
@@ -382,7 +383,9 @@ class SearchEngine(TwoStageSearch):
             raise ConfigError(f"{out}: holds something other than a search engine; choose another --out")
         prepared = encode_corpus(corpus, out, settings, retriever, reranker, chunk_size, resume, show_progress,
                                  device, trust_remote_code)
-        write_streamed(out, prepared, resolved_blends(settings, prepared.models.reranker))
+        settings = with_model_languages(resolved_blends(settings, prepared.models.reranker), prepared.retriever,
+                                        prepared.reranker)
+        write_streamed(out, prepared, settings)
         prepared.discard()
         return open_current(out, lambda v, lease: cls._open(out, v, lease, False, prepared.models), WHAT)
 
@@ -609,6 +612,13 @@ def bm25_only(settings: EngineSettings, overrides: dict[str, Any]) -> EngineSett
     return replace(settings, first_stage="bm25", backend="flat", metric="ip")
 
 
+def bm25_settings(settings: EngineSettings) -> BM25Config:
+    """The BM25 settings of a new engine: its analysis is ``settings.language``'s."""
+    from twostage.retriever.analyzer import for_language
+
+    return BM25Config(analyzer=for_language(settings.language))
+
+
 def passages_of(corpus: CorpusSource, settings: EngineSettings) -> Iterator[Document]:
     """The corpus's documents (read and checked one at a time) cut into passages, in order."""
     from twostage.indexer.passages import split
@@ -633,14 +643,16 @@ def calibration_texts(corpus: CorpusSource, int8: bool) -> list[str] | None:
     return spread([d.full_text for d in itertools.islice(iter_documents(corpus), 3000)]) or None
 
 
-def write_streamed(out: Path, enc: _Encoded, settings: EngineSettings, stats: CorpusStats | None = None) -> None:
+def write_streamed(out: Path, enc: _Encoded, settings: EngineSettings, stats: CorpusStats | None = None,
+                   bm25_config: BM25Config | None = None) -> None:
     """Commit the first version of ``out`` from the encoded chunks without holding the corpus: the chunks become
     the dense part's segments (hard links; the ANN index built from their memory maps) and BM25 reads them a
     chunk at a time (:meth:`BM25Retriever.build_chunked`), with ``stats`` when given (a shard: the whole corpus's
-    statistics)."""
+    statistics; ``bm25_config``: its BM25 settings, its languages already found, else those of ``settings.language``)."""
     backend = BackendConfig(settings.backend, settings.metric)
     change, params, enc.info = streamed_change(enc.work, enc.done, backend, enc.info)
-    bm25 = BM25Retriever.build_chunked(lambda: chunk_documents(enc.work, enc.done), stats=stats)
+    bm25 = BM25Retriever.build_chunked(lambda: chunk_documents(enc.work, enc.done),
+                                       bm25_config or bm25_settings(settings), stats=stats)
     documents, passages = counts(bm25, settings.passages.enabled)
     truncated = 0 if settings.passages.enabled else sum(int(c.get("truncated", 0)) for c in enc.done)
     with writer_lock(out), commit(out) as version:

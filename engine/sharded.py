@@ -39,12 +39,13 @@ from typing import Any
 
 import numpy as np
 
-from twostage.engine.knobs import resolved_blends
+from twostage.engine.knobs import resolved_blends, with_model_languages
 from twostage.engine.models import Models
 from twostage.engine.replicas import ReplicatedShards, check_replicas
 from twostage.engine.search import TwoStageSearch, ids_to_delete
 from twostage.engine.search_engine import (
     SearchEngine,
+    bm25_settings,
     encode_corpus,
     write_streamed,
 )
@@ -246,7 +247,7 @@ class ShardedEngine(TwoStageSearch):
     def info(self) -> dict[str, Any]:
         sizes = self._call("size")
         live = self._shards.health() if self._ray is not None else [1] * len(self.names)
-        return {"path": str(self.root), "version": self.version, "documents": self._size,
+        return {"path": str(self.root), "version": self.version, "documents": self._size, "language": self.language,
                 "shards": [{"name": n, "version": v, "documents": c, "live_replicas": r}
                            for (n, v), c, r in zip(self.names, sizes, live)],
                 "metadata_kinds": self.metadata_kinds(), "remote": self._ray is not None}
@@ -256,6 +257,13 @@ class ShardedEngine(TwoStageSearch):
         """The Ray actors holding the shards (:class:`~twostage.engine.replicas.ReplicatedShards`: ``health()``,
         ``placement()``, ``events``), or None when the shards are opened in this process."""
         return self._shards if self._ray is not None else None
+
+    def analyzer(self) -> Any:
+        """The first shard's BM25 analyzer when the shards are in this process (they share their languages),
+        else one of the engine's language."""
+        if self._ray is None and self._shards:
+            return self._shards[0].engine.analyzer()
+        return super().analyzer()
 
     def metadata_kinds(self) -> dict[str, str]:
         """Each metadata field's type over every shard (a field typed differently in two shards is ``mixed``)."""
@@ -318,15 +326,22 @@ class ShardedEngine(TwoStageSearch):
                               "passages, or leave passage_words out")
         # shards are contiguous slices of rows, which would cut a document's passages apart: whole documents
         settings = with_changes(settings or EngineSettings(), overrides, "build")
+        bm25_settings(settings)  # an unknown language: one line, before any work
         if settings.passage_words:
             logger.info("a sharded engine holds whole documents: passage_words %d set to 0", settings.passage_words)
             settings = replace(settings, passage_words=0)
         enc = encode_corpus(corpus, root, settings, retriever, reranker, chunk_size, resume, show_progress)
-        settings = resolved_blends(settings, enc.models.reranker)
+        settings = with_model_languages(resolved_blends(settings, enc.models.reranker), enc.retriever, enc.reranker)
         total = sum(int(c["rows"]) for c in enc.done)
         bounds = contiguous_bounds(total, shards)
         check_unique_ids(enc.work, enc.done)  # across shards (each shard's build checks its own rows)
-        stats = _stats([lambda: chunk_documents(enc.work, enc.done)])
+        bm25 = bm25_settings(settings)
+        if bm25.analyzer.language == "auto":  # the whole corpus's languages, the same in every shard
+            from twostage.retriever.languages import corpus_languages
+
+            found = corpus_languages(d.full_text for docs in chunk_documents(enc.work, enc.done) for d in docs)
+            bm25 = replace(bm25, analyzer=replace(bm25.analyzer, languages=found))
+        stats = _stats([lambda: chunk_documents(enc.work, enc.done)], bm25)
         names = []
         with writer_lock(root):
             for i, (start, stop) in enumerate(tqdm(bounds, desc="write shards", unit="shard",
@@ -334,7 +349,8 @@ class ShardedEngine(TwoStageSearch):
                 name = f"shard-{i:03d}"
                 part = enc.work / name  # the shard's rows of the encoded chunks: links, and the cut chunks
                 write_streamed(root / name, replace(enc, work=part, done=slice_chunks(enc.work, enc.done, start,
-                                                                                        stop, part)), settings, stats)
+                                                                                        stop, part)), settings, stats,
+                               bm25)
                 names.append((name, current_version(root / name).name))
             _commit(root, names, total)
         enc.discard()
@@ -436,7 +452,7 @@ def _bm25_updates(shards: list[SearchEngine], route: list[list[Document]], gone:
         stats = CorpusStats.combine(e.bm25.stats_after(keeps[s], route[s]) for s, e in enumerate(shards))
         return lambda s: shards[s].bm25.updated(keeps[s], route[s], stats=stats), stats
     lives = [_live_docs(shards[s], route[s], gone[s], replace_docs) for s in range(len(shards))]
-    stats = _stats(lives)
+    stats = _stats(lives, shards[0].bm25.config)
     return lambda s: BM25Retriever.build_chunked(lives[s], shards[s].bm25.config, stats=stats), stats
 
 
@@ -458,9 +474,9 @@ def _live_docs(engine: SearchEngine, docs: list[Document], delete: list[str],
     return chunks
 
 
-def _stats(sources: Sequence[Callable[[], Iterable[Sequence[Document]]]]) -> CorpusStats:
-    """The statistics of every shard's live documents together, a chunk at a time."""
-    analyzer = Analyzer(BM25Config().analyzer)
+def _stats(sources: Sequence[Callable[[], Iterable[Sequence[Document]]]], config: BM25Config) -> CorpusStats:
+    """The statistics of every shard's live documents together, a chunk at a time, analysed as ``config`` says."""
+    analyzer = Analyzer(config.analyzer)
     return CorpusStats.combine(CorpusStats.of(analyzer(d.full_text) for d in part)
                                for source in sources for part in source())
 

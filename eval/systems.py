@@ -11,6 +11,7 @@ from twostage.indexer.corpus import Corpus
 from twostage.indexer.engine_dir import EngineSettings, with_changes
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.protocols import Retriever as SearchSystem
+from twostage.retriever.analyzer import for_language
 from twostage.retriever.bm25 import BM25Config, BM25Retriever
 
 
@@ -29,6 +30,7 @@ class SystemOptions:
     batch_size: int | None = None
     show_progress: bool = False
     device: str = "auto"  # where the models run (twostage.retriever.device)
+    language: str | None = EngineSettings().language  # the lexical analysis (EngineSettings.language)
 
 
 # One engine per (corpus, model settings): dense, hybrid and their +rerank systems are views of it, so a bench run
@@ -46,7 +48,7 @@ def engine_for(corpus: Corpus, options: SystemOptions, *, need_reranker: bool = 
     if need_retriever and not (options.retriever_model or options.engine):
         raise ConfigError("the dense systems need a model: pass --retriever-model NAME_OR_DIR (or --engine DIR)")
     key = (options.retriever_model, options.engine, options.reranker_model, options.precision, options.backend,
-           options.batch_size, options.rerank_depth, str(options.rerank_blend), options.device)
+           options.batch_size, options.rerank_depth, str(options.rerank_blend), options.device, options.language)
     shared = _ENGINES.setdefault(corpus, {})
     if key not in shared:
         shared[key] = _build_engine(corpus, options)
@@ -87,6 +89,8 @@ def overrides(options: SystemOptions) -> dict[str, Any]:
     """The engine settings the options set (everything else stays the engine's: passages, fusion, depths...)."""
     given = {"rerank_depth": options.rerank_depth, "precision": options.precision, "batch_size": options.batch_size}
     out: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
+    if options.language != EngineSettings().language and not options.engine:
+        out["language"] = options.language
     if options.rerank_blend != "auto":
         out["rerank_blend"] = options.rerank_blend
     return out
@@ -103,13 +107,13 @@ def _view(first_stage: str, rerank: bool) -> SystemFactory:
 SystemFactory = Callable[[Corpus, SystemOptions], SearchSystem]
 
 
-def _bm25(corpus: Corpus, options: SystemOptions) -> SearchSystem:
-    return BM25Retriever.build(corpus)
+def _bm25(corpus: Corpus, options: SystemOptions, engine: str = "bm25s") -> SearchSystem:
+    return BM25Retriever.build(corpus, BM25Config(engine=engine, analyzer=for_language(options.language)))
 
 
 SYSTEMS: dict[str, SystemFactory] = {
     "bm25": _bm25,
-    "rank-bm25": lambda corpus, options: BM25Retriever.build(corpus, BM25Config(engine="rank-bm25")),
+    "rank-bm25": lambda corpus, options: _bm25(corpus, options, "rank-bm25"),
     "dense": _view("dense", False),
     "hybrid": _view("hybrid", False),
     "bm25+rerank": _view("bm25", True),
@@ -117,7 +121,7 @@ SYSTEMS: dict[str, SystemFactory] = {
     "hybrid+rerank": _view("hybrid", True),
 }
 DESCRIPTIONS = {
-    "bm25": "BM25 (Lucene formula, k1=1.5, b=0.75, stemming + stopwords), bm25s engine",
+    "bm25": "BM25 (Lucene formula, k1=1.5, b=0.75; each text's language's stemmer and stopwords), bm25s engine",
     "rank-bm25": "the same BM25 computed by rank-bm25 (reference engine, slow)",
     "dense": "bi-encoder (--retriever-model) through the engine's ANN index (--backend), or an --engine's",
     "hybrid": f"bm25 and dense (top {EngineSettings().first_stage_depth} each) fused by the engine's fusion "

@@ -70,6 +70,13 @@ class EngineSettings:
     passage_stride: int = 50  # a new passage every this many words (passages overlap by words - stride)
     passage_title: bool = True  # the title in front of every passage (False: the first passage only)
     passage_whole_up_to: int = 0  # a document of at most this many words stays one passage (0: passage_words)
+    # the lexical analysis of a new engine's texts: "auto" (each text's language detected among the corpus's), a
+    # language code, or None: the English analysis of engines built before languages (their manifests lack it)
+    language: str | None = "auto"
+    # the languages the retriever's and the reranker's model cards list (None: not said, read as every language),
+    # written at build: a query in another language is searched by BM25 alone and not reranked
+    dense_languages: tuple[str, ...] | None = None
+    rerank_languages: tuple[str, ...] | None = None
     rerank_whole_up_to: int = 300  # the reranker reads a document of at most this many words whole, a longer one by
     # its best passage in each first stage, the higher score counting (0: every document so); a search-time choice
     # (benchmarks/results/rerank_reads, rerank_long)
@@ -88,7 +95,8 @@ class EngineSettings:
 
     @property
     def passages(self) -> PassageShape:
-        return PassageShape(self.passage_words, self.passage_stride, self.passage_title, self.passage_whole_up_to)
+        return PassageShape(self.passage_words, self.passage_stride, self.passage_title, self.passage_whole_up_to,
+                            cjk_characters=self.language is not None)
 
     def __post_init__(self) -> None:
         if self.first_stage not in FIRST_STAGES:
@@ -123,6 +131,13 @@ class EngineSettings:
         if isinstance(self.rerank_whole_up_to, bool) or not isinstance(self.rerank_whole_up_to, int) \
                 or self.rerank_whole_up_to < 0:
             raise ConfigError(f"rerank_whole_up_to must be an integer >= 0, got {self.rerank_whole_up_to!r}")
+        if self.language is not None and (not isinstance(self.language, str) or not self.language):
+            raise ConfigError(f"language must be 'auto' or a language code, got {self.language!r}")
+        for name in ("dense_languages", "rerank_languages"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, tuple) or not value
+                                      or not all(isinstance(c, str) and 0 < len(c) <= 16 for c in value)):
+                raise ConfigError(f"{name} must be None or a non-empty list of language codes, got {value!r}")
         if not isinstance(self.passage_title, bool):
             raise ConfigError(f"passage_title must be true or false, got {self.passage_title!r}")
         self.passages  # noqa: B018 - checks passage_words and passage_stride
@@ -223,6 +238,8 @@ def read_engine_manifest(version_dir: Path) -> EngineManifest:
             saved = {**saved, "passage_whole_up_to": 0}
         if isinstance(saved, dict) and "rerank_whole_up_to" not in saved:  # read by best passages, as it searched
             saved = {**saved, "rerank_whole_up_to": 0}
+        if isinstance(saved, dict) and "language" not in saved:  # analysed in English, as it was built
+            saved = {**saved, "language": None}
         settings = from_json_dict(EngineSettings, saved, f"{path}: settings")
     except ConfigError as exc:
         raise IndexFormatError(f"{exc}; restore or rebuild the engine") from None

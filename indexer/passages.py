@@ -25,6 +25,9 @@ from twostage.indexer.records import Document, RankedList
 
 SEP = "\x1f"  # the ASCII unit separator: between a document's id and its passage number
 WORD = re.compile(r"\S+")
+# Han and Kana characters (Chinese and Japanese, written without spaces), each one word; between them, words as above
+_HAN_KANA = "\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f"
+WORD_CJK = re.compile(rf"[{_HAN_KANA}]|(?:(?![{_HAN_KANA}])\S)+")
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,9 @@ class PassageShape:
     stride: int
     title_in_front: bool = True
     whole_up_to: int = 0  # a document of at most this many words stays one passage (0: at most ``words``)
+    # each Han or Kana character counts as a word (a passage of Chinese is 100 characters, not one endless
+    # "word"); False in engines built before languages, which cut at spaces only
+    cjk_characters: bool = True
 
     def __post_init__(self) -> None:
         for name in ("words", "stride", "whole_up_to"):
@@ -64,8 +70,10 @@ def doc_id_of(pid: str) -> str:
     return pid.rpartition(SEP)[0]
 
 
-def word_starts(text: str) -> list[int]:
-    return [m.start() for m in WORD.finditer(text)]
+def word_starts(text: str, cjk_characters: bool = True) -> list[int]:
+    """Where each word of ``text`` starts: runs of non-space characters, and each Han or Kana character on its own
+    when ``cjk_characters``."""
+    return [m.start() for m in (WORD_CJK if cjk_characters else WORD).finditer(text)]
 
 
 def split(doc: Document, shape: PassageShape) -> list[Document]:
@@ -73,7 +81,7 @@ def split(doc: Document, shape: PassageShape) -> list[Document]:
     if SEP in doc.id:
         raise DataError(f"document id {doc.id!r} contains the character U+001F, which passage ids use; "
                         "remove it from the id")
-    starts = word_starts(doc.text)
+    starts = word_starts(doc.text, shape.cjk_characters)
     count = passage_count(len(starts), shape)
     out = []
     for n in range(count):
@@ -103,7 +111,7 @@ def join(passages: Sequence[Document], shape: PassageShape) -> tuple[Document, l
     first = passages[0]
     text, starts = first.text, [0]
     for prev, p in zip(passages, passages[1:]):
-        in_prev = word_starts(prev.text)
+        in_prev = word_starts(prev.text, shape.cjk_characters)
         step = in_prev[shape.stride] if shape.stride < len(in_prev) else len(prev.text)
         start = starts[-1] + step
         starts.append(start)

@@ -29,12 +29,20 @@ def check_encodable(text: str, what: str) -> str:
     return text
 
 
+MAX_METADATA_INT = 10**308  # float64's range: metadata numbers are filtered as float64
+
+
 def check_metadata(value: Any, what: str, depth: int = 0) -> None:
-    """Every string in a metadata value (field names included) valid Unicode, else a DataError naming it. Run where
+    """Every string in a metadata value (field names included) valid Unicode and every integer within float64's
+    range, else a DataError naming it. Run where
     documents come in (:func:`twostage.indexer.corpus.iter_documents`, the HTTP routes), not on every Document made
     from the store."""
     if isinstance(value, str):
         check_encodable(value, what)
+    elif isinstance(value, int) and not isinstance(value, bool) and not -MAX_METADATA_INT <= value <= MAX_METADATA_INT:
+        # filters compare numbers as float64: a JSON integer past its range could never be compared (or stored)
+        raise DataError(f"{what}: the number {str(value)[:20]}... ({len(str(value))} digits) is too large for a "
+                        "metadata number (at most 1e308 either way); store it as a string")
     elif isinstance(value, Mapping) and depth < 64:
         for k, v in value.items():
             if isinstance(k, str):

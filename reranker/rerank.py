@@ -30,13 +30,14 @@ Reading = Callable[[str], "str | Sequence[str]"]  # a document id -> what the re
 
 
 def rerank_lists(reranker: Any, queries: Sequence[str], firsts: Sequence[RankedList], text_of: Reading, *,
-                 k: int, rerank_depth: int, blend: float | None, batch_size: int = 32,
+                 k: int, rerank_depth: int | Sequence[int], blend: float | None, batch_size: int = 32,
                  per_query: Sequence[Reading] | None = None, always_score: bool = False) -> list[Reranked]:
     """Rerank the top ``rerank_depth`` of each first-stage list; the rest of its top ``k`` follows in first-stage order.
 
     ``text_of`` gives the text the reranker reads for a document id, or several texts (at least one): the document
     then scores the highest of them (a passage engine reads a long document by the best passage of each first
-    stage). ``per_query``, one such function per query, when the texts depend on the query.
+    stage). ``per_query``, one such function per query, when the texts depend on the query. ``rerank_depth``: one
+    for every query, or one per query (0: that query's list is left in its order).
 
     Every query's (query, text) pairs are scored in one call, so batches are shared across queries. With no
     reranker, or a blend of 0 (:func:`reorders`), the first stage's top ``k`` comes back unchanged, nothing scored
@@ -44,7 +45,8 @@ def rerank_lists(reranker: Any, queries: Sequence[str], firsts: Sequence[RankedL
     """
     if reranker is None or (not reorders(blend) and not always_score):
         return [Reranked(first.truncate(k), {}) for first in firsts]
-    heads = [first.truncate(rerank_depth) for first in firsts]
+    depths = [rerank_depth] * len(firsts) if isinstance(rerank_depth, int) else list(rerank_depth)
+    heads = [first.truncate(depth) for first, depth in zip(firsts, depths, strict=True)]
     readers = list(per_query) if per_query is not None else [text_of] * len(queries)
     pairs: list[tuple[str, str]] = []
     owner: list[int] = []  # each pair's candidate, numbered across every query's head

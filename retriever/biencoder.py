@@ -103,7 +103,11 @@ def config_from_directory(path: Path) -> BiEncoderConfig:
     st = path / "config_sentence_transformers.json"
     if st.is_file():
         prompts = _read_json(st).get("prompts") or {}
-        cfg = replace(cfg, query_prefix=prompts.get("query", ""), document_prefix=prompts.get("document", ""))
+        if isinstance(prompts, dict):  # a document's prompt goes by several names (e5: "passage")
+            query = prompts.get("query", "")
+            document = next((prompts[n] for n in ("document", "passage", "corpus") if prompts.get(n)), "")
+            cfg = replace(cfg, query_prefix=query if isinstance(query, str) else "",
+                          document_prefix=document if isinstance(document, str) else "")
     return cfg
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -134,6 +134,9 @@ class BM25Retriever:
         config = config or BM25Config()
         if stats is not None and config.engine != "bm25s":
             raise ConfigError("corpus statistics from outside need the bm25s engine")
+        if _detects(config):
+            documents = list(documents)
+            config = _with_languages(config, [documents])
         analyzer = Analyzer(config.analyzer)
         ids: list[str] = []
         terms: list[list[str]] = []
@@ -149,11 +152,14 @@ class BM25Retriever:
     @classmethod
     def build_chunked(cls, chunks: Callable[[], Iterable[Sequence[Document]]], config: BM25Config | None = None, *,
                       stats: CorpusStats | None = None) -> BM25Retriever:
-        """Index a corpus given a chunk of documents at a time (one pass: ``chunks()`` is called once), so no more
-        than one chunk's texts are held at once. ``stats`` as in :meth:`build`. Scores equal :meth:`build`'s."""
+        """Index a corpus given a chunk of documents at a time, so no more than one chunk's texts are held at once
+        (``chunks()`` is called once, or twice when the corpus's languages are to be detected first). ``stats`` as
+        in :meth:`build`. Scores equal :meth:`build`'s."""
         config = config or BM25Config()
         if config.engine != "bm25s":
             raise ConfigError("a chunked BM25 build needs the bm25s engine")
+        if _detects(config):
+            config = _with_languages(config, chunks())
         analyzer = Analyzer(config.analyzer)
         ids: list[str] = []
 
@@ -171,21 +177,31 @@ class BM25Retriever:
         """A new index over the documents ``keep`` marks (a boolean per row, order kept) and then ``documents``,
         from the stored postings: only the new documents are analysed (:meth:`Postings.updated`). ``stats`` as in
         :meth:`build`. Needs :attr:`postings` (an index saved before they were kept has none: rebuild it)."""
-        postings = self._postings_after(keep, documents)
+        config = self._config_after(documents)
+        postings = self._postings_after(keep, documents, Analyzer(config.analyzer))
         ids = self.doc_ids.kept_then(keep, [d.id for d in documents])
         _check_terms(len(ids), int(postings.lengths.sum(dtype=np.int64)), stats)
-        return self._of(self.config, ids, postings, stats)
+        return self._of(config, ids, postings, stats)
 
     def stats_after(self, keep: np.ndarray, documents: Sequence[Document]) -> CorpusStats:
         """The corpus statistics of the documents :meth:`updated` would index (a shard's part of the global ones)."""
-        return self._postings_after(keep, documents).stats()
+        return self._postings_after(keep, documents, Analyzer(self._config_after(documents).analyzer)).stats()
 
-    def _postings_after(self, keep: np.ndarray, documents: Sequence[Document]) -> Postings:
+    def _config_after(self, documents: Sequence[Document]) -> BM25Config:
+        """The settings after adding ``documents``: a language new to the corpus (in enough of them) joins its
+        languages (auto analysis)."""
+        if self.config.analyzer.language != "auto" or not documents:
+            return self.config
+        return _with_languages(self.config, [documents], self.config.analyzer.languages)
+
+    def _postings_after(self, keep: np.ndarray, documents: Sequence[Document],
+                        analyzer: Analyzer | None = None) -> Postings:
         if self.postings is None:
             raise ConfigError("this BM25 index keeps no postings (saved by an older version or built with rank-bm25); "
                               "build it again")
         self.postings.check(self._where)
-        return self.postings.updated(keep, [self.analyzer(d.full_text) for d in documents])
+        analyze = analyzer or self.analyzer
+        return self.postings.updated(keep, [analyze(d.full_text) for d in documents])
 
     @classmethod
     def _of(cls, config: BM25Config, ids: Sequence[str] | IdMap, postings: Postings,
@@ -246,6 +262,19 @@ class BM25Retriever:
         except (TypeError, ValueError) as exc:
             raise IndexFormatError(f"{path}: the BM25 settings in manifest.json are invalid ({exc}); rebuild it") from None
         return cls(config, doc_ids, Bm25sEngine.from_arrays(config, vocab, arrays, len(doc_ids)), postings, str(path))
+
+
+def _detects(config: BM25Config) -> bool:
+    """Whether the corpus's languages are to be found before indexing (auto analysis, none found yet)."""
+    return config.analyzer.language == "auto" and not config.analyzer.languages
+
+
+def _with_languages(config: BM25Config, chunks: Iterable[Sequence[Document]],
+                    previous: Sequence[str] = ()) -> BM25Config:
+    from twostage.retriever.languages import corpus_languages
+
+    found = corpus_languages((d.full_text for docs in chunks for d in docs), previous)
+    return replace(config, analyzer=replace(config.analyzer, languages=found))
 
 
 def _check_terms(num_docs: int, total_length: int, stats: CorpusStats | None) -> None:

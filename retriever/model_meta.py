@@ -3,6 +3,7 @@
     {"format": "twostage.model", "format_version": 1,
      "kind": "bi-encoder" | "cross-encoder",
      "base": the model it started from,
+     "languages": the languages its base model's card lists (absent when the card says none),
      "settings": how the model runs (the bi-encoder's pooling, normalisation, length and prefixes; the
                  cross-encoder's length, whether its head is trained, its blend with the first stage),
      "training": what trained it (recipe, data, history; empty for a model never trained here),
@@ -30,8 +31,13 @@ def write_model_meta(directory: Path, kind: str, base: str, settings: dict[str, 
                      training: dict[str, Any] | None) -> None:
     if kind not in KINDS:
         raise ConfigError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    from twostage.retriever.model_card import base_languages
+
     meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "kind": kind, "base": base, "settings": settings,
             "training": training or {}, "versions": library_versions()}
+    languages = base_languages(base)
+    if languages:  # what the base model's card says it covers (twostage.retriever.model_card)
+        meta["languages"] = list(languages)
     (directory / FILE).write_text(json.dumps(meta, indent=2, default=str) + "\n", encoding="utf-8")
 
 

@@ -71,6 +71,36 @@ def test_a_lone_surrogate_is_a_4xx_naming_it(fresh, route, body):
         assert client.post("/search", json={"query": "cats purring"}).status_code == 200
 
 
+def test_an_answer_holding_a_lone_surrogate_is_escaped_not_a_500(fresh, monkeypatch):
+    """Inputs are checked for lone surrogates; should one still reach an answer (by any path), the answer is
+    written with JSON escapes instead of failing serialisation as a 500 (once seen in the 10,000-request fuzz)."""
+    from twostage.app import server
+
+    real = server._search_out
+    monkeypatch.setattr(server, "_search_out", lambda result, version, body:
+                        real(result, version, body).model_copy(update={"query": f"cats{SURROGATE}"}))
+    with client_of(fresh) as client:
+        for route, body in (("/search", {"query": "cats purring"}), ("/search/batch", {"queries": ["cats"]})):
+            r = client.post(route, json=body)
+            assert r.status_code == 200, r.text
+            got = r.json()
+            assert (got.get("query") or got["results"][0]["query"]) == f"cats{SURROGATE}"
+            assert r.content.isascii()
+
+
+def test_a_metadata_integer_past_float64_is_a_4xx_not_a_500_at_the_next_filter(fresh):
+    """Found by the 10,000-request fuzz: a document added with {"n": 10**400} made every later filtered search a 500
+    (OverflowError building the metadata table). Now the add is refused naming the field; the engine is unchanged."""
+    with client_of(fresh, api_key=KEY) as client:
+        body = '{"documents": [{"id": "big", "text": "t", "metadata": {"n": 1' + "0" * 400 + '}}]}'
+        r = client.post("/documents", content=body, headers={"content-type": "application/json", "x-api-key": KEY})
+        assert r.status_code == 422 and "too large for a metadata number" in r.json()["error"], r.text
+        assert client.post("/search", json={"query": "cats", "where": {"year": {"$gte": 1}}}).status_code != 500
+    check_metadata({"n": 10**300, "m": [-(10**300)]}, "metadata")  # within range: fine
+    with pytest.raises(DataError, match=r"metadata\.m: the number"):
+        check_metadata({"m": [10**309]}, "metadata")
+
+
 def test_poison_never_fails_concurrent_searches(served):
     """Searches batched with a poisoned embeddings or rerank call all succeed; the poison gets its 4xx."""
     failures: list[str] = []

