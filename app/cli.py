@@ -9,8 +9,10 @@ import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from twostage.indexer.errors import TwostageError
+from twostage.indexer.notices import Shown
 
 logger = logging.getLogger("twostage")
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "sample"  # package data in a wheel (twostage/data)
@@ -27,7 +29,11 @@ def _download(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from twostage.app.demo import run_demo
 
-    print(f"twostage demo on {args.data}: train both stages, index, evaluate every system against BM25\n")
+    print(f"twostage demo on {args.data}: train both stages, index, evaluate every system against BM25.\n"
+          "What it shows: the whole route on a small collection (205 documents, a few dozen training queries, a few "
+          "minutes on 2 cores). What it cannot show: how good the models get; so few queries make small models, and "
+          "the reranker's part is decided on held-out dev queries: its last line says whether the reranker helped or "
+          "was switched off. The measured numbers on public collections are in the README's results.\n")
     run_demo(args.data, args.out, base=args.base, command=args.command_line, show_progress=not args.quiet)
     return 0
 
@@ -46,33 +52,59 @@ def _quiet_libraries() -> None:
         hf_logging.disable_progress_bar()
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of every command (``argv`` None), or, for ``argv``, of the command it runs only: the others are
+    listed by name and help (:mod:`twostage.app.commands`), their modules not imported, so ``twostage --help`` and a
+    mistyped flag answer at once."""
+    from twostage.app.commands import COMMANDS, command_in
+
     parser = argparse.ArgumentParser(prog="twostage", description="Retrieve, then rerank: build, train and benchmark search.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log more and show tracebacks on errors")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     sub = parser.add_subparsers(dest="cmd", required=True)
+    chosen = command_in(list(argv)) if argv is not None else None
+    wanted = {module for module, _ in COMMANDS.values()} if argv is None else \
+        ({COMMANDS[chosen][0]} if chosen else set())
+    added: set[str] = set()
+    for name, (module, help_text) in COMMANDS.items():
+        if module not in wanted:
+            sub.add_parser(name, help=help_text)  # listed; its flags are read when it is the command
+        elif module == "cli":
+            {"download": _add_download, "demo": _add_demo}[name](sub)
+        elif module not in added:
+            added.add(module)
+            _add_module(module, sub)
+    return parser
 
-    dl = sub.add_parser("download", help="download a public BEIR dataset zip and unpack it")
+
+def _add_module(module: str, sub: Any) -> None:
+    from importlib import import_module
+
+    commands = import_module(f"twostage.app.{module}")
+    commands.add_commands(sub)
+    if module == "cli_train":
+        commands.add_adapt_command(sub)
+
+
+def _add_download(sub: Any) -> None:
+    from twostage.app.commands import help_of
+
+    dl = sub.add_parser("download", help=help_of("download"))
     dl.add_argument("name", help="BEIR dataset name, e.g. scifact, nfcorpus, arguana")
     dl.add_argument("--dest", type=Path, default=Path("datasets"), help="parent directory (default: ./datasets)")
     dl.add_argument("--base-url", default=None, help="mirror to download from instead of the BEIR host")
     dl.add_argument("--sha256", default=None, help="expected sha256 of the zip")
     dl.set_defaults(func=_download)
 
-    from twostage.app import cli_engine, cli_eval, cli_index, cli_train
 
-    cli_eval.add_commands(sub)
-    cli_engine.add_commands(sub)
-    cli_index.add_commands(sub)
-    cli_train.add_commands(sub)
-    cli_train.add_adapt_command(sub)
+def _add_demo(sub: Any) -> None:
+    from twostage.app.commands import help_of
 
-    demo = sub.add_parser("demo", help="run the demo on the bundled sample collection")
+    demo = sub.add_parser("demo", help=help_of("demo"))
     demo.add_argument("--data", type=Path, default=SAMPLE, help=argparse.SUPPRESS)
     demo.add_argument("--base", default="all-MiniLM-L6-v2", help=argparse.SUPPRESS)
     demo.add_argument("--out", type=Path, default=Path("out/demo"), help="where the report goes (default: out/demo)")
     demo.set_defaults(func=_demo)
-    return parser
 
 
 def _metrics_as_python() -> None:
@@ -88,16 +120,22 @@ def _metrics_as_python() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     _metrics_as_python()
     args.command_line = "twostage " + " ".join(shlex.quote(a) for a in argv)
     level = logging.INFO if args.verbose else logging.WARNING
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(logging.INFO)
     for handler in logging.getLogger().handlers:  # some libraries (bm25s) set their own loggers to DEBUG
-        handler.setLevel(level)
+        handler.setLevel(logging.INFO)
+        for old in [f for f in handler.filters if isinstance(f, Shown)]:
+            handler.removeFilter(old)
+        handler.addFilter(Shown(level))  # WARNING and up, and the one line before a slow one-time step
     if not args.verbose:
         _quiet_libraries()
+    if not sys.stderr.isatty():  # a log file: each progress bar written once when its phase starts and once at its
+        os.environ.setdefault("TQDM_MININTERVAL", "3600")  # end (one line), not redrawn ten times a second
     try:
         return int(args.func(args))
     except TwostageError as exc:

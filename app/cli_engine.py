@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from twostage.app.budgets import HELP as BUDGET_HELP
 from twostage.app.budgets import Budgets
 from twostage.app.budgets import flag as budget_flag
+from twostage.app.commands import help_of
 from twostage.indexer.engine_dir import FIRST_STAGES, FUSIONS, PRECISIONS, EngineSettings
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.vectors import BACKENDS
@@ -196,11 +197,14 @@ def _build(args: argparse.Namespace) -> int:
         engine = ShardedEngine.build(corpus, args.out, shards=args.shards, **common)
     else:
         engine = SearchEngine.build(corpus, args.out, **common)
+    from twostage.engine.knobs import second_stage
+
     s = engine.settings
     shards = f" in {args.shards} shards" if args.shards else ""
+    rr = engine.manifest.reranker
     print(f"built {args.out}: {len(engine)} documents{shards}, version {engine.version}; first stage {s.first_stage}, "
-          f"reranker {engine.manifest.reranker.name if engine.manifest.reranker else 'none'} "
-          f"(top {s.rerank_depth}), {s.backend} index; language {engine.language}")
+          f"{s.backend} index; language {engine.language}")
+    print(f"second stage: {second_stage(s, rr.name if rr else None)}")
     _print_reading(engine, corpus)
     return 0
 
@@ -236,7 +240,12 @@ def _queries(args: argparse.Namespace) -> Iterator[str]:
             yield line.rstrip("\r\n")
 
 
-def _print_result(result: Any, as_json: bool) -> None:
+def timings_line(timings: Mapping[str, float]) -> str:
+    """Seconds by stage (``encode_s``) as one line in milliseconds (``encode 3.1 ms``)."""
+    return ", ".join(f"{k.removesuffix('_s')} {v * 1000:.1f} ms" for k, v in timings.items())
+
+
+def _print_result(result: Any, as_json: bool, timings: bool = True) -> None:
     if as_json:
         print(json.dumps(result.to_dict(), ensure_ascii=False), flush=True)
         return
@@ -246,7 +255,8 @@ def _print_result(result: Any, as_json: bool) -> None:
         print(f"{hit.rank:3d}. [{hit.score:.4f}] {one_line(hit.id)}: {label}")
         if hit.passage is not None:
             print(f"       {one_line(passage_line(hit.passage))}")
-    print("    " + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in result.timings.items()), flush=True)
+    if timings:
+        print(f"    {timings_line(result.timings)}", flush=True)
     if result.next_page:
         print(f"    next page: --page-token {result.next_page}", flush=True)
 
@@ -309,10 +319,12 @@ def _search(args: argparse.Namespace) -> int:
 def _run(engine: Any, batch: list[str], args: argparse.Namespace, kw: dict[str, Any]) -> None:
     results = engine.search_batch(batch, args.k, **kw)
     for r in results:
-        _print_result(r, args.json)
+        _print_result(r, args.json, timings=len(results) == 1)
         if not r.hits and not args.json:
             print(f"    (no hit at or above min_relevance {args.min_relevance}: nothing relevant)"
                   if args.min_relevance else "    (no hits)")
+    if len(results) > 1 and not args.json:  # one batch, searched together: its timings once, per query
+        print(f"{len(results)} queries searched together, per query: {timings_line(results[0].timings)}", flush=True)
 
 
 def _calibrate(args: argparse.Namespace) -> int:
@@ -445,7 +457,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def add_commands(sub: Any) -> None:
     d = EngineSettings()
-    b = sub.add_parser("build", help="build a search engine directory from a corpus")
+    b = sub.add_parser("build", help=help_of("build"))
     b.add_argument("--corpus", required=True, type=Path,
                    help="BEIR directory, .jsonl, .parquet, .csv, .tsv, or a folder of .txt, .md, .html and .pdf files "
                         "(id: the path in the folder; the pdf extra reads PDFs)")
@@ -505,7 +517,7 @@ def add_commands(sub: Any) -> None:
     add_field_flags(b)
     b.set_defaults(func=_build)
 
-    s = sub.add_parser("search", help="search an engine: the whole two-stage pipeline")
+    s = sub.add_parser("search", help=help_of("search"))
     add_device_flag(s)
     s.add_argument("engine", type=Path, help="the engine directory")
     s.add_argument("query", nargs="?", default=None, help="the query (or --queries FILE)")
@@ -538,7 +550,7 @@ def add_commands(sub: Any) -> None:
     s.set_defaults(func=_search)
 
     for name, upsert in (("add", False), ("upsert", True)):
-        a = sub.add_parser(name, help=f"{name} documents from a corpus file" + (" (replacing same ids)" if upsert else ""))
+        a = sub.add_parser(name, help=help_of(name))
         a.add_argument("engine", type=Path)
         a.add_argument("corpus", type=Path, help="BEIR directory, .jsonl, .parquet, .csv, .tsv or a folder of "
                        ".txt, .md, .html and .pdf files")
@@ -546,16 +558,15 @@ def add_commands(sub: Any) -> None:
         add_folder_flags(a)
         add_field_flags(a)
         a.set_defaults(func=_add, upsert=upsert)
-    de = sub.add_parser("delete", help="delete documents by id")
+    de = sub.add_parser("delete", help=help_of("delete"))
     de.add_argument("engine", type=Path)
     de.add_argument("ids", nargs="*", default=[])
     de.add_argument("--ids-file", default=None, help="a file with one id per line")
     de.set_defaults(func=_delete)
-    c = sub.add_parser("compact", help="rewrite the dense index without deleted documents")
+    c = sub.add_parser("compact", help=help_of("compact"))
     c.add_argument("engine", type=Path)
     c.set_defaults(func=_compact)
-    sw = sub.add_parser("swap", help="rebuild an engine with new model(s) and promote it only if it is not worse "
-                                     "(exit 0 promoted, 1 refused, 2 bad input or the engine changed meanwhile)")
+    sw = sub.add_parser("swap", help=help_of("swap"))
     sw.add_argument("engine", type=Path)
     sw.add_argument("--retriever", default=None, help="the new bi-encoder (name or directory)")
     sw.add_argument("--reranker", default=None, help="the new cross-encoder (name or directory)")
@@ -572,8 +583,7 @@ def add_commands(sub: Any) -> None:
                     "reported)")
     sw.set_defaults(func=_swap)
 
-    cal = sub.add_parser("calibrate", help="fit the reranker's score to a probability of relevance on judged "
-                         "queries (not test) and write it into the engine; then search with --min-relevance")
+    cal = sub.add_parser("calibrate", help=help_of("calibrate"))
     cal.add_argument("engine", type=Path)
     cal.add_argument("--data", required=True, type=Path, help="BEIR directory of the engine's collection")
     cal.add_argument("--split", default="dev", help="judged queries to fit on (default dev; the reranker's training "
@@ -581,12 +591,12 @@ def add_commands(sub: Any) -> None:
     add_device_flag(cal)
     cal.set_defaults(func=_calibrate)
 
-    i = sub.add_parser("info", help="what an engine holds (settings, models, counts)")
+    i = sub.add_parser("info", help=help_of("info"))
     i.add_argument("engine", type=Path)
     i.add_argument("--fast", action="store_true", help="check file sizes only, not checksums")
     i.set_defaults(func=_info)
 
-    sv = sub.add_parser("serve", help="serve an engine over HTTP (search page, JSON API; needs the serve extra)")
+    sv = sub.add_parser("serve", help=help_of("serve"))
     add_device_flag(sv)
     sv.add_argument("engine", type=Path, help="the engine directory")
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")

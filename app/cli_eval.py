@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from twostage.app.cli_engine import add_device_flag, add_renamed_flag, blend_setting
+from twostage.app.commands import help_of
 from twostage.indexer.engine_dir import PRECISIONS, EngineSettings
 from twostage.indexer.errors import ConfigError, DataError
 
@@ -230,7 +231,7 @@ def _suite(args: argparse.Namespace, collections: list[Path], identical: list[bo
 
 
 def add_commands(sub: Any) -> None:
-    bench = sub.add_parser("bench", help="evaluate systems on a BEIR directory against BM25")
+    bench = sub.add_parser("bench", help=help_of("bench"))
     bench.add_argument("--data", required=True, type=Path, action="append",
                        help="BEIR directory (corpus.jsonl, queries.jsonl, qrels/); repeat it for a suite: each "
                             "collection into OUT/<folder name>/ and the matrix report OUT/suite.md")
@@ -279,7 +280,7 @@ def add_commands(sub: Any) -> None:
 
 
 
-    ev = sub.add_parser("eval", help="score TREC run files against a BEIR directory's qrels (as trec_eval does)")
+    ev = sub.add_parser("eval", help=help_of("eval"))
     ev.add_argument("--run", required=True, type=Path, action="append",
                     help="a TREC run file (qid Q0 docid rank score tag); repeat to compare several")
     ev.add_argument("--data", required=True, type=Path, help="BEIR directory whose qrels judge the run")
@@ -292,7 +293,7 @@ def add_commands(sub: Any) -> None:
     add_significance_flags(ev, baseline=None)
     ev.set_defaults(func=_eval)
 
-    rr = sub.add_parser("rerank", help="rerank the candidates of a TREC run with a cross-encoder")
+    rr = sub.add_parser("rerank", help=help_of("rerank"))
     rr.add_argument("--run", required=True, type=Path, help="the TREC run to rerank (any system's)")
     rr.add_argument("--data", required=True, type=Path, help="BEIR directory holding the run's queries and documents")
     rr.add_argument("--reranker", required=True, help="cross-encoder directory or name")

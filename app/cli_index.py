@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from twostage.app.commands import help_of
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.vectors import BACKENDS
 
@@ -125,7 +126,7 @@ def _search(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: Any) -> None:
-    idx = sub.add_parser("index", help="build, inspect and update an index directory")
+    idx = sub.add_parser("index", help=help_of("index"))
     isub = idx.add_subparsers(dest="index_cmd", required=True)
     b = isub.add_parser("build", help="encode a corpus and build an index directory")
     b.add_argument("--corpus", required=True, type=Path, help="BEIR directory, corpus.jsonl, .parquet or .csv")

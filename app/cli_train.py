@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from twostage.app.commands import help_of
 from twostage.app.train_models import TrainSettings
 from twostage.retriever.device import cpu_precision
 
@@ -173,8 +174,7 @@ def _train_reranker(args: argparse.Namespace) -> int:
 def add_commands(sub: Any) -> None:
     from twostage.app.cli_engine import add_renamed_flag
 
-    note = " (flags default to the measured recipe, `twostage.app.train_models.TrainSettings`)"
-    tr = sub.add_parser("train-retriever", help="fine-tune a bi-encoder with contrastive loss on a BEIR split" + note)
+    tr = sub.add_parser("train-retriever", help=help_of("train-retriever"))
     tr.add_argument("--data", required=True, type=Path, help="BEIR directory")
     tr.add_argument("--split", default="train", help="qrels split to train on (default: train)")
     tr.add_argument("--out", required=True, type=Path, help="where the trained model goes")
@@ -183,7 +183,7 @@ def add_commands(sub: Any) -> None:
     add_flags(tr, RETRIEVER)
     tr.set_defaults(func=_train_retriever)
 
-    rr = sub.add_parser("train-reranker", help="train a cross-encoder reranker on a BEIR split" + note)
+    rr = sub.add_parser("train-reranker", help=help_of("train-reranker"))
     rr.add_argument("--data", required=True, type=Path, help="BEIR directory")
     rr.add_argument("--split", default="train", help="qrels split to train on (default: train)")
     rr.add_argument("--out", required=True, type=Path, help="where the trained model goes")
@@ -195,7 +195,7 @@ def add_commands(sub: Any) -> None:
 
 
 def _adapt(args: argparse.Namespace) -> int:
-    from twostage.app.adapt import AdaptRecipe, adapt
+    from twostage.app.adapt import AdaptRecipe, adapt, reranker_verdict
     from twostage.app.cli_engine import corpus_of
 
     recipe = AdaptRecipe()
@@ -206,20 +206,25 @@ def _adapt(args: argparse.Namespace) -> int:
     if args.no_reranker:
         recipe = replace(recipe, reranker=None)
     result = adapt(corpus_of(args), args.out, base=args.base, recipe=recipe, show_progress=not args.quiet,
-                   device=args.device)
+                   device=args.device, keep_checkpoints=args.keep_checkpoints)
     took = sum(result.seconds.values())
     print(f"adapted in {took / 60:.1f} min: retriever {result.retriever}"
           + (f", reranker {result.reranker}" if result.reranker else "")
-          + f"; search settings in {Path(args.out) / 'adapt.json'}")
+          + f"; search settings in {Path(args.out) / 'adapt.json'}"
+          + (f"; training checkpoints removed ({result.checkpoints_removed_mb:.0f} MB)"
+             if result.checkpoints_removed_mb else ""))
+    verdict = reranker_verdict(result.dev)
+    if verdict:
+        print(verdict[0].upper() + verdict[1:] + ".")
     return 0
 
 
 def add_adapt_command(sub: Any) -> None:
     from twostage.app.cli_engine import add_device_flag, add_field_flags
 
-    ad = sub.add_parser("adapt", help="train the bi-encoder and the reranker on a corpus alone (no labels): "
-                        "pseudo-queries made from the documents")
-    ad.add_argument("--corpus", required=True, type=Path, help="BEIR directory, .jsonl, .parquet, .csv or .tsv")
+    ad = sub.add_parser("adapt", help=help_of("adapt"))
+    ad.add_argument("--corpus", required=True, type=Path, help="a folder of .txt, .md, .html or .pdf files, a BEIR directory, or a .jsonl, "
+                    ".parquet, .csv or .tsv file")
     ad.add_argument("--out", required=True, type=Path, help="models directory: OUT/retriever, OUT/reranker")
     ad.add_argument("--base", default="all-MiniLM-L6-v2", help="base model name or directory "
                     "(default: all-MiniLM-L6-v2)")
@@ -227,6 +232,8 @@ def add_adapt_command(sub: Any) -> None:
                     help="pseudo-queries come from at most this many documents (default: the recipe's)")
     ad.add_argument("--seed", type=int, default=None, help="seed of every random choice")
     ad.add_argument("--no-reranker", action="store_true", help="adapt the bi-encoder only")
+    ad.add_argument("--keep-checkpoints", action="store_true",
+                    help="keep OUT/*.train (the training checkpoints, ~600 MB) after the models are saved")
     add_field_flags(ad)
     add_device_flag(ad)
     ad.set_defaults(func=_adapt)

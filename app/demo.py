@@ -33,6 +33,7 @@ def run_demo(data: str | Path, out: str | Path, *, base: str = "all-MiniLM-L6-v2
              say: Callable[[str], None] = print, show_progress: bool = False) -> dict[str, float]:
     """Run every phase, writing the report to ``out`` and the models + engine to ``OUT.models/``; returns the
     seconds of each phase."""
+    from twostage.app.adapt import disk_mb, remove_training_work
     from twostage.app.train_models import train_models
     from twostage.engine.search_engine import SearchEngine
     from twostage.eval.harness import run_bench
@@ -126,19 +127,3 @@ def reranker_sentence(engine: SearchEngine, table: pd.DataFrame, dev_queries: in
     weight = "its own scores" if alpha is None else f"weight {alpha:.1f} (chosen on dev)"
     return (f"The reranker reorders the top {s.rerank_depth} of {first} with {weight}: {with_rr - alone:+.3f} nDCG@10 "
             f"on the test queries against {first} alone.")
-
-
-def remove_training_work(models: Path) -> float:
-    """Remove what training left beside the saved models (checkpoints, mined negatives); the MB removed."""
-    import shutil
-
-    freed = 0.0
-    for work in sorted(models.glob("*.train")) + sorted(models.glob("*.negatives.parquet")):
-        freed += disk_mb(work)
-        shutil.rmtree(work) if work.is_dir() else work.unlink()
-    return freed
-
-
-def disk_mb(path: Path) -> float:
-    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
-    return sum(p.stat().st_size for p in files) / 1e6

@@ -24,6 +24,26 @@ def blend_of(settings: EngineSettings, reranker: Any, first_stage: str) -> float
     return settings.blend_for(first_stage)
 
 
+def second_stage(settings: EngineSettings, name: str | None, reranker: Any = None) -> str:
+    """The second stage in words, for the build line and ``info``: none, what the reranker does by default, or that
+    it is switched off and why (a blend of 0.0 chosen on dev: the first stage alone ranked at least as well)."""
+    from twostage.reranker.interpolation import reorders
+
+    if name is None:
+        return "no reranker"
+    if not settings.rerank:
+        return f"reranker {name}, off (the engine's rerank setting is false; --rerank-blend 0.5 forces it per search)"
+    if settings.rerank_blend == "auto" and reranker is None:  # an engine from before blends were resolved
+        return f"reranker {name} (top {settings.rerank_depth}, the blend it chose on dev)"
+    alpha = blend_of(settings, reranker, settings.first_stage)
+    if not reorders(alpha):
+        return (f"reranker {name}, switched off: its weight after {settings.first_stage} is 0.0 (chosen on dev: "
+                f"{settings.first_stage} alone ranked at least as well), so no pair is scored; --rerank-blend 0.5 "
+                "forces it on per search")
+    weight = "by its own scores" if alpha is None else f"weight {alpha:g} against {settings.first_stage}"
+    return f"reranker {name} (top {settings.rerank_depth}, {weight})"
+
+
 def resolved_blends(settings: EngineSettings, reranker: Any) -> EngineSettings:
     """``settings`` with ``rerank_blend="auto"`` replaced by the numbers ``reranker`` chose on dev (for the
     engine's first stage, and for each first stage), and the calibration fitted with it when the settings have none;

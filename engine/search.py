@@ -297,7 +297,9 @@ class TwoStageSearch(ABC):
         if knobs.get("rerank") is True and self.manifest.reranker is None:
             raise ConfigError("rerank: this engine has no reranker, so there is nothing to rerank with; search "
                               "without rerank, or build the engine with --reranker")
-        reranker = self.reranker if rerank else None
+        t = time.perf_counter()
+        reranker = self.reranker if rerank else None  # loaded (and exported) on first use
+        loading = time.perf_counter() - t
         if s.min_relevance and reranker is None and self.manifest.reranker is not None:
             raise ConfigError("min_relevance needs the reranker's score, and this search turns the reranker off "
                               "(rerank false); search with the reranker, or without min_relevance")
@@ -321,8 +323,13 @@ class TwoStageSearch(ABC):
         stage = "bm25" if dense_off and all(dense_off) else s.first_stage  # then nothing is encoded
         if stage in ("dense", "hybrid"):
             t = time.perf_counter()
-            vectors = self.encoder.encode(queries, kind="query", batch_size=s.batch_size)
+            encoder = self.encoder  # loaded (and exported) on first use
+            loading += time.perf_counter() - t
+            t = time.perf_counter()
+            vectors = encoder.encode(queries, kind="query", batch_size=s.batch_size)
             timings["encode_s"] = time.perf_counter() - t
+        if loading > 0.005:  # a model loaded by this search: its own line, not the encoding's
+            timings["load_s"] = loading
         lists = self.candidates(queries, vectors, stage, n, where, timings)
         reads = None
         if s.passages.enabled:  # each stage's best passages -> documents, and the passages each one is read by

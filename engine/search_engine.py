@@ -210,10 +210,12 @@ class SearchEngine(TwoStageSearch):
                     "passage_whole_up_to": s.passage_whole_up_to, "rerank_whole_up_to": s.rerank_whole_up_to,
                     "summary": f"{cut} of {m.documents} documents are longer than "
                                f"{max(s.passage_words, s.passage_whole_up_to)} words and are searched as overlapping "
-                               f"passages ({m.passages} in all; every word is searched); the reranker reads "
-                               + (f"a document of at most {s.rerank_whole_up_to} words whole, a longer one"
-                                  if s.rerank_whole_up_to else "each document") + " by its best passage in each first "
-                               "stage, the higher score counting"}
+                               f"passages ({m.passages} in all; every word is searched)"
+                               + (("; the reranker reads " + (f"a document of at most {s.rerank_whole_up_to} words "
+                                                              "whole, a longer one" if s.rerank_whole_up_to
+                                                              else "each document")
+                                   + " by its best passage in each first stage, the higher score counting")
+                                  if m.reranker is not None else "")}
         if m.retriever is None:
             return {"passages": 0, "documents_truncated": 0,
                     "summary": f"{m.documents} documents, searched whole by BM25 (no retriever)"}
@@ -224,8 +226,12 @@ class SearchEngine(TwoStageSearch):
 
     def info(self) -> dict[str, Any]:
         m = self.manifest
+        from twostage.engine.knobs import second_stage
+
         return {"path": str(self.root), "version": self.version, "documents": m.documents,
                 "reading": self.reading(), "language": self.language,
+                "second_stage": second_stage(m.settings, m.reranker.name if m.reranker else None,
+                                             self._models.reranker),
                 "settings": {**to_json_dict(m.settings), "rerank": self.reranks},
                 "retriever": asdict(m.retriever) if m.retriever else None,
                 "reranker": asdict(m.reranker) if m.reranker else None, "dense": self.index.info(),

@@ -247,7 +247,11 @@ class ShardedEngine(TwoStageSearch):
     def info(self) -> dict[str, Any]:
         sizes = self._call("size")
         live = self._shards.health() if self._ray is not None else [1] * len(self.names)
+        from twostage.engine.knobs import second_stage
+
+        rr = self.manifest.reranker
         return {"path": str(self.root), "version": self.version, "documents": self._size, "language": self.language,
+                "second_stage": second_stage(self.settings, rr.name if rr else None, self._models.reranker),
                 "shards": [{"name": n, "version": v, "documents": c, "live_replicas": r}
                            for (n, v), c, r in zip(self.names, sizes, live)],
                 "metadata_kinds": self.metadata_kinds(), "remote": self._ray is not None}
@@ -477,7 +481,7 @@ def _live_docs(engine: SearchEngine, docs: list[Document], delete: list[str],
 def _stats(sources: Sequence[Callable[[], Iterable[Sequence[Document]]]], config: BM25Config) -> CorpusStats:
     """The statistics of every shard's live documents together, a chunk at a time, analysed as ``config`` says."""
     analyzer = Analyzer(config.analyzer)
-    return CorpusStats.combine(CorpusStats.of(analyzer(d.full_text) for d in part)
+    return CorpusStats.combine(CorpusStats.of(analyzer.analyse(d.full_text) for d in part)
                                for source in sources for part in source())
 
 

@@ -29,7 +29,7 @@ from twostage.indexer.engine_dir import FIRST_STAGES, EngineSettings
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.records import Qrels, Query, RankedList
 from twostage.reranker.cross_encoder import CrossEncoder
-from twostage.reranker.interpolation import GRID, InterpolationChoice, one_se_blend
+from twostage.reranker.interpolation import GRID, InterpolationChoice, one_se_blend, reorders
 from twostage.reranker.training import RerankerConfig, groups_from_split, title_groups, train_reranker
 from twostage.retriever.bm25 import BM25Retriever
 from twostage.retriever.device import cpu_precision
@@ -144,6 +144,11 @@ def choose_blend(result: FitResult, engine: TwoStageSearch, queries: Sequence[Qu
                                                         rerank_blend=choice.alpha,
                                                         rerank_blend_by_first_stage=choice.alphas())
     training = {**result.training, "interpolation": asdict(choice)}
+    if not reorders(choice.alphas().get(first, choice.alpha)):  # switched off: no pair is scored to calibrate
+        logger.info("the reranker is switched off (weight 0.0 after %s): its score is not calibrated", first)
+        result = replace(result, training=training)
+        trained.save(result.model_dir, training=result.training)
+        return result
     try:
         calibration = fit_calibration(view, queries, qrels)
         trained.calibration = calibration.params

@@ -91,7 +91,8 @@ def _iter_source(source: CorpusSource) -> Iterator[tuple[str, Any]]:
         if path.is_dir():
             path = path / "corpus.jsonl"
         if not path.exists():
-            raise DataNotFoundError(f"{path}: no such corpus file (expected a BEIR directory, .jsonl, .parquet, .csv or .tsv)")
+            raise DataNotFoundError(f"{path}: no such corpus (give a folder of .txt, .md, .html or .pdf files, a BEIR "
+                                    "directory, or a .jsonl, .parquet, .csv or .tsv file)")
         suffix = path.suffix.lower()
         if suffix in (".jsonl", ".json"):
             for number, obj in iter_jsonl(path):

@@ -5,6 +5,11 @@ passed over): its id is its path relative to the folder (with ``/``), its title 
 ``<title>``, the first Markdown heading, the PDF's metadata; none for plain text), and its metadata holds the path,
 the type and the modification time (an ISO date, so ``{"modified": {"$gte": "2026-01-01"}}`` filters by it).
 
+Markdown front matter (YAML between ``---`` lines, TOML between ``+++`` lines, at the top of the file, as mkdocs,
+Jekyll, Hugo and pandoc write it) is metadata, not text: its ``title`` is the document's title, its other fields
+with plain values (strings, numbers, dates, lists of them) join the metadata. Heading attributes (mkdocs' and
+pandoc's ``# Title { #anchor .class }``) are dropped from the title and the text.
+
 HTML is turned into text by a real parser (the standard library's :class:`html.parser.HTMLParser`: scripts,
 styles and the head are left out, block elements end a line); PDF text is extracted by pypdf (the ``pdf`` extra).
 A file that cannot be read (not UTF-8, binary, empty, a broken PDF, a PDF without pypdf installed, larger than
@@ -16,7 +21,9 @@ files skipped.
 from __future__ import annotations
 
 import logging
+import math
 import os
+import re
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,7 +32,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from twostage.indexer.errors import ConfigError, DataError, DataNotFoundError
-from twostage.indexer.records import Document
+from twostage.indexer.records import Document, check_metadata
 
 logger = logging.getLogger(__name__)
 SUFFIXES = {".txt": "text", ".text": "text", ".md": "markdown", ".markdown": "markdown", ".html": "html",
@@ -204,15 +211,84 @@ def read_file(path: Path, rel: str, max_bytes: int = MAX_FILE_BYTES) -> Document
             source = raw.decode("utf-8-sig")
         except UnicodeDecodeError as exc:
             raise UnreadableFile(f"not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
-        title, text = _html(source) if kind == "html" else _markdown(source) if kind == "markdown" else ("", source)
+        front: dict[str, object] = {}
+        if kind == "markdown":
+            front, source = _front_matter(source, rel)
+            title, text = _markdown(source)
+            title = str(front.pop("title", "") or "").strip() or title
+        else:
+            title, text = _html(source) if kind == "html" else ("", source)
     if not text.strip() and not title.strip():
         raise UnreadableFile("no text in it")
     metadata = {"path": rel, "type": kind, "modified": modified.strftime("%Y-%m-%dT%H:%M:%SZ")}
+    if kind != "pdf":
+        metadata = {**{k: v for k, v in front.items() if k not in metadata}, **metadata}
     return Document(rel, text.strip(), title.strip(), metadata)
 
 
+_FENCES = {"---": "yaml", "+++": "toml"}
+# a heading's attribute block: { #id .class key=value } (mkdocs attr_list, pandoc), at the end of the heading
+_ATTRIBUTES = re.compile(r"[ \t]*\{:?[ \t]*(?:[#.][\w:-]+|[\w-]+=(?:\"[^\"]*\"|\S+))"
+                         r"(?:[ \t]+(?:[#.][\w:-]+|[\w-]+=(?:\"[^\"]*\"|\S+)))*[ \t]*\}[ \t]*$")
+_HEADING_ATTRIBUTES = re.compile(r"^(#{1,6}[ \t].*?)" + _ATTRIBUTES.pattern[:-1] + r"$", re.MULTILINE)
+
+
+def _front_matter(source: str, rel: str) -> tuple[dict[str, object], str]:
+    """The front matter's plain fields and the text after it; no front matter (or one that is not a mapping of
+    fields): nothing and the text as it is."""
+    lines = source.split("\n")
+    fence = lines[0].rstrip() if lines else ""
+    if fence not in _FENCES:
+        return {}, source
+    ends = (fence, "...") if fence == "---" else (fence,)
+    end = next((i for i in range(1, len(lines)) if lines[i].rstrip() in ends), None)
+    if end is None:
+        return {}, source
+    head = "\n".join(lines[1:end])
+    import yaml  # type: ignore[import-untyped]  # no types shipped
+
+    try:
+        if _FENCES[fence] == "yaml":
+            fields = yaml.safe_load(head) if head.strip() else {}
+        else:
+            import tomllib  # Python 3.11+ (on 3.10 a TOML front matter stays text)
+
+            fields = tomllib.loads(head)
+    except (ImportError, yaml.YAMLError, ValueError, RecursionError) as exc:  # left in the text
+        # (tomllib.TOMLDecodeError is a ValueError)
+        logger.debug("%s: front matter not read (%s)", rel, exc)
+        return {}, source
+    if not isinstance(fields, dict):
+        return {}, source
+    return {str(k): v for k, v in ((k, _plain(v)) for k, v in fields.items()) if v is not None}, \
+        "\n".join(lines[end + 1:])
+
+
+def _plain(value: object) -> object:
+    """A front-matter value as metadata: strings, numbers, booleans and dates (as ISO text), lists of them; None
+    for anything else (nested tables are left out)."""
+    import datetime as dt
+
+    if isinstance(value, (dt.date, dt.datetime, dt.time)):
+        return value.isoformat()
+    if isinstance(value, float) and math.isnan(value):  # never equal to itself: useless to filter on
+        return None
+    if isinstance(value, (str, bool, int, float)):
+        try:
+            check_metadata(value, "front matter")
+        except DataError:
+            return None
+        return value
+    if isinstance(value, list):
+        items = [_plain(v) for v in value]
+        return items if items and all(v is not None and not isinstance(v, list) for v in items) else None
+    return None
+
+
 def _markdown(source: str) -> tuple[str, str]:
-    """The first heading (``# Title`` or a line underlined with ``===``/``---``) and the text as it is."""
+    """The first heading (``# Title`` or a line underlined with ``===``/``---``) and the text, headings without
+    their attribute blocks."""
+    source = _HEADING_ATTRIBUTES.sub(r"\1", source)
     lines = source.splitlines()
     for i, line in enumerate(lines):
         stripped = line.strip()
@@ -222,7 +298,7 @@ def _markdown(source: str) -> tuple[str, str]:
                 return heading.strip().rstrip("#").strip(), source
         if stripped and i + 1 < len(lines) and set(lines[i + 1].strip()) in ({"="}, {"-"}) \
                 and len(lines[i + 1].strip()) >= 3:
-            return stripped, source
+            return _ATTRIBUTES.sub("", stripped), source
     return "", source
 
 

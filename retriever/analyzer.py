@@ -37,6 +37,7 @@ MIN_CHARS = {"en": 2}
 
 
 @functools.cache
+@functools.cache
 def _ascii_words(least: int) -> re.Pattern[str]:
     """_WORD on ASCII text, words of ``least`` characters or more (runs between other characters are whole)."""
     return re.compile(rf"[A-Za-z0-9_]{{{least},}}")
@@ -179,7 +180,10 @@ class Analyzer:
         grams: list[tuple[str, int, int]] = []
         stop = stopwords(language) if self.config.drop_stopwords else frozenset()
         least = self.config.min_chars or MIN_CHARS.get(language, 1)
-        for m in self._tokens.finditer(text):
+        if text.isascii():  # the common case (a hit's text to highlight): no CJK or Thai run, words of ASCII letters
+            words = [(w, a, b) for w, a, b in ((m.group().lower(), m.start(), m.end())
+                                               for m in _ascii_words(least).finditer(text)) if w not in stop]
+        for m in () if text.isascii() else self._tokens.finditer(text):
             cjk, sea, word = m.groups()
             if cjk:
                 at = m.start()
@@ -210,11 +214,18 @@ class Analyzer:
 
     # ---- the analyzer -------------------------------------------------------------------------------------------
     def __call__(self, text: str) -> list[str]:
+        return self.analyse(text)[0]
+
+    def analyse(self, text: str) -> tuple[list[str], str]:
+        """The terms of ``text`` and the language it was analysed as (one detection for both)."""
         if not isinstance(text, str):
             raise TypeError(f"analyzer input must be str, got {type(text).__name__}")
         if self.config.language is None:
-            return self._legacy(text)
+            return self._legacy(text), "en"
         language = self.language_of(text)
+        return self._terms(text, language), language
+
+    def _terms(self, text: str, language: str) -> list[str]:
         if text.isascii():  # the common cases first, without offsets: the same terms as _words
             return self._plain_terms(_ascii_words(self.config.min_chars or MIN_CHARS.get(language, 1))
                                      .findall(text.lower()), language)

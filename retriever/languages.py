@@ -57,9 +57,34 @@ SNOWBALL = {
 # ISO 639-1 code -> the name of bm25s's stopword list (bm25s.stopwords.STOPWORDS_<NAME>)
 STOPWORD_LISTS = {
     "en": "EN", "da": "DANISH", "nl": "DUTCH", "fr": "FRENCH", "de": "GERMAN", "it": "ITALIAN",
-    "no": "NORWEGIAN", "nb": "NORWEGIAN", "pt": "PORTUGUESE", "ru": "RUSSIAN", "es": "SPANISH", "sv": "SWEDISH",
-    "tr": "TURKISH",
-}  # fmt: skip (its Chinese and Korean lists are words, and those scripts are analysed as characters)
+    "no": "NORWEGIAN", "nb": "NORWEGIAN", "pt": "PORTUGUESE", "ru": "RUSSIAN", "sv": "SWEDISH", "tr": "TURKISH",
+}  # fmt: skip
+# Not used: bm25s's Chinese and Korean lists (words; those scripts are analysed as characters) and its Spanish one:
+# a list is used where the language's dev set showed it helps, or where there is no dev set to ask. XQuAD-R dev,
+# BM25 nDCG@10 with / without the list: de 0.785 / 0.762, en 0.869 / 0.856, ru 0.822 / 0.813, tr 0.786 / 0.771,
+# es 0.817 / 0.818 (benchmarks/results/languages_analyzers_dev.md).
+
+
+# languages written in CJK scripts and in scripts without spaces: their texts are analysed as character n-grams
+CHARACTER_LANGUAGES = frozenset({"zh", "ja", "ko", "yue", "wuu"})
+SYLLABLE_LANGUAGES = frozenset({"th", "lo", "km", "my"})
+
+
+def length_unit(code: str) -> str:
+    """What a text's length in terms counts, for its language: ``characters`` (CJK: characters and their
+    bigrams), ``syllables`` (Thai, Lao, Khmer, Myanmar: character bigrams and trigrams) or ``words``."""
+    if code in CHARACTER_LANGUAGES:
+        return "characters"
+    return "syllables" if code in SYLLABLE_LANGUAGES else "words"
+
+
+def length_group(code: str) -> str:
+    """The documents BM25 compares a document's length with: those of its language when it is written in words
+    (languages differ in words per sentence: articles, compounds, cases), those of its unit when it is analysed as
+    character n-grams (a character is a character in Chinese and Japanese, and the detector confuses those
+    languages on short texts)."""
+    unit = length_unit(code)
+    return code if unit == "words" else unit
 
 
 def languages() -> tuple[str, ...]:

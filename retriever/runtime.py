@@ -48,6 +48,7 @@ from twostage.indexer.manifest import (
     read_manifest_json,
     verify_files,
 )
+from twostage.indexer.notices import ONE_TIME
 from twostage.indexer.versions import writer_lock
 
 logger = logging.getLogger(__name__)
@@ -258,7 +259,8 @@ def openvino_runner(model: torch.nn.Module, example: Mapping[str, torch.Tensor],
     names = list(example)
     with writer_lock(root):  # one process exports at a time; the others then read its export
         if _fresh_export(where, digest, precision, names) is None:
-            logger.info("exporting %s to OpenVINO %s (once per weights)", model_dir, precision)
+            logger.info("exporting %s to OpenVINO %s: once per weights, about half a minute on 2 cores", model_dir,
+                        precision, extra=ONE_TIME)
             _export(Forward(model, names).eval(), example, where, digest, precision, calibration)
             if _fresh_export(where, digest, precision, names) is None:  # pragma: no cover - a broken writer
                 raise IndexFormatError(f"{where}: the export just written does not verify; remove it and retry")

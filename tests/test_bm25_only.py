@@ -103,9 +103,30 @@ def test_cli_builds_and_searches_a_bm25_only_engine(models, sample_dir, tmp_path
     out = tmp_path / "e"
     assert main(["-q", "build", "--corpus", str(sample_dir), "--out", str(out), "--retriever", "none",
                  "--reranker", str(models[1])]) == 0
-    assert "first stage bm25" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "first stage bm25" in said and f"second stage: reranker {models[1]} (top 20, " in said
+    # the build summary says what the second stage does: nothing to say of a reranker without one, and plainly
+    # when a blend of 0.0 switches it off
+    for i, (extra, want) in enumerate(((["--rerank-blend", "0"], "switched off: its weight after bm25 is 0.0"),
+                                       (["--rerank-blend", "0.3"], "(top 20, weight 0.3 against bm25)"))):
+        assert main(["-q", "build", "--corpus", str(sample_dir), "--out", str(tmp_path / f"e2{i}"), "--retriever", "none",
+                     "--reranker", str(models[1]), *extra]) == 0
+        assert want in capsys.readouterr().out
+    assert main(["-q", "build", "--corpus", str(sample_dir), "--out", str(tmp_path / "e3"), "--retriever",
+                 "none"]) == 0
+    said = capsys.readouterr().out
+    assert "second stage: no reranker" in said and "the reranker" not in said
+    assert main(["info", str(tmp_path / "e20")]) == 0
+    assert json.loads(capsys.readouterr().out)["second_stage"].startswith(f"reranker {models[1]}, switched off")
     assert main(["search", str(out), "why do cats purr", "--k", "3", "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["hits"]) == 3
+    # timings named in the unit they hold, and a batch's timings once, not under every query
+    queries = tmp_path / "q.txt"
+    queries.write_text("why do cats purr\nsnow and rain\nhow to cook rice\n")
+    assert main(["search", str(out), "--queries", str(queries), "--k", "2"]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if " ms" in x]
+    assert len(lines) == 1 and lines[0].startswith("3 queries searched together, per query: ")
+    assert "bm25 " in lines[0] and "_s " not in lines[0]
     for extra, said in ((["--first-stage", "dense"], "first_stage dense needs a retriever"),
                         (["--shards", "2"], "--retriever none builds one BM25-only engine")):
         assert main(["-q", "build", "--corpus", str(sample_dir), "--out", str(tmp_path / "x"), "--retriever", "none",

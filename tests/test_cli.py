@@ -40,6 +40,47 @@ def test_verbose_shows_the_traceback(tmp_path):
         main(["-v", "bench", "--data", str(tmp_path / "none"), "--out", str(tmp_path / "o")])
 
 
+def test_help_and_argument_errors_import_neither_torch_nor_the_models():
+    """Commands register lazily: `twostage --help` lists every command from a table without importing its module;
+    a command's own flags import that command's module only (never torch, for the engine's commands)."""
+    import subprocess
+    import sys
+
+    from twostage.app.cli import build_parser
+    from twostage.app.commands import COMMANDS
+
+    code = ("import sys\nfrom twostage.app.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "print('torch' in sys.modules, 'numpy' in sys.modules, 'transformers' in sys.modules)")
+    for argv, numpy in ((["--help"], False), (["build", "--no-such-flag"], True), (["search", "--help"], True),
+                        (["info"], True)):
+        run = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+        assert run.stdout.splitlines()[-1] == f"False {numpy} False", (argv, run.stdout, run.stderr)
+        if argv == ["--help"]:
+            assert all(name in run.stdout for name in COMMANDS)
+    # the full parser (argv None) and the lazy one agree on every command's help line
+    full = build_parser()._subparsers._group_actions[0]  # noqa: SLF001 - argparse keeps them there
+    assert [a.dest for a in full._choices_actions] == list(COMMANDS)  # noqa: SLF001
+    assert [a.help for a in full._choices_actions] == [h for _, h in COMMANDS.values()]  # noqa: SLF001
+
+
+def test_a_slow_one_time_step_is_announced_even_when_quiet(tmp_path, monkeypatch):
+    """An OpenVINO export or a model fetch logs one line first (extra=ONE_TIME): the command line shows it even
+    though it shows no other INFO line; running main again does not stack its filters."""
+    import logging
+
+    from twostage.indexer.notices import ONE_TIME, Shown
+
+    record = logging.LogRecord("twostage.retriever.runtime", logging.INFO, "", 0, "exporting", None, None)
+    assert not Shown(logging.WARNING).filter(record) and Shown(logging.INFO).filter(record)
+    record.__dict__.update(ONE_TIME)
+    assert Shown(logging.WARNING).filter(record)
+    for _ in range(2):
+        main(["-q", "bench", "--data", str(tmp_path / "none"), "--out", str(tmp_path / "o")])
+    handlers = logging.getLogger().handlers
+    assert handlers and all(sum(isinstance(f, Shown) for f in h.filters) == 1 for h in handlers)
+    assert all(next(f for f in h.filters if isinstance(f, Shown)).level == logging.WARNING for h in handlers)
+
+
 def test_demo_runs_on_the_sample(tmp_path, capsys, tiny_bert_dir):
     assert main(["-q", "demo", "--out", str(tmp_path / "demo"), "--base", str(tiny_bert_dir)]) == 0
     out = capsys.readouterr().out
@@ -159,7 +200,7 @@ def test_index_cli(tmp_path, sample_dir, tiny_bert_dir, capsys):
 def test_index_build_errors(tmp_path, sample_dir, tiny_bert_dir, capsys):
     assert main(["index", "build", "--corpus", str(tmp_path / "none.jsonl"), "--model", str(tiny_bert_dir),
                  "--out", str(tmp_path / "i")]) == 2
-    assert "no such corpus file" in capsys.readouterr().err
+    assert "no such corpus" in capsys.readouterr().err
     assert main(["index", "build", "--corpus", str(sample_dir), "--model", str(tiny_bert_dir), "--out", str(tmp_path / "i"),
                  "--backend", "annoy"]) == 2
     assert "unknown backend" in capsys.readouterr().err

@@ -92,6 +92,32 @@ def test_hub_names_resolve_offline_and_the_revision_is_recorded(models, st_cross
     assert len(hits) == 3 and "rerank" in hits[0].stage_scores
 
 
+def test_the_readmes_published_reranker_name_builds_and_reranks(models, st_cross_encoder, tmp_path, monkeypatch,
+                                                                capsys):
+    """The README's route for a newcomer without a reranker of their own: a published cross-encoder by its hub name
+    (here a tiny checkpoint laid out as the hub cache holds that name), reranking by its own scores, and the build
+    line saying so."""
+    import re
+
+    pytest.importorskip("huggingface_hub")
+    import huggingface_hub.constants
+
+    from twostage.app.cli import main
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    name = re.search(r"--reranker (cross-encoder/\S+)", readme).group(1)
+    cache = tmp_path / "hub"
+    hub_layout(cache, name, st_cross_encoder, "c" * 40)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["-q", "build", "--corpus", str(SAMPLE), "--out", str(tmp_path / "e"), "--retriever",
+                 str(models[0]), "--backend", "flat"] + ["--reranker", name]) == 0
+    assert f"second stage: reranker {name} (top 20, by its own scores)" in capsys.readouterr().out
+    engine = SearchEngine.load(tmp_path / "e")
+    hits = engine.search("why do cats purr", k=3).hits
+    assert "rerank" in hits[0].stage_scores and hits[0].score == hits[0].stage_scores["rerank"]
+
+
 def test_trust_remote_code_is_off_unless_asked_and_recorded(models, tmp_path, monkeypatch, sample_dir, capsys):
     from transformers import AutoModel, AutoTokenizer
 

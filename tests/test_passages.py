@@ -317,6 +317,35 @@ def test_folder_corpus_reads_each_kind_and_names_each_bad_file(tmp_path, caplog)
         list(FolderCorpus(tmp_path, strict=True))
 
 
+def test_markdown_front_matter_is_metadata_and_heading_attributes_leave_titles(tmp_path):
+    """Files shaped as mkdocs, Jekyll, Hugo and pandoc write them (the FastAPI docs' release notes and index among
+    them): the front matter is metadata, never text or a title; ``{ #anchor }`` blocks leave titles and text."""
+    files = {
+        "release-notes.md": "---\nhide:\n  - navigation\n---\n\n# Release Notes\n\n## Latest Changes\n\n* Fix.\n",
+        "index.md": "---\ninclude_yaml:\n  sponsors: data/sponsors.yml\n---\n\n# FastAPI { #fastapi }\n\nFast to code.\n",
+        "post.md": "---\nlayout: post\ntitle: \"Snow in July\"\ndate: 2024-07-01\ntags: [weather, snow]\n"
+                   "draft: false\n---\nIt snowed.\n\n## Why { #why .note }\n\nCold air.\n",
+        "hugo.md": "+++\ntitle = 'Rain'\nweight = 3\n[params]\nx = 1\n+++\n\nRain falls.\n",
+        "pandoc.md": "Setext title {#top}\n=================\n\nBody text.\n",
+        "rule.md": "---\n\nNot front matter: a rule above a paragraph.\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    docs = {d.id: d for d in FolderCorpus(tmp_path)}
+    assert {i: d.title for i, d in docs.items()} == {
+        "release-notes.md": "Release Notes", "index.md": "FastAPI", "post.md": "Snow in July", "hugo.md": "Rain",
+        "pandoc.md": "Setext title", "rule.md": ""}
+    assert docs["release-notes.md"].metadata["hide"] == ["navigation"]
+    assert "navigation" not in docs["release-notes.md"].text and "sponsors" not in docs["index.md"].text
+    assert "include_yaml" not in docs["index.md"].metadata  # a nested table is left out
+    post = docs["post.md"]
+    assert post.metadata["date"] == "2024-07-01" and post.metadata["tags"] == ["weather", "snow"]
+    assert post.metadata["draft"] is False and post.metadata["path"] == "post.md" and "layout:" not in post.text
+    assert "## Why\n" in post.text and "#why" not in post.text and "{ #fastapi }" not in docs["index.md"].text
+    assert docs["hugo.md"].metadata["weight"] == 3 and "params" not in docs["hugo.md"].metadata
+    assert docs["rule.md"].text.startswith("---")
+
+
 @pytest.mark.slow
 def test_cli_builds_searches_updates_and_deletes_a_folder_of_200_files(tmp_path, models, capsys, caplog):
     retriever, reranker = models
