@@ -125,13 +125,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     _metrics_as_python()
     args.command_line = "twostage " + " ".join(shlex.quote(a) for a in argv)
     level = logging.INFO if args.verbose else logging.WARNING
-    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger().setLevel(logging.INFO)
-    for handler in logging.getLogger().handlers:  # some libraries (bm25s) set their own loggers to DEBUG
-        handler.setLevel(logging.INFO)
-        for old in [f for f in handler.filters if isinstance(f, Shown)]:
-            handler.removeFilter(old)
-        handler.addFilter(Shown(level))  # WARNING and up, and the one line before a slow one-time step
+    root = logging.getLogger()
+    fresh = not root.handlers  # a process of our own: the handler basicConfig adds is ours
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    mine = False
+    for handler in root.handlers:  # some libraries (bm25s) set their own loggers to DEBUG
+        ours = [f for f in handler.filters if isinstance(f, Shown)]
+        if not (ours or fresh):  # a handler of the program that called main (or of pytest): its level only
+            handler.setLevel(level)
+            continue
+        mine = True
+        handler.setLevel(logging.INFO)  # WARNING and up, and the one line before a slow one-time step
+        if ours:
+            ours[0].level = level
+        else:
+            handler.addFilter(Shown(level))
+    if mine:  # twostage's INFO records are made, for the one-time ones to reach the handler
+        logging.getLogger("twostage").setLevel(logging.INFO)
     if not args.verbose:
         _quiet_libraries()
     if not sys.stderr.isatty():  # a log file: each progress bar written once when its phase starts and once at its

@@ -220,7 +220,7 @@ def read_file(path: Path, rel: str, max_bytes: int = MAX_FILE_BYTES) -> Document
             title, text = _html(source) if kind == "html" else ("", source)
     if not text.strip() and not title.strip():
         raise UnreadableFile("no text in it")
-    metadata = {"path": rel, "type": kind, "modified": modified.strftime("%Y-%m-%dT%H:%M:%SZ")}
+    metadata: dict[str, object] = {"path": rel, "type": kind, "modified": modified.strftime("%Y-%m-%dT%H:%M:%SZ")}
     if kind != "pdf":
         metadata = {**{k: v for k, v in front.items() if k not in metadata}, **metadata}
     return Document(rel, text.strip(), title.strip(), metadata)
@@ -251,9 +251,9 @@ def _front_matter(source: str, rel: str) -> tuple[dict[str, object], str]:
         if _FENCES[fence] == "yaml":
             fields = yaml.safe_load(head) if head.strip() else {}
         else:
-            import tomllib  # Python 3.11+ (on 3.10 a TOML front matter stays text)
+            from importlib import import_module
 
-            fields = tomllib.loads(head)
+            fields = import_module("tomllib").loads(head)  # Python 3.11+ (on 3.10 a TOML front matter stays text)
     except (ImportError, yaml.YAMLError, ValueError, RecursionError) as exc:  # left in the text
         # (tomllib.TOMLDecodeError is a ValueError)
         logger.debug("%s: front matter not read (%s)", rel, exc)

@@ -10,15 +10,7 @@ computes the same weights as bm25s's Lucene variant from them, with the statisti
     idf32(t) = float32( ln(1 + (N - df(t) + 0.5) / (df(t) + 0.5)) )
 
 with the floating-point operations in bm25s's order, so that with a corpus's own statistics the weights are bit for
-bit bm25s's (tested), and with global statistics a document scores in its shard exactly as in one engine.
-
-A corpus of several languages: ``avgdl`` is the average length of the documents of the document's own language
-(CJK languages together, Thai-like ones together: :func:`~twostage.retriever.languages.length_group`); the
-statistics keep the documents and terms of each language. Languages count length differently (a Chinese sentence
-is its characters and their bigrams, twice as many terms as an English one has words; English has more words a
-sentence than German or Russian), so one average for all scores whole languages as long or short: in a de + ru +
-zh + en engine, XQuAD-R's Chinese test queries lost 0.024 nDCG@10 that way (benchmarks/results/languages_mixed.md).
-A corpus of one language scores as before, bit for bit. An update
+bit bm25s's (tested), and with global statistics a document scores in its shard exactly as in one engine. An update
 (:meth:`Postings.updated`) drops the deleted documents' postings and analyses only the new documents; the weights are
 then recomputed from the counts (numpy, a slice at a time), never from the texts.
 """
@@ -40,43 +32,30 @@ _STEP = 1 << 22  # postings weighted at a time (bounds the float64 temporaries)
 
 @dataclass(frozen=True)
 class CorpusStats:
-    """What BM25 needs to know of a corpus: document count, total length in terms, document frequency by term, and
-    ``by_language``: each language's (document count, total length), or None where the documents' languages are not
-    known (an index saved before they were kept): one average length for all then."""
+    """What BM25 needs to know of a corpus: document count, total length in terms, document frequency by term."""
 
     num_docs: int
     total_length: int
     doc_freqs: Mapping[str, int] = field(repr=False)
-    by_language: Mapping[str, tuple[int, int]] | None = None
 
     @classmethod
-    def of(cls, analysed: Iterable[tuple[Sequence[str], str]]) -> CorpusStats:
-        """The statistics of analysed documents (each its terms and its language)."""
+    def of(cls, doc_terms: Iterable[Sequence[str]]) -> CorpusStats:
+        """The statistics of analysed documents (each a list of terms)."""
         n, total, df = 0, 0, Counter[str]()
-        by_language: dict[str, tuple[int, int]] = {}
-        for terms, language in analysed:
+        for terms in doc_terms:
             n += 1
             total += len(terms)
             df.update(set(terms))
-            docs, length = by_language.get(language, (0, 0))
-            by_language[language] = (docs + 1, length + len(terms))
-        return cls(n, total, df, by_language)
+        return cls(n, total, df)
 
     @classmethod
     def combine(cls, parts: Iterable[CorpusStats]) -> CorpusStats:
         """The statistics of the union of disjoint corpora (e.g. every shard)."""
         n, total, df = 0, 0, Counter[str]()
-        by_language: dict[str, tuple[int, int]] | None = {}
         for p in parts:
             n, total = n + p.num_docs, total + p.total_length
             df.update(p.doc_freqs)
-            if p.by_language is None:
-                by_language = None
-            elif by_language is not None:
-                for code, (docs, length) in p.by_language.items():
-                    had = by_language.get(code, (0, 0))
-                    by_language[code] = (had[0] + docs, had[1] + length)
-        return cls(n, total, df, by_language)
+        return cls(n, total, df)
 
     @property
     def avgdl(self) -> float:
@@ -90,8 +69,7 @@ class Postings:
 
     Column ``c`` (the term ``terms[c]``) holds the postings ``indptr[c]:indptr[c + 1]``: the documents (``rows``,
     ascending, as scipy orders them) and how often the term occurs there (``counts``). A term's document frequency
-    is its column's length; ``lengths[d]`` is document ``d``'s number of terms; ``languages[d]`` the position of its
-    language in ``language_codes`` (None, with no codes, in an index saved before languages were kept).
+    is its column's length; ``lengths[d]`` is document ``d``'s number of terms.
     """
 
     terms: Sequence[str] = field(repr=False)
@@ -99,8 +77,6 @@ class Postings:
     rows: np.ndarray = field(repr=False)
     counts: np.ndarray = field(repr=False)
     lengths: np.ndarray = field(repr=False)
-    languages: np.ndarray | None = field(default=None, repr=False)
-    language_codes: tuple[str, ...] = ()
 
     @property
     def num_docs(self) -> int:
@@ -115,32 +91,19 @@ class Postings:
     def stats(self) -> CorpusStats:
         """The statistics of these documents alone."""
         return CorpusStats(self.num_docs, int(self.lengths.sum(dtype=np.int64)),
-                           dict(zip(self.terms, np.diff(self.indptr).tolist())), self._by_language())
-
-    def _by_language(self) -> dict[str, tuple[int, int]] | None:
-        if self.languages is None:
-            return None
-        lengths = np.asarray(self.lengths, dtype=np.int64)
-        docs = np.bincount(self.languages, minlength=len(self.language_codes))
-        total = np.bincount(self.languages, weights=lengths, minlength=len(self.language_codes))
-        return {code: (int(docs[i]), int(total[i])) for i, code in enumerate(self.language_codes) if docs[i]}
+                           dict(zip(self.terms, np.diff(self.indptr).tolist())))
 
     @classmethod
-    def of_chunks(cls, chunks: Iterable[Sequence[tuple[Sequence[str], str]]]) -> Postings:
-        """The postings of analysed documents (each its terms and its language) given a chunk at a time (columns in
-        order of first occurrence): one chunk's terms are held at once, plus its postings (12 bytes each: row,
-        column, count) until every chunk is read and they are placed, chunk by chunk, in the CSC arrays (8 bytes a
-        posting)."""
+    def of_chunks(cls, chunks: Iterable[Sequence[Sequence[str]]]) -> Postings:
+        """The postings of analysed documents given a chunk at a time (columns in order of first occurrence): one
+        chunk's terms are held at once, plus its postings (12 bytes each: row, column, count) until every chunk is
+        read and they are placed, chunk by chunk, in the CSC arrays (8 bytes a posting)."""
         vocab: dict[str, int] = {}
         terms: list[str] = []
         parts: list[Any] = []
         lengths: list[Any] = []
-        codes: dict[str, int] = {}
-        languages: list[Any] = []
         n = 0
-        for chunk in chunks:
-            doc_terms = [t for t, _ in chunk]
-            languages.append(_language_rows(chunk, codes))
+        for doc_terms in chunks:
             rows, cols, tfs, lens = _chunk_postings(doc_terms, vocab, terms, n)
             order = np.argsort(cols, kind="stable")  # by column, rows ascending within each
             parts.append((rows[order].astype(_row_dtype(n + len(doc_terms))), cols[order].astype(np.int32),
@@ -164,14 +127,12 @@ class Postings:
             at = next_free[cols] + (np.arange(len(cols)) - np.repeat(starts, sizes))
             rows_out[at], counts[at] = rows, tfs
             next_free[cols[starts]] += sizes
-        return cls(terms, indptr, rows_out, counts, np.concatenate(lengths) if lengths else np.zeros(0, np.int32),
-                   np.concatenate(languages) if languages else np.zeros(0, np.uint8), tuple(codes))
+        return cls(terms, indptr, rows_out, counts, np.concatenate(lengths) if lengths else np.zeros(0, np.int32))
 
-    def updated(self, keep: np.ndarray, analysed: Sequence[tuple[Sequence[str], str]]) -> Postings:
-        """The postings of the documents ``keep`` marks (their order kept, renumbered from 0) followed by the
-        ``analysed`` documents (each its terms and its language). Only the new documents are counted; the kept ones'
-        postings are copied. Terms left without a document are dropped."""
-        new_docs = [t for t, _ in analysed]
+    def updated(self, keep: np.ndarray, new_docs: Sequence[Sequence[str]]) -> Postings:
+        """The postings of the documents ``keep`` marks (their order kept, renumbered from 0) followed by ``new_docs``
+        (analysed documents). Only the new documents are counted; the kept ones' postings are copied. Terms left
+        without a document are dropped."""
         keep = np.asarray(keep, dtype=bool)
         if keep.shape != (self.num_docs,):
             raise DataError(f"the keep mask has {len(keep)} entries for {self.num_docs} documents")
@@ -202,20 +163,14 @@ class Postings:
         del kept_rows  # each kept array freed once copied: ~21 bytes a posting at the peak, the old index included
         counts_out = np.insert(kept_counts, at, tfs)
         del kept_counts
-        languages, codes = None, ()
-        if self.languages is not None:  # (an index saved without its documents' languages keeps one average)
-            known = {c: i for i, c in enumerate(self.language_codes)}
-            new_languages = _language_rows(analysed, known)
-            languages = np.concatenate([np.asarray(self.languages)[keep].astype(np.uint8), new_languages])
-            codes = tuple(known)
         return Postings([t for t, alive in zip(terms, live) if alive], indptr, rows_out, counts_out,
-                        np.concatenate([np.asarray(self.lengths)[keep].astype(np.int32), lens]), languages, codes)
+                        np.concatenate([np.asarray(self.lengths)[keep].astype(np.int32), lens]))
 
     def weights(self, stats: CorpusStats | None, k1: float, b: float) -> np.ndarray:
         """The BM25 weight of every posting (float32, aligned with ``rows``), scored with ``stats`` (default: these
         documents' own statistics), which must cover every term."""
         if stats is None:
-            stats = CorpusStats(self.num_docs, int(self.lengths.sum(dtype=np.int64)), {}, self._by_language())
+            stats = CorpusStats(self.num_docs, int(self.lengths.sum(dtype=np.int64)), {})
             df = np.diff(self.indptr)
         else:
             df = np.fromiter((stats.doc_freqs.get(t, 0) for t in self.terms), dtype=np.int64, count=len(self.terms))
@@ -228,38 +183,15 @@ class Postings:
         idf32 = np.array([math.log(1 + (stats.num_docs - int(v) + 0.5) / (int(v) + 0.5)) for v in values],
                          dtype=np.float32)[inverse.reshape(-1)]
         avgdl = stats.avgdl
-        per_doc = self._average_lengths(stats)
         data = np.empty(len(self.rows), dtype=np.float32)
         for a in range(0, len(data), _STEP):
             z = min(len(data), a + _STEP)
             col = np.searchsorted(self.indptr, np.arange(a, z), side="right") - 1
             tf = np.asarray(self.counts[a:z], dtype=np.float64)
             # bm25s: tf / (k1 * ((1 - b) + b * l_d / l_avg) + tf), l_d a Python int, l_avg a float64, all in float64
-            rows = self.rows[a:z]
-            norm = k1 * ((1 - b) + (b * np.asarray(self.lengths)[rows].astype(np.float64))
-                         / (avgdl if per_doc is None else per_doc[rows]))
+            norm = k1 * ((1 - b) + (b * np.asarray(self.lengths)[self.rows[a:z]].astype(np.float64)) / avgdl)
             data[a:z] = (idf32[col].astype(np.float64) * (tf / (norm + tf))).astype(np.float32)
         return data
-
-    def _average_lengths(self, stats: CorpusStats) -> np.ndarray | None:
-        """Each document's average length under ``stats``: that of its length group (its language, or its CJK or
-        Thai-like script); or None where one average serves all (one group, or the languages unknown)."""
-        from twostage.retriever.languages import length_group
-
-        if self.languages is None or stats.by_language is None:
-            return None
-        groups: dict[str, tuple[int, int]] = {}
-        for code, (docs, length) in stats.by_language.items():
-            had = groups.get(length_group(code), (0, 0))
-            groups[length_group(code)] = (had[0] + docs, had[1] + length)
-        if len(groups) <= 1:
-            return None
-        averages = np.empty(len(self.language_codes), dtype=np.float64)
-        for i, code in enumerate(self.language_codes):
-            docs, length = groups.get(length_group(code), (0, 0))
-            # a group with no document or no term in the statistics: the corpus's average
-            averages[i] = length / docs if docs and length else stats.avgdl
-        return averages[np.asarray(self.languages)]
 
     def check(self, where: str) -> None:
         """Raise IndexFormatError unless the arrays are a well-formed matrix (files on disk are untrusted)."""
@@ -269,10 +201,7 @@ class Postings:
               and int(self.indptr[-1]) == nnz and bool(np.all(np.diff(self.indptr) > 0))
               and (nnz == 0 or (int(self.rows.min()) >= 0 and int(self.rows.max()) < n
                                 and int(np.asarray(self.counts).min()) >= 1))
-              and (n == 0 or int(np.asarray(self.lengths).min()) >= 0)
-              and (self.languages is None
-                   or (self.languages.shape == (n,) and (n == 0 or int(np.asarray(self.languages).max())
-                                                          < len(self.language_codes)))))
+              and (n == 0 or int(np.asarray(self.lengths).min()) >= 0))
         if not ok:
             raise IndexFormatError(f"{where}: the BM25 postings are malformed (counts, lengths or shapes); rebuild it")
 
@@ -285,15 +214,6 @@ def _indptr(per_col: np.ndarray, num_docs: int) -> np.ndarray:
     indptr = np.zeros(len(per_col) + 1, dtype=np.int64)
     np.cumsum(per_col, out=indptr[1:])
     return indptr.astype(np.int32 if max(int(indptr[-1]), num_docs) < 2**31 else np.int64)  # scipy's choice
-
-
-def _language_rows(analysed: Sequence[tuple[Sequence[str], str]], codes: dict[str, int]) -> np.ndarray:
-    """Each document's language as its position in ``codes`` (a language new to it appended)."""
-    for _, code in analysed:
-        codes.setdefault(code, len(codes))
-    if len(codes) > 255:
-        raise DataError(f"{len(codes)} languages in one BM25 index; at most 255")
-    return np.fromiter((codes[code] for _, code in analysed), dtype=np.uint8, count=len(analysed))
 
 
 def _chunk_postings(doc_terms: Sequence[Sequence[str]], vocab: dict[str, int], terms: list[str],

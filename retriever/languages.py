@@ -65,28 +65,6 @@ STOPWORD_LISTS = {
 # es 0.817 / 0.818 (benchmarks/results/languages_analyzers_dev.md).
 
 
-# languages written in CJK scripts and in scripts without spaces: their texts are analysed as character n-grams
-CHARACTER_LANGUAGES = frozenset({"zh", "ja", "ko", "yue", "wuu"})
-SYLLABLE_LANGUAGES = frozenset({"th", "lo", "km", "my"})
-
-
-def length_unit(code: str) -> str:
-    """What a text's length in terms counts, for its language: ``characters`` (CJK: characters and their
-    bigrams), ``syllables`` (Thai, Lao, Khmer, Myanmar: character bigrams and trigrams) or ``words``."""
-    if code in CHARACTER_LANGUAGES:
-        return "characters"
-    return "syllables" if code in SYLLABLE_LANGUAGES else "words"
-
-
-def length_group(code: str) -> str:
-    """The documents BM25 compares a document's length with: those of its language when it is written in words
-    (languages differ in words per sentence: articles, compounds, cases), those of its unit when it is analysed as
-    character n-grams (a character is a character in Chinese and Japanese, and the detector confuses those
-    languages on short texts)."""
-    unit = length_unit(code)
-    return code if unit == "words" else unit
-
-
 def languages() -> tuple[str, ...]:
     """Every language code the detector knows (and ``--language`` takes), sorted."""
     return CODES

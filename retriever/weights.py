@@ -69,6 +69,9 @@ def _from_hf(name: str) -> Path | None:
     for local_only in (True, False):
         if not local_only and os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false"):
             break
+        if not local_only:  # not in the cache: a download, once (the hub's own progress bars are off on the CLI)
+            logger.info("looking for %s on the Hugging Face hub (a download, once; then it is cached)", name,
+                        extra=ONE_TIME)
         try:
             path = Path(snapshot_download(name if "/" in name else f"sentence-transformers/{name}",
                                           local_files_only=local_only, etag_timeout=5))

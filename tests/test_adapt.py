@@ -118,7 +118,9 @@ def test_adapt_trains_both_models_from_the_corpus_alone(tmp_path, tiny_bert_dir,
                          reranker=RerankerConfig(epochs=1, groups_per_batch=4, negatives=2, bf16=False, title_groups=0,
                                                  mining=MiningConfig(num_negatives=2, depth=20, skip_top=0)),
                          reranker_groups=24)
-    result = adapt(sample_dir / "corpus.jsonl", tmp_path / "models", base=str(tiny_bert_dir), recipe=recipe)
+    result = adapt(sample_dir / "corpus.jsonl", tmp_path / "models", base=str(tiny_bert_dir), recipe=recipe,
+                   keep_checkpoints=True)
+    assert sorted(p.name for p in (tmp_path / "models").glob("*.train")) == ["reranker.train", "retriever.train"]
     enc, ce = BiEncoder.load(result.retriever), CrossEncoder.load(result.reranker)
     base = BiEncoder.load(tiny_bert_dir)
     assert enc.config.max_length == base.config.max_length  # trained at 128 tokens, saved with the base's limit
@@ -129,9 +131,12 @@ def test_adapt_trains_both_models_from_the_corpus_alone(tmp_path, tiny_bert_dir,
     assert record["pseudo_queries"] + record["dev_queries"] <= 80 and record["dev_queries"] == 16
     assert {"retriever_base", "retriever"} <= set(record["dev"])
     assert record["settings"]["fusion"] in ("rrf", "blend")
-    # a second run finds both models trained: it resumes from the finished checkpoints and trains no step
+    # a second run finds both models trained: it resumes from the finished checkpoints and trains no step; then,
+    # by default, the checkpoints go
     again = adapt(sample_dir / "corpus.jsonl", tmp_path / "models", base=str(tiny_bert_dir), recipe=recipe)
     assert again.seconds["train_retriever_s"] < result.seconds["train_retriever_s"]
+    assert not list((tmp_path / "models").glob("*.train")) and again.checkpoints_removed_mb > 0
+    assert json.loads((tmp_path / "models" / "adapt.json").read_text())["checkpoints_removed_mb"] > 0
 
 
 def test_engine_blend_fusion_and_its_tuning(tmp_path, models, sample_dir, monkeypatch):

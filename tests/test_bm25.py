@@ -103,8 +103,8 @@ def test_save_replaces_atomically_and_leaves_no_pickle(tmp_path, bm25):
     bm25.save(tmp_path / "idx")
     bm25.save(tmp_path / "idx")
     names = sorted(p.name for p in (tmp_path / "idx").iterdir())
-    assert names == ["doc_ids.json", "doc_languages.npy", "doc_lengths.npy", "manifest.json", "postings.counts.npy",
-                     "vocab.json", "weights.data.npy", "weights.indices.npy", "weights.indptr.npy"]
+    assert names == ["doc_ids.json", "doc_lengths.npy", "manifest.json", "postings.counts.npy", "vocab.json",
+                     "weights.data.npy", "weights.indices.npy", "weights.indptr.npy"]
     for npy in (tmp_path / "idx").glob("*.npy"):
         np.load(npy, allow_pickle=False)
 
@@ -117,7 +117,7 @@ def test_rank_bm25_engine_cannot_be_saved(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["doc_ids.json", "vocab.json", "weights.data.npy", "weights.indptr.npy",
-                                  "postings.counts.npy", "doc_lengths.npy", "doc_languages.npy"])
+                                  "postings.counts.npy", "doc_lengths.npy"])
 def test_corrupted_or_missing_files_are_named(tmp_path, bm25, name):
     root = tmp_path / "idx"
     bm25.save(root)
@@ -151,7 +151,7 @@ def test_bm25_manifest_lists_sizes_and_old_manifests_still_load(tmp_path):
     bm25.save(tmp_path / "idx")
     path = tmp_path / "idx" / "manifest.json"
     manifest = json.loads(path.read_text())
-    assert manifest["format_version"] == 4 and manifest["languages"] == ["en"]
+    assert manifest["format_version"] == 3
     assert all(set(meta) == {"sha256", "bytes"} for meta in manifest["files"].values())
     # a version-1 manifest (sha256 only) still loads, and its checksums are still checked
     manifest["format_version"] = 1
@@ -211,7 +211,7 @@ def test_chunked_build_scores_equal_the_in_memory_build_bit_for_bit():
     assert len(passes) == 1 and list(chunked.doc_ids) == list(whole.doc_ids)
     for q in ["why do cats purr", "snow and rain", "bread dough yeast", "steak"]:
         np.testing.assert_array_equal(chunked.scores(q), whole.scores(q))
-    one = BM25Retriever.build_chunked(chunks, stats=CorpusStats.of(Analyzer(AnalyzerConfig()).analyse(d.full_text)
+    one = BM25Retriever.build_chunked(chunks, stats=CorpusStats.of(Analyzer(AnalyzerConfig())(d.full_text)
                                                                        for d in docs))
     assert len(passes) == 2 and np.array_equal(one.scores("snow and rain"), whole.scores("snow and rain"))
 
@@ -234,7 +234,7 @@ def test_postings_are_scipys_csc_arrays():
     rng = random.Random(0)
     docs = _random_docs(rng, 2000)
     chunks = [docs[i:i + 137] for i in range(0, len(docs), 137)] + [[]]
-    p = Postings.of_chunks([[(d, "en") for d in chunk] for chunk in chunks])
+    p = Postings.of_chunks(chunks)
     column = {t: c for c, t in enumerate(p.terms)}
     rows, cols, tfs = zip(*[(r, column[t], n) for r, d in enumerate(docs) for t, n in Counter(d).items()])
     want = sp.csc_matrix((np.array(tfs, dtype=np.int32), (rows, cols)), shape=(len(docs), len(p.terms)))
@@ -242,8 +242,8 @@ def test_postings_are_scipys_csc_arrays():
         assert got.dtype == ref.dtype and np.array_equal(got, ref)
     assert p.terms == list(dict.fromkeys(t for d in docs for t in d))  # columns in order of first occurrence
     assert np.array_equal(p.lengths, [len(d) for d in docs]) and p.vocab()[""] == len(p.terms)
-    stats = CorpusStats.of((d, "en") for d in docs)
-    assert p.stats() == stats and stats.by_language == {"en": (len(docs), stats.total_length)}
+    stats = CorpusStats.of(docs)
+    assert p.stats() == stats
     weights = p.weights(None, 1.2, 0.6)
     idf = {t: np.float32(math.log(1 + (stats.num_docs - df + 0.5) / (df + 0.5))) for t, df in stats.doc_freqs.items()}
     avgdl = stats.total_length / stats.num_docs
@@ -299,8 +299,7 @@ def as_format_2(root: Path) -> None:
     """Turn a saved BM25 directory into what format 2 wrote: no postings files."""
     manifest = json.loads((root / "manifest.json").read_text())
     manifest["format_version"] = 2
-    del manifest["languages"]
-    for name in ("postings.counts.npy", "doc_lengths.npy", "doc_languages.npy"):
+    for name in ("postings.counts.npy", "doc_lengths.npy"):
         del manifest["files"][name]
         (root / name).unlink()
     (root / "manifest.json").write_text(json.dumps(manifest))
@@ -325,8 +324,7 @@ def test_updates_from_saved_postings_and_older_indexes(tmp_path, sample):
         old.updated(keep, [])
 
 
-@pytest.mark.parametrize("damage", ["zero count", "long lengths", "float counts", "vocab gap", "language past codes",
-                                    "languages unlisted"])
+@pytest.mark.parametrize("damage", ["zero count", "long lengths", "float counts", "vocab gap"])
 def test_crafted_postings_are_refused(tmp_path, sample, damage):
     """Files on disk are untrusted: postings that pass their checksums (rewritten with the manifest) but are not a
     well-formed matrix are a one-line IndexFormatError, at load or before an update uses them."""
@@ -342,12 +340,6 @@ def test_crafted_postings_are_refused(tmp_path, sample, damage):
         np.save(root / "doc_lengths.npy", np.ones(len(sample[0]) + 1, dtype=np.int32))
     elif damage == "float counts":
         np.save(root / "postings.counts.npy", np.load(root / "postings.counts.npy").astype(np.float32))
-    elif damage == "language past codes":
-        np.save(root / "doc_languages.npy", np.full(len(sample[0]), 3, dtype=np.uint8))
-    elif damage == "languages unlisted":
-        manifest = json.loads((root / "manifest.json").read_text())
-        del manifest["languages"]
-        (root / "manifest.json").write_text(json.dumps(manifest))
     else:
         vocab = json.loads((root / "vocab.json").read_text())
         vocab[next(iter(vocab))] = 10**6

@@ -5,7 +5,6 @@ Unicode."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 from pathlib import Path
@@ -131,53 +130,6 @@ def test_an_added_document_in_a_new_language_joins_the_languages():
     new = bm25.updated(np.ones(len(bm25), dtype=bool), MIXED[6:])
     assert set(new.config.analyzer.languages) == {"de", "en", "ru", "zh"}
     assert _top(lambda q: new.search(q, 3), QUERIES["zh1"]) == "zh1"
-
-
-def test_each_document_is_scored_against_the_average_length_of_its_language(tmp_path):
-    """Chinese counts characters and bigrams, twice the terms of a sentence in words: in a mixed corpus each document's
-    length is compared with the average of its language's documents (CJK languages pooled), not the corpus's; the
-    languages survive save, load and update, and a shard's statistics combine per language."""
-    import math
-    from collections import Counter
-
-    from twostage.retriever.bm25_stats import CorpusStats
-
-    bm25 = BM25Retriever.build(MIXED, BM25Config(analyzer=AUTO))
-    p = bm25.postings
-    assert [p.language_codes[i] for i in p.languages] == [d.id[:2] for d in MIXED]
-    analysed = [bm25.analyzer.analyse(d.full_text) for d in MIXED]
-    average = {code: np.mean([len(t) for t, c in analysed if c == code]) for code in p.language_codes}
-    assert average["zh"] > 1.5 * average["en"] and len(set(average.values())) == 4
-    df = Counter(term for t, _ in analysed for term in set(t))
-    k1, b = bm25.config.k1, bm25.config.b
-    query = QUERIES["zh3"]
-    want = np.zeros(len(MIXED))
-    for row, (terms, code) in enumerate(analysed):
-        tf = Counter(terms)
-        for term in bm25.analyzer(query):
-            if tf[term]:
-                idf = math.log(1 + (len(MIXED) - df[term] + 0.5) / (df[term] + 0.5))
-                want[row] += idf * tf[term] / (tf[term] + k1 * (1 - b + b * len(terms) / average[code]))
-    np.testing.assert_allclose(bm25.scores(query), want, rtol=1e-5)
-    bm25.save(tmp_path / "idx")
-    loaded = BM25Retriever.load(tmp_path / "idx")
-    assert loaded.postings.language_codes == p.language_codes
-    assert np.array_equal(loaded.postings.languages, p.languages)
-    keep = np.array([not d.id.endswith("2") for d in MIXED])
-    updated = loaded.updated(keep, [Document("zh4", "黄河是中国第二长的河流。")])
-    fresh = BM25Retriever.build([d for d, k in zip(MIXED, keep) if k] + [Document("zh4", "黄河是中国第二长的河流。")],
-                                BM25Config(analyzer=AUTO))
-    for q in QUERIES.values():
-        assert np.array_equal(updated.scores(q), fresh.scores(q))
-    halves = [BM25Retriever.build(MIXED[i::2], bm25.config).postings.stats() for i in (0, 1)]
-    assert CorpusStats.combine(halves).by_language == p.stats().by_language
-    # Chinese and Japanese count characters alike: one average, the weights exactly those of a one-language corpus
-    cjk = MIXED[9:] + [Document("ja1", "東京は日本の首都で、とても大きな都市です。"),
-                       Document("ja2", "富士山は日本でいちばん高い山です。")]
-    both = BM25Retriever.build(cjk, BM25Config(analyzer=AnalyzerConfig(language="auto", languages=("zh", "ja"))))
-    assert set(both.postings.language_codes) == {"zh", "ja"}
-    one_average = dataclasses.replace(both.postings, languages=None, language_codes=())
-    assert np.array_equal(both.postings.weights(None, 1.5, 0.75), one_average.weights(None, 1.5, 0.75))
 
 
 def test_engine_language_saved_shown_and_old_engines_stay_english(tmp_path, capsys):
