@@ -32,7 +32,7 @@ def second_stage(settings: EngineSettings, name: str | None, reranker: Any = Non
     if name is None:
         return "no reranker"
     if not settings.rerank:
-        return f"reranker {name}, off (the engine's rerank setting is false; --rerank-blend 0.5 forces it per search)"
+        return f"reranker {name}, off (the engine's rerank setting is false)"
     if settings.rerank_blend == "auto" and reranker is None:  # an engine from before blends were resolved
         return f"reranker {name} (top {settings.rerank_depth}, the blend it chose on dev)"
     alpha = blend_of(settings, reranker, settings.first_stage)

@@ -60,7 +60,7 @@ from twostage.indexer.records import Document, RankedList
 from twostage.indexer.topk import contiguous_bounds, merge_topk
 from twostage.indexer.versions import VERSION, Lease, commit, current_version, open_current, writer_lock
 from twostage.retriever.analyzer import Analyzer
-from twostage.retriever.bm25 import BM25Config, BM25Retriever
+from twostage.retriever.bm25 import BM25Config, BM25Retriever, with_corpus_languages
 from twostage.retriever.bm25_stats import CorpusStats
 
 logger = logging.getLogger(__name__)
@@ -341,10 +341,7 @@ class ShardedEngine(TwoStageSearch):
         check_unique_ids(enc.work, enc.done)  # across shards (each shard's build checks its own rows)
         bm25 = bm25_settings(settings)
         if bm25.analyzer.language == "auto":  # the whole corpus's languages, the same in every shard
-            from twostage.retriever.languages import corpus_languages
-
-            found = corpus_languages(d.full_text for docs in chunk_documents(enc.work, enc.done) for d in docs)
-            bm25 = replace(bm25, analyzer=replace(bm25.analyzer, languages=found))
+            bm25 = with_corpus_languages(bm25, chunk_documents(enc.work, enc.done))
         stats = _stats([lambda: chunk_documents(enc.work, enc.done)], bm25)
         names = []
         with writer_lock(root):

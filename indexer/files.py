@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 from twostage.indexer.errors import ConfigError, DataError, DataNotFoundError
 from twostage.indexer.records import Document, check_metadata
@@ -202,6 +203,7 @@ def read_file(path: Path, rel: str, max_bytes: int = MAX_FILE_BYTES) -> Document
         raise UnreadableFile(f"over the limit of {max_bytes / 1e6:,.1f} MB a file; raise it with --max-file-mb")
     if not raw.strip():
         raise UnreadableFile("empty file")
+    front: dict[str, object] = {}  # a Markdown file's front matter
     if kind == "pdf":
         title, text = _pdf(raw)
     else:
@@ -211,9 +213,9 @@ def read_file(path: Path, rel: str, max_bytes: int = MAX_FILE_BYTES) -> Document
             source = raw.decode("utf-8-sig")
         except UnicodeDecodeError as exc:
             raise UnreadableFile(f"not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
-        front: dict[str, object] = {}
         if kind == "markdown":
-            front, source = _front_matter(source, rel)
+            fields, source = front_matter(source, rel)
+            front = {k: v for k, v in ((k, _plain(v)) for k, v in fields.items()) if v is not None}
             title, text = _markdown(source)
             title = str(front.pop("title", "") or "").strip() or title
         else:
@@ -221,8 +223,7 @@ def read_file(path: Path, rel: str, max_bytes: int = MAX_FILE_BYTES) -> Document
     if not text.strip() and not title.strip():
         raise UnreadableFile("no text in it")
     metadata: dict[str, object] = {"path": rel, "type": kind, "modified": modified.strftime("%Y-%m-%dT%H:%M:%SZ")}
-    if kind != "pdf":
-        metadata = {**{k: v for k, v in front.items() if k not in metadata}, **metadata}
+    metadata = {**{k: v for k, v in front.items() if k not in metadata}, **metadata}
     return Document(rel, text.strip(), title.strip(), metadata)
 
 
@@ -233,13 +234,14 @@ _ATTRIBUTES = re.compile(r"[ \t]*\{:?[ \t]*(?:[#.][\w:-]+|[\w-]+=(?:\"[^\"]*\"|\
 _HEADING_ATTRIBUTES = re.compile(r"^(#{1,6}[ \t].*?)" + _ATTRIBUTES.pattern[:-1] + r"$", re.MULTILINE)
 
 
-def _front_matter(source: str, rel: str) -> tuple[dict[str, object], str]:
-    """The front matter's plain fields and the text after it; no front matter (or one that is not a mapping of
-    fields): nothing and the text as it is."""
-    lines = source.split("\n")
-    fence = lines[0].rstrip() if lines else ""
-    if fence not in _FENCES:
+def front_matter(source: str, where: str = "") -> tuple[dict[str, Any], str]:
+    """The fields of the front matter ``source`` starts with (YAML between ``---`` lines, TOML between ``+++``
+    lines; parsed safely) and the text after it; when there is none, or it is not a mapping of fields: nothing and
+    the text as it is (``where`` names the text in the debug line)."""
+    fence = source[:source.find("\n")].rstrip() if "\n" in source else ""
+    if fence not in _FENCES:  # (most texts: decided before any split)
         return {}, source
+    lines = source.split("\n")
     ends = (fence, "...") if fence == "---" else (fence,)
     end = next((i for i in range(1, len(lines)) if lines[i].rstrip() in ends), None)
     if end is None:
@@ -256,12 +258,11 @@ def _front_matter(source: str, rel: str) -> tuple[dict[str, object], str]:
             fields = import_module("tomllib").loads(head)  # Python 3.11+ (on 3.10 a TOML front matter stays text)
     except (ImportError, yaml.YAMLError, ValueError, RecursionError) as exc:  # left in the text
         # (tomllib.TOMLDecodeError is a ValueError)
-        logger.debug("%s: front matter not read (%s)", rel, exc)
+        logger.debug("%s: front matter not read (%s)", where, exc)
         return {}, source
     if not isinstance(fields, dict):
         return {}, source
-    return {str(k): v for k, v in ((k, _plain(v)) for k, v in fields.items()) if v is not None}, \
-        "\n".join(lines[end + 1:])
+    return {str(k): v for k, v in fields.items()}, "\n".join(lines[end + 1:])
 
 
 def _plain(value: object) -> object:

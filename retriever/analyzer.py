@@ -175,14 +175,28 @@ class Analyzer:
         ``language``; CJK runs as their characters and bigrams, Thai-like runs as their bigrams and trigrams."""
         from twostage.retriever.languages import stemmer, stopwords
 
-        words: list[tuple[str, int, int]] = []
-        grams: list[tuple[str, int, int]] = []
         stop = stopwords(language) if self.config.drop_stopwords else frozenset()
         least = self.config.min_chars or MIN_CHARS.get(language, 1)
         if text.isascii():  # the common case (a hit's text to highlight): no CJK or Thai run, words of ASCII letters
-            words = [(w, a, b) for w, a, b in ((m.group().lower(), m.start(), m.end())
-                                               for m in _ascii_words(least).finditer(text)) if w not in stop]
-        for m in () if text.isascii() else self._tokens.finditer(text):
+            words = [(w, m.start(), m.end()) for m in _ascii_words(least).finditer(text)
+                     if (w := m.group().lower()) not in stop]
+            grams: list[tuple[str, int, int]] = []
+        else:
+            words, grams = self._unicode_tokens(text, stop, least)
+        stem = stemmer(language)
+        if stem is not None and words:  # (Snowball Arabic stems some words to nothing: those are dropped)
+            words = [(s, a, b) for s, (_, a, b) in zip(stem([w for w, _, _ in words]), words) if s]
+        if self.config.fold_accents:
+            words = [(_fold(w), a, b) for w, a, b in words]
+        return words + grams if grams else words
+
+    def _unicode_tokens(self, text: str, stop: frozenset[str], least: int) -> tuple[list[tuple[str, int, int]],
+                                                                                   list[tuple[str, int, int]]]:
+        """The words (normalised, ``stop`` and words under ``least`` characters dropped, not yet stemmed) and the
+        CJK / Thai-like n-grams of ``text``, each with its (start, end)."""
+        words: list[tuple[str, int, int]] = []
+        grams: list[tuple[str, int, int]] = []
+        for m in self._tokens.finditer(text):
             cjk, sea, word = m.groups()
             if cjk:
                 at = m.start()
@@ -204,12 +218,7 @@ class Analyzer:
             term = word.lower() if word.isascii() else unicodedata.normalize("NFKC", word).casefold()
             if len(term) >= least and term not in stop:
                 words.append((term, m.start(), m.end()))
-        stem = stemmer(language)
-        if stem is not None and words:  # (Snowball Arabic stems some words to nothing: those are dropped)
-            words = [(s, a, b) for s, (_, a, b) in zip(stem([w for w, _, _ in words]), words) if s]
-        if self.config.fold_accents:
-            words = [(_fold(w), a, b) for w, a, b in words]
-        return words + grams if grams else words
+        return words, grams
 
     # ---- the analyzer -------------------------------------------------------------------------------------------
     def __call__(self, text: str) -> list[str]:
@@ -245,10 +254,11 @@ class Analyzer:
         if self.config.language is None:
             terms = set(self(query))
             return self._legacy_spans(text, terms) if terms and text else []
-        terms = set(self._terms_as(query, self.language_of(query)))
+        language = self.language_of(query)
+        terms = set(self._terms_as(query, language))
         if not terms or not text:
             return []
-        spans = sorted((a, b) for t, a, b in self._words(text, self.language_of(query)) if t in terms)
+        spans = sorted((a, b) for t, a, b in self._words(text, language) if t in terms)
         merged: list[tuple[int, int]] = []
         for a, b in spans:
             if merged and a <= merged[-1][1]:

@@ -136,7 +136,7 @@ class BM25Retriever:
             raise ConfigError("corpus statistics from outside need the bm25s engine")
         if _detects(config):
             documents = list(documents)
-            config = _with_languages(config, [documents])
+            config = with_corpus_languages(config, [documents])
         analyzer = Analyzer(config.analyzer)
         ids: list[str] = []
         terms: list[list[str]] = []
@@ -159,7 +159,7 @@ class BM25Retriever:
         if config.engine != "bm25s":
             raise ConfigError("a chunked BM25 build needs the bm25s engine")
         if _detects(config):
-            config = _with_languages(config, chunks())
+            config = with_corpus_languages(config, chunks())
         analyzer = Analyzer(config.analyzer)
         ids: list[str] = []
 
@@ -192,7 +192,7 @@ class BM25Retriever:
         languages (auto analysis)."""
         if self.config.analyzer.language != "auto" or not documents:
             return self.config
-        return _with_languages(self.config, [documents], self.config.analyzer.languages)
+        return with_corpus_languages(self.config, [documents], self.config.analyzer.languages)
 
     def _postings_after(self, keep: np.ndarray, documents: Sequence[Document],
                         analyzer: Analyzer | None = None) -> Postings:
@@ -269,8 +269,10 @@ def _detects(config: BM25Config) -> bool:
     return config.analyzer.language == "auto" and not config.analyzer.languages
 
 
-def _with_languages(config: BM25Config, chunks: Iterable[Sequence[Document]],
-                    previous: Sequence[str] = ()) -> BM25Config:
+def with_corpus_languages(config: BM25Config, chunks: Iterable[Sequence[Document]],
+                          previous: Sequence[str] = ()) -> BM25Config:
+    """``config`` with its analysis's languages: ``previous`` and those the documents of ``chunks`` are in
+    (:func:`~twostage.retriever.languages.corpus_languages`)."""
     from twostage.retriever.languages import corpus_languages
 
     found = corpus_languages((d.full_text for docs in chunks for d in docs), previous)

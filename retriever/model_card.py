@@ -51,18 +51,9 @@ def _card_languages(card: Path) -> tuple[str, ...] | None:
             head = f.read(CARD_BYTES).decode("utf-8", "replace")
     except OSError:
         return None
-    if not head.startswith("---"):
-        return None
-    end = head.find("\n---", 3)
-    if end < 0:
-        return None
-    import yaml  # type: ignore[import-untyped]  # no types shipped
+    from twostage.indexer.files import front_matter
 
-    try:
-        meta = yaml.safe_load(head[3:end])
-    except yaml.YAMLError:
-        return None
-    value = meta.get("language") if isinstance(meta, dict) else None
+    value = front_matter(head, str(card))[0].get("language")
     codes = [value] if isinstance(value, str) else value if isinstance(value, list) else None
     if not codes or not all(isinstance(c, str) and 0 < len(c) <= 16 for c in codes):
         return None
