@@ -478,7 +478,7 @@ def _live_docs(engine: SearchEngine, docs: list[Document], delete: list[str],
 def _stats(sources: Sequence[Callable[[], Iterable[Sequence[Document]]]], config: BM25Config) -> CorpusStats:
     """The statistics of every shard's live documents together, a chunk at a time, analysed as ``config`` says."""
     analyzer = Analyzer(config.analyzer)
-    return CorpusStats.combine(CorpusStats.of(analyzer(d.full_text) for d in part)
+    return CorpusStats.combine(CorpusStats.of(analyzer.analyse(d.full_text) for d in part)
                                for source in sources for part in source())
 
 

@@ -222,11 +222,19 @@ class Analyzer:
 
     # ---- the analyzer -------------------------------------------------------------------------------------------
     def __call__(self, text: str) -> list[str]:
+        return self.analyse(text)[0]
+
+    def analyse(self, text: str) -> tuple[list[str], str]:
+        """The terms of ``text`` and the language it was analysed as (one detection for both; ``en`` for the legacy
+        analysis)."""
         if not isinstance(text, str):
             raise TypeError(f"analyzer input must be str, got {type(text).__name__}")
         if self.config.language is None:
-            return self._legacy(text)
+            return self._legacy(text), "en"
         language = self.language_of(text)
+        return self._terms(text, language), language
+
+    def _terms(self, text: str, language: str) -> list[str]:
         if text.isascii():  # the common cases first, without offsets: the same terms as _words
             return self._plain_terms(_ascii_words(self.config.min_chars or MIN_CHARS.get(language, 1))
                                      .findall(text.lower()), language)

@@ -139,15 +139,15 @@ class BM25Retriever:
             config = with_corpus_languages(config, [documents])
         analyzer = Analyzer(config.analyzer)
         ids: list[str] = []
-        terms: list[list[str]] = []
+        analysed: list[tuple[list[str], str]] = []
         for doc in tqdm(documents, desc="bm25", unit="doc", disable=not show_progress):
             ids.append(doc.id)
-            terms.append(analyzer(doc.full_text))
-        _check_terms(len(ids), sum(map(len, terms)), stats)
-        if config.engine == "rank-bm25":
+            analysed.append(analyzer.analyse(doc.full_text))
+        _check_terms(len(ids), sum(len(t) for t, _ in analysed), stats)
+        if config.engine == "rank-bm25":  # (the reference: one set of statistics, whatever the languages)
             logger.info("BM25 (rank-bm25) indexed %d documents", len(ids))
-            return cls(config, ids, RankBm25Engine(terms, config.k1, config.b))
-        return cls._of(config, ids, Postings.of_chunks([terms]), stats)
+            return cls(config, ids, RankBm25Engine([t for t, _ in analysed], config.k1, config.b))
+        return cls._of(config, ids, Postings.of_chunks([analysed]), stats)
 
     @classmethod
     def build_chunked(cls, chunks: Callable[[], Iterable[Sequence[Document]]], config: BM25Config | None = None, *,
@@ -163,12 +163,12 @@ class BM25Retriever:
         analyzer = Analyzer(config.analyzer)
         ids: list[str] = []
 
-        def terms() -> Iterable[list[list[str]]]:
+        def analysed() -> Iterable[list[tuple[list[str], str]]]:
             for docs in chunks():
                 ids.extend(d.id for d in docs)
-                yield [analyzer(d.full_text) for d in docs]
+                yield [analyzer.analyse(d.full_text) for d in docs]
 
-        postings = Postings.of_chunks(terms())
+        postings = Postings.of_chunks(analysed())
         _check_terms(len(ids), int(postings.lengths.sum(dtype=np.int64)), stats)
         return cls._of(config, ids, postings, stats)
 
@@ -201,7 +201,7 @@ class BM25Retriever:
                               "build it again")
         self.postings.check(self._where)
         analyze = analyzer or self.analyzer
-        return self.postings.updated(keep, [analyze(d.full_text) for d in documents])
+        return self.postings.updated(keep, [analyze.analyse(d.full_text) for d in documents])
 
     @classmethod
     def _of(cls, config: BM25Config, ids: Sequence[str] | IdMap, postings: Postings,

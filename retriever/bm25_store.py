@@ -35,10 +35,12 @@ from twostage.indexer.npy import load_npy
 from twostage.retriever.bm25_stats import Postings
 
 FORMAT = "twostage.bm25"
-FORMAT_VERSION = 3  # 3: the postings' counts and lengths; 2: files list sha256 and bytes; 1 listed sha256 only
+FORMAT_VERSION = 4  # 4: each document's language (statistics per language); 3: the postings' counts and lengths;
+# 2: files list sha256 and bytes; 1 listed sha256 only
 ARRAYS = ("data", "indices", "indptr")
 BASE_FILES = ("doc_ids.json", "vocab.json", *(f"weights.{a}.npy" for a in ARRAYS))
 POSTINGS_FILES = ("postings.counts.npy", "doc_lengths.npy")
+LANGUAGES_FILE = "doc_languages.npy"  # with the manifest's "languages": the codes its values are positions in
 
 
 def write_bm25_files(tmp: Path, model: Any, doc_ids: Any, config: dict[str, Any], postings: Postings | None) -> None:
@@ -53,8 +55,13 @@ def write_bm25_files(tmp: Path, model: Any, doc_ids: Any, config: dict[str, Any]
         np.save(tmp / "postings.counts.npy", np.asarray(postings.counts, dtype=np.int32), allow_pickle=False)
         np.save(tmp / "doc_lengths.npy", np.asarray(postings.lengths, dtype=np.int32), allow_pickle=False)
         files += POSTINGS_FILES
+    extra: dict[str, Any] = {}
+    if postings is not None and postings.languages is not None:
+        np.save(tmp / LANGUAGES_FILE, np.asarray(postings.languages, dtype=np.uint8), allow_pickle=False)
+        files.append(LANGUAGES_FILE)
+        extra["languages"] = list(postings.language_codes)
     text = manifest_text(FORMAT, FORMAT_VERSION, describe_files(tmp, files), config=config, num_docs=len(doc_ids),
-                         vocab_size=len(model.vocab_dict))
+                         vocab_size=len(model.vocab_dict), **extra)
     (tmp / "manifest.json").write_text(text, encoding="utf-8")
 
 
@@ -72,7 +79,8 @@ def read_bm25_files(path: str | Path) -> tuple[dict[str, Any], list[str], dict[s
         raise IndexFormatError(f"{root}: no such BM25 index directory")
     manifest = _read_manifest(root)
     files = manifest.get("files", {})
-    has_postings = isinstance(files, dict) and set(files) == {*BASE_FILES, *POSTINGS_FILES}
+    has_languages = isinstance(files, dict) and set(files) == {*BASE_FILES, *POSTINGS_FILES, LANGUAGES_FILE}
+    has_postings = has_languages or (isinstance(files, dict) and set(files) == {*BASE_FILES, *POSTINGS_FILES})
     if not isinstance(files, dict) or not (set(files) == set(BASE_FILES) or has_postings):
         raise IndexFormatError(f"{root / 'manifest.json'}: lists other files than a BM25 index holds; rebuild it")
     if manifest.get("format_version") == 1:  # v1 listed sha256 only: take the sizes as found, the sha256 decides
@@ -87,6 +95,7 @@ def read_bm25_files(path: str | Path) -> tuple[dict[str, Any], list[str], dict[s
         vocab = json.loads((root / "vocab.json").read_text(encoding="utf-8"))
         arrays = {name: load_npy(root / f"weights.{name}.npy") for name in ARRAYS}
         extra = [load_npy(root / f, mmap=True) for f in POSTINGS_FILES] if has_postings else []
+        languages = load_npy(root / LANGUAGES_FILE) if has_languages else None
     except (KeyError, ValueError, OSError) as exc:
         raise IndexFormatError(f"{root}: cannot read the index ({exc}); rebuild it") from None
     n = int(manifest["num_docs"])
@@ -111,5 +120,12 @@ def read_bm25_files(path: str | Path) -> tuple[dict[str, Any], list[str], dict[s
         if [c for c, _ in cols] != list(range(len(indptr) - 1)) or len(extra[0]) != len(indices) or \
                 len(extra[1]) != n or not all(np.issubdtype(a.dtype, np.integer) for a in extra):
             raise IndexFormatError(f"{root}: the postings disagree with the vocabulary or the weights; rebuild it")
-        postings = Postings(terms, indptr, indices, extra[0], extra[1])
+        codes = manifest.get("languages")
+        if languages is not None and not (
+                isinstance(codes, list) and all(isinstance(c, str) for c in codes) and len(set(codes)) == len(codes)
+                and languages.dtype == np.uint8 and languages.shape == (n,)
+                and (n == 0 or int(languages.max()) < len(codes))):
+            raise IndexFormatError(f"{root}: {LANGUAGES_FILE} disagrees with the manifest's languages; rebuild it")
+        postings = Postings(terms, indptr, indices, extra[0], extra[1], languages,
+                            tuple(codes or ()) if languages is not None else ())
     return config, doc_ids, vocab, arrays, postings

@@ -65,6 +65,25 @@ STOPWORD_LISTS = {
 # es 0.817 / 0.818 (benchmarks/results/languages_analyzers_dev.md).
 
 
+# languages analysed as character n-grams: CJK (characters and their bigrams) and scripts without spaces (Thai-like:
+# bigrams and trigrams); the detector confuses Chinese and Japanese on short kanji-only texts
+CHARACTER_LANGUAGES = frozenset({"zh", "ja", "ko", "yue", "wuu"})
+SYLLABLE_LANGUAGES = frozenset({"th", "lo", "km", "my"})
+
+
+def statistics_group(code: str) -> str:
+    """The documents whose BM25 statistics (count, term frequencies, average length) a document of language ``code``
+    is scored with in a corpus that mixes them: those analysed in the same unit, ``characters`` (CJK), ``syllables``
+    (Thai, Lao, Khmer, Myanmar) or ``words`` (every other language). Lengths in different units cannot be compared
+    (a Chinese sentence is about twice as many terms as an English one), and their vocabularies never meet. Words
+    share one set (chosen on XQuAD-R dev, de + ru + zh + en in one index, against one set for all and one per
+    language: benchmarks/results/languages_mixed.md): a word found in one language only then weighs more than a
+    name that every translation shares."""
+    if code in CHARACTER_LANGUAGES:
+        return "characters"
+    return "syllables" if code in SYLLABLE_LANGUAGES else "words"
+
+
 def languages() -> tuple[str, ...]:
     """Every language code the detector knows (and ``--language`` takes), sorted."""
     return CODES

@@ -103,7 +103,8 @@ def test_save_replaces_atomically_and_leaves_no_pickle(tmp_path, bm25):
     bm25.save(tmp_path / "idx")
     bm25.save(tmp_path / "idx")
     names = sorted(p.name for p in (tmp_path / "idx").iterdir())
-    assert names == ["doc_ids.json", "doc_lengths.npy", "manifest.json", "postings.counts.npy", "vocab.json",
+    assert names == ["doc_ids.json", "doc_languages.npy", "doc_lengths.npy", "manifest.json", "postings.counts.npy",
+                     "vocab.json",
                      "weights.data.npy", "weights.indices.npy", "weights.indptr.npy"]
     for npy in (tmp_path / "idx").glob("*.npy"):
         np.load(npy, allow_pickle=False)
@@ -151,7 +152,7 @@ def test_bm25_manifest_lists_sizes_and_old_manifests_still_load(tmp_path):
     bm25.save(tmp_path / "idx")
     path = tmp_path / "idx" / "manifest.json"
     manifest = json.loads(path.read_text())
-    assert manifest["format_version"] == 3
+    assert manifest["format_version"] == 4
     assert all(set(meta) == {"sha256", "bytes"} for meta in manifest["files"].values())
     # a version-1 manifest (sha256 only) still loads, and its checksums are still checked
     manifest["format_version"] = 1
@@ -211,7 +212,7 @@ def test_chunked_build_scores_equal_the_in_memory_build_bit_for_bit():
     assert len(passes) == 1 and list(chunked.doc_ids) == list(whole.doc_ids)
     for q in ["why do cats purr", "snow and rain", "bread dough yeast", "steak"]:
         np.testing.assert_array_equal(chunked.scores(q), whole.scores(q))
-    one = BM25Retriever.build_chunked(chunks, stats=CorpusStats.of(Analyzer(AnalyzerConfig())(d.full_text)
+    one = BM25Retriever.build_chunked(chunks, stats=CorpusStats.of(Analyzer(AnalyzerConfig()).analyse(d.full_text)
                                                                        for d in docs))
     assert len(passes) == 2 and np.array_equal(one.scores("snow and rain"), whole.scores("snow and rain"))
 
@@ -233,7 +234,7 @@ def test_postings_are_scipys_csc_arrays():
 
     rng = random.Random(0)
     docs = _random_docs(rng, 2000)
-    chunks = [docs[i:i + 137] for i in range(0, len(docs), 137)] + [[]]
+    chunks = [[(d, "en") for d in docs[i:i + 137]] for i in range(0, len(docs), 137)] + [[]]
     p = Postings.of_chunks(chunks)
     column = {t: c for c, t in enumerate(p.terms)}
     rows, cols, tfs = zip(*[(r, column[t], n) for r, d in enumerate(docs) for t, n in Counter(d).items()])
@@ -242,7 +243,7 @@ def test_postings_are_scipys_csc_arrays():
         assert got.dtype == ref.dtype and np.array_equal(got, ref)
     assert p.terms == list(dict.fromkeys(t for d in docs for t in d))  # columns in order of first occurrence
     assert np.array_equal(p.lengths, [len(d) for d in docs]) and p.vocab()[""] == len(p.terms)
-    stats = CorpusStats.of(docs)
+    stats = CorpusStats.of((d, "en") for d in docs)
     assert p.stats() == stats
     weights = p.weights(None, 1.2, 0.6)
     idf = {t: np.float32(math.log(1 + (stats.num_docs - df + 0.5) / (df + 0.5))) for t, df in stats.doc_freqs.items()}
@@ -299,7 +300,7 @@ def as_format_2(root: Path) -> None:
     """Turn a saved BM25 directory into what format 2 wrote: no postings files."""
     manifest = json.loads((root / "manifest.json").read_text())
     manifest["format_version"] = 2
-    for name in ("postings.counts.npy", "doc_lengths.npy"):
+    for name in ("postings.counts.npy", "doc_lengths.npy", "doc_languages.npy"):
         del manifest["files"][name]
         (root / name).unlink()
     (root / "manifest.json").write_text(json.dumps(manifest))

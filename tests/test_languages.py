@@ -132,6 +132,57 @@ def test_an_added_document_in_a_new_language_joins_the_languages():
     assert _top(lambda q: new.search(q, 3), QUERIES["zh1"]) == "zh1"
 
 
+
+def test_each_document_scores_with_the_statistics_of_its_unit_of_analysis(tmp_path):
+    """A mixed corpus keeps each document's language and scores it with the statistics (documents, frequencies,
+    average length) of the documents analysed in its unit: Chinese (characters) exactly as in an index of the
+    Chinese documents alone, German, Russian and English (words) as in an index of those three, bit for bit, across
+    a save and load, an update, and shards given the whole corpus's statistics; an index saved before languages were
+    kept (format 3) loads and scores with one set of statistics, as it always did."""
+    import json as json_
+    from dataclasses import replace
+
+    from twostage.retriever.bm25_stats import CorpusStats
+
+    config = BM25Config(analyzer=AnalyzerConfig(language="auto", languages=("de", "en", "ru", "zh")))
+    mixed = BM25Retriever.build(MIXED, config)
+    groups = {"words": MIXED[:9], "characters": MIXED[9:]}
+    alone = {code: BM25Retriever.build(docs, config) for code, docs in groups.items()}
+    row = {str(i): r for r, i in enumerate(mixed.doc_ids)}
+    queries = [*QUERIES.values(), "Berlin Paris Москва 北京", "cats Katzen кошки 猫"]
+    for q in queries:
+        scores = mixed.scores(q)
+        for code, docs in groups.items():
+            assert np.array_equal(scores[[row[d.id] for d in docs]], alone[code].scores(q)), (q, code)
+    assert mixed.postings is not None
+    one_set = BM25Retriever._of(config, mixed.doc_ids, replace(mixed.postings, languages=None, language_codes=()),
+                                None)  # what the index scored before: one set of statistics for every language
+    assert not np.array_equal(one_set.scores(QUERIES["zh3"]), mixed.scores(QUERIES["zh3"]))
+    mixed.save(tmp_path / "idx")
+    loaded = BM25Retriever.load(tmp_path / "idx")
+    updated = loaded.updated(np.arange(len(MIXED)) % 4 != 0, [Document("de4", "Berlin hat viele Museen.")])
+    fresh = BM25Retriever.build([d for i, d in enumerate(MIXED) if i % 4] + [Document("de4", "Berlin hat viele "
+                                                                                      "Museen.")], config)
+    stats = CorpusStats.of(Analyzer(config.analyzer).analyse(d.full_text) for d in MIXED)
+    shards = [BM25Retriever.build(part, config, stats=stats) for part in (MIXED[:5], MIXED[5:])]
+    for q in queries:
+        assert np.array_equal(loaded.scores(q), mixed.scores(q))
+        assert np.array_equal(updated.scores(q), fresh.scores(q))
+        assert np.array_equal(np.concatenate([s.scores(q) for s in shards]), mixed.scores(q))
+    # format 3: no languages file; one set of statistics for the whole corpus, as it was built
+    root = tmp_path / "idx"
+    manifest = json_.loads((root / "manifest.json").read_text())
+    manifest["format_version"] = 3
+    del manifest["files"]["doc_languages.npy"], manifest["languages"]
+    (root / "doc_languages.npy").unlink()
+    (root / "manifest.json").write_text(json_.dumps(manifest))
+    old = BM25Retriever.load(root)
+    assert old.postings is not None and old.postings.languages is None
+    assert np.array_equal(old.scores(QUERIES["zh3"]), mixed.scores(QUERIES["zh3"]))  # the weights it stored
+    again = old.updated(np.ones(len(MIXED), dtype=bool), [])
+    assert again.postings is not None and again.postings.languages is None
+    assert np.array_equal(again.scores(QUERIES["zh3"]), one_set.scores(QUERIES["zh3"]))
+
 def test_engine_language_saved_shown_and_old_engines_stay_english(tmp_path, capsys):
     out = tmp_path / "e"
     assert main(["--quiet", "build", "--corpus", str(SAMPLE), "--out", str(out), "--retriever", "none"]) == 0

@@ -60,7 +60,7 @@ def test_global_statistics_weights_equal_bm25s_bit_for_bit():
 
     docs = list(load_corpus(SAMPLE))
     analyzer = Analyzer(AnalyzerConfig())
-    stats = CorpusStats.of(analyzer(d.full_text) for d in docs)
+    stats = CorpusStats.of(analyzer.analyse(d.full_text) for d in docs)
     reference = bm25s_reference(docs)  # bm25s's own index
     own = BM25Retriever.build(docs, stats=stats)  # the corpus's own statistics: bm25s's weights exactly
     parts = [BM25Retriever.build(p, stats=stats) for p in (docs[:50], docs[50:120], docs[120:])]

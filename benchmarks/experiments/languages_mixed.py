@@ -1,0 +1,141 @@
+"""Every language (#62): documents of several languages in one engine, against one engine per language.
+
+    python benchmarks/experiments/languages_mixed.py [--data ../shared/data] [--languages de,ru,zh,en]
+
+XQuAD-R's documents of ``--languages`` together (ids prefixed by language), each language's queries, nDCG@10:
+
+1. **BM25, dev and test** (a minute): the mixed index as the engine builds it (each document scored with the
+   statistics of the documents analysed in its unit: CJK characters or words), the same postings scored with one
+   set of statistics for all (what every index did before) and with one set per language; each minus the
+   language's own index. The engine's choice was made on dev.
+2. **The engine, test** (minutes): the default build (language auto, hybrid with all-MiniLM-L6-v2, no reranker) of
+   the mixed corpus against one engine per language built the same way; BM25 and hybrid.
+
+Writes benchmarks/results/languages_mixed.md (+ .json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def bm25_variants(sets: dict[str, Any], everything: list[Any]) -> dict[str, Any]:
+    from twostage.retriever import bm25_stats, languages
+    from twostage.retriever.analyzer import AnalyzerConfig
+    from twostage.retriever.bm25 import BM25Config, BM25Retriever
+
+    auto = BM25Config(analyzer=AnalyzerConfig(language="auto"))
+    mixed = BM25Retriever.build(everything, auto)
+    assert mixed.postings is not None
+    one_set = BM25Retriever._of(mixed.config, mixed.doc_ids,
+                                replace(mixed.postings, languages=None, language_codes=()), None)
+    chosen = bm25_stats.statistics_group  # (read by Postings.weights)
+    try:  # each language its own statistics (CJK pooled: the detector reads some Chinese sentences as Japanese)
+        bm25_stats.statistics_group = lambda code: "characters" if code in languages.CHARACTER_LANGUAGES else code
+        per_language = BM25Retriever._of(mixed.config, mixed.doc_ids, mixed.postings, None)
+    finally:
+        bm25_stats.statistics_group = chosen
+    out: dict[str, Any] = {}
+    for lang, ds in sets.items():
+        alone = BM25Retriever.build(ds.corpus, auto)
+        for split in ("dev", "test"):
+            base = _ndcg(ds, split, lambda q: alone.search(q, 10), "")
+            out[f"{lang}/{split}"] = {
+                "alone": base,
+                "per_unit": _ndcg(ds, split, lambda q: mixed.search(q, 10), f"{lang}:") - base,
+                "one_set": _ndcg(ds, split, lambda q: one_set.search(q, 10), f"{lang}:") - base,
+                "per_language": _ndcg(ds, split, lambda q: per_language.search(q, 10), f"{lang}:") - base}
+    return out
+
+
+def engines(sets: dict[str, Any], everything: list[Any], work: Path) -> dict[str, Any]:
+    from twostage import SearchEngine
+
+    t = time.perf_counter()
+    mixed = SearchEngine.build(everything, work / "mixed", retriever="all-MiniLM-L6-v2")
+    result: dict[str, Any] = {"documents": len(everything), "build_s": time.perf_counter() - t,
+                              "language": mixed.language, "alone": {}, "mixed": {}}
+    for lang, ds in sets.items():
+        alone = SearchEngine.build(ds.corpus, work / lang, retriever="all-MiniLM-L6-v2")
+        result["alone"][lang] = _stages(alone, ds, "")
+        result["mixed"][lang] = _stages(mixed, ds, f"{lang}:")
+        alone.close()
+    mixed.close()
+    return result
+
+
+def _stages(engine: Any, ds: Any, prefix: str) -> dict[str, float]:
+    return {stage: _ndcg(ds, "test", lambda q: engine.ranked(q, 10, first_stage=stage, rerank=False), prefix)
+            for stage in ("bm25", "hybrid")}
+
+
+def _ndcg(ds: Any, split: str, search: Any, prefix: str) -> float:
+    from twostage.eval.metrics import mean_ndcg10
+    from twostage.indexer.records import Judgment, Qrels
+
+    part = ds.split(split)
+    qrels = Qrels.from_judgments(Judgment(j.query_id, f"{prefix}{j.doc_id}", j.grade) for j in part.qrels)
+    return mean_ndcg10(qrels, {q.id: search(q.text) for q in part.queries})
+
+
+def report(result: dict[str, Any], command: str, languages: list[str]) -> str:
+    b, e = result["bm25"], result["engine"]
+    lines = ["# Every language: documents of several languages in one engine", "", f"Command: `{command}`", "",
+             "Machine: 2 cores; one run, alone on the machine. XQuAD-R's documents of "
+             f"{', '.join(languages)} in one index; each language's queries; nDCG@10.", "",
+             "## BM25: which documents' statistics each document is scored with (mixed minus alone)", "",
+             "| statistics | split | " + " | ".join(languages) + " | worst | mean |",
+             "|---|---|" + "---:|" * (len(languages) + 2)]
+    for key, name in (("per_unit", "those of its unit: characters or words (the engine)"),
+                      ("one_set", "one set for all (before)"), ("per_language", "those of its language")):
+        for split in ("dev", "test"):
+            d = [b[f"{lang}/{split}"][key] for lang in languages]
+            lines.append(f"| {name} | {split} | " + " | ".join(f"{x:+.4f}" for x in d)
+                         + f" | {min(d):+.4f} | {sum(d) / len(d):+.4f} |")
+    lines += ["", "One-language indexes: " + ", ".join(f"{k} {v['alone']:.4f}" for k, v in b.items()), "",
+              "## The engine (test): the default build, mixed against one engine per language", "",
+              f"{e['documents']} documents in one engine (built in {e['build_s']:.0f} s; its analysis: "
+              f"{e['language']}).", "",
+              "| language | BM25 alone | BM25 mixed | difference | hybrid alone | hybrid mixed | difference |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
+    for lang, got in e["mixed"].items():
+        alone = e["alone"][lang]
+        lines.append(f"| {lang} | {alone['bm25']:.4f} | {got['bm25']:.4f} | {got['bm25'] - alone['bm25']:+.4f} | "
+                     f"{alone['hybrid']:.4f} | {got['hybrid']:.4f} | {got['hybrid'] - alone['hybrid']:+.4f} |")
+    worst = min(got[k] - e["alone"][lang][k] for lang, got in e["mixed"].items() for k in ("bm25", "hybrid"))
+    lines += ["", f"Largest loss in the mixed engine: **{worst:+.4f}** (the goal: within 0.02).", ""]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    from twostage import Document
+    from twostage.indexer.beir import BeirDataset
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    parser.add_argument("--languages", default="de,ru,zh,en")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "languages_mixed.md")
+    args = parser.parse_args()
+    languages = args.languages.split(",")
+    sets = {lang: BeirDataset(args.data / "xquad-r" / lang) for lang in languages}
+    everything = [Document(f"{lang}:{d.id}", d.text, d.title) for lang, ds in sets.items() for d in ds.corpus]
+    with tempfile.TemporaryDirectory(prefix="twostage-languages-") as tmp:
+        result = {"bm25": bm25_variants(sets, everything), "engine": engines(sets, everything, Path(tmp))}
+    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    command = "python benchmarks/experiments/languages_mixed.py " + " ".join(sys.argv[1:])
+    args.out.write_text(report(result, command.strip(), languages), encoding="utf-8")
+    print(args.out.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
