@@ -48,7 +48,7 @@ class EngineSettings:
 
     first_stage: str = "hybrid"
     # "blend" (min-max normalised scores, dense_weight for dense) or "rrf" (reciprocal rank); blend 0.5 was chosen
-    # on dev splits across collections (benchmarks/experiments/defaults_across.py, fusion_trained.py)
+    # on dev splits across collections (benchmarks/experiments/defaults_across.py and fusion_trained.py, at commit 31faba8)
     fusion: str = "blend"
     k_rrf: float = 60.0
     dense_weight: float = 0.5  # blend only: dense's weight, BM25's is 1 - dense_weight

@@ -67,3 +67,19 @@ def test_tests_import_no_benchmark_script():
         for pattern in ("spec_from_file_location", 'ROOT / "benchmarks")', "import_module("):
             if path.name != "test_benchmarks.py":
                 assert pattern not in text, f"{path.relative_to(ROOT)} loads a script with {pattern}"
+
+
+def test_scripts_are_few_and_every_result_names_what_reproduces_it():
+    """Benchmarks are results, not code (#64): at most 14 scripts; every committed result names a command (a script
+    that is here, a `twostage` command) or the commit that holds the script it came from."""
+    import re
+
+    assert len(scripts(".py") + scripts(".sh")) <= 14
+    results = sorted((BENCH / "results").rglob("*.md"))
+    assert len(results) > 50
+    for md in results:
+        text = md.read_text(encoding="utf-8")
+        assert re.search(r"twostage (?:-{1,2}[\w-]+ )*\w+|python3? benchmarks/|git (show|checkout) [0-9a-f]{7}", text), md
+        gone = [m for m in re.findall(r"benchmarks/(?:experiments/)?[\w-]+\.(?:py|sh)", text)
+                if not (ROOT / m).is_file()]
+        assert not gone or re.search(r"\b(?:at|commit|show|checkout) [0-9a-f]{7,40}\b", text), (md, gone)

@@ -1,7 +1,7 @@
 """Crash test: builds and updates of an index directory killed with SIGKILL at random moments.
 
 Run small by tests/test_index_crash.py, at full size (and reported) by
-``python benchmarks/experiments/index_crash.py``.
+``python benchmarks/experiments/index_crash.py`` (at commit 31faba8).
 
 Each round picks an operation (add, delete, upsert, compact, or a full rebuild), runs it once on a copy to
 learn the answers of the new state, then runs it on the real index in a subprocess and kills that process
