@@ -8,7 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from twostage import Document, IndexFormatError, SearchEngine, ShardedEngine
+from twostage import Document, SearchEngine, ShardedEngine
+from twostage.errors import IndexFormatError
 from twostage.indexer import docstore
 from twostage.indexer.docstore import DocStore
 from twostage.indexer.index import write_segment

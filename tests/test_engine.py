@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from twostage import ConfigError, DataError, Document, IndexFormatError, SearchEngine
+from twostage import Document, SearchEngine
+from twostage.errors import ConfigError, DataError, IndexFormatError
 from twostage.app.cli import main
 from twostage.indexer.errors import FilterError
 from twostage.indexer.passages import doc_id_of, split_id

@@ -51,6 +51,29 @@ def test_facade_exports_resolve():
     assert twostage.SearchEngine.__module__ == "twostage.engine.search_engine"
 
 
+def test_the_facade_is_the_few_names_a_user_needs():
+    """About twenty names, nothing else in dir(); the errors in twostage.errors; a name the facade used to export
+    still resolves, with a warning that says where it lives now."""
+    import warnings
+
+    import twostage
+    import twostage.errors
+    from twostage.indexer import errors
+
+    assert len(twostage.__all__) <= 22 and len(set(twostage.__all__)) == len(twostage.__all__)
+    assert dir(twostage) == sorted(twostage.__all__)
+    defined = {n for n in vars(errors) if isinstance(getattr(errors, n), type)
+               and issubclass(getattr(errors, n), errors.TwostageError)}
+    assert set(twostage.errors.__all__) == defined
+    with pytest.warns(DeprecationWarning, match="import it from twostage.errors"):
+        assert twostage.ConfigError is errors.ConfigError
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert twostage.TwostageError is errors.TwostageError
+    with pytest.raises(AttributeError):
+        twostage.no_such_name  # noqa: B018
+
+
 def test_no_pickle_anywhere():
     for layer in [*LAYERS, "facade"]:
         for path in (ROOT / layer).rglob("*.py"):

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from twostage import ConfigError, DataError, Document, SearchEngine
+from twostage import Document, SearchEngine
+from twostage.errors import ConfigError, DataError
 from twostage.app.cli import main
 from twostage.engine.highlight import hit_passage
 from twostage.indexer.files import FolderCorpus
