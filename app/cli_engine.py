@@ -9,9 +9,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from twostage.app.budgets import HELP as BUDGET_HELP
-from twostage.app.budgets import Budgets
-from twostage.app.budgets import flag as budget_flag
 from twostage.app.commands import help_of
 from twostage.indexer.engine_dir import FIRST_STAGES, FUSIONS, PRECISIONS, EngineSettings
 from twostage.indexer.errors import ConfigError
@@ -427,7 +424,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     if args.protect_reads and api_key is None:
         raise ConfigError("--protect-reads puts /stats and /metrics behind the API key: give --api-key-env VAR too")
-    budgets = Budgets(**{name: getattr(args, f"max_{name}") for name in BUDGET_HELP})
+    from twostage.app.budgets import HELP, Budgets
+
+    budgets = Budgets(**{name: getattr(args, f"max_{name}") for name in HELP})
     app = create_app(args.engine, api_key=api_key, read_only=args.read_only, batching=not args.no_batching,
                      max_wait_ms=args.max_wait_ms, verify=not args.fast, device=args.device, ray=args.ray,
                      ray_address=args.ray_address, replicas=args.replicas, metrics=not args.no_metrics,
@@ -455,7 +454,9 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(sub: Any) -> None:
+def add_commands(sub: Any, only: str | None = None) -> None:
+    """Every engine command's parser; with ``only`` (the command being run), the flags that import more than this
+    module (folder corpora, the server's budgets) are added to that command alone."""
     d = EngineSettings()
     b = sub.add_parser("build", help=help_of("build"))
     b.add_argument("--corpus", required=True, type=Path,
@@ -511,7 +512,8 @@ def add_commands(sub: Any) -> None:
                         "0: every document so)")
     b.add_argument("--strict", action="store_true",
                    help="a folder corpus: stop at the first file that cannot be read (default: skip it, say so)")
-    add_folder_flags(b)
+    if only in (None, "build"):
+        add_folder_flags(b)
     b.add_argument("--shards", type=int, default=None,
                    help="split the engine into N shards searched as one (BM25 with the whole corpus's statistics)")
     add_field_flags(b)
@@ -555,7 +557,8 @@ def add_commands(sub: Any) -> None:
         a.add_argument("corpus", type=Path, help="BEIR directory, .jsonl, .parquet, .csv, .tsv or a folder of "
                        ".txt, .md, .html and .pdf files")
         a.add_argument("--strict", action="store_true", help="a folder: stop at a file that cannot be read")
-        add_folder_flags(a)
+        if only in (None, name):
+            add_folder_flags(a)
         add_field_flags(a)
         a.set_defaults(func=_add, upsert=upsert)
     de = sub.add_parser("delete", help=help_of("delete"))
@@ -612,8 +615,12 @@ def add_commands(sub: Any) -> None:
     sv.add_argument("--no-metrics", action="store_true", help="no GET /metrics (Prometheus)")
     sv.add_argument("--no-access-log", action="store_true", help="no JSON access-log line a request on stderr")
     sv.add_argument("--protect-reads", action="store_true", help="/stats and /metrics need the API key too")
-    budget = sv.add_argument_group("budgets", "what one request may make the server do; over a budget: 413 naming it")
-    for name, text in BUDGET_HELP.items():
-        default = getattr(Budgets(), name)
-        budget.add_argument(budget_flag(name), type=int, default=default, metavar="N", help=f"{text} (default {default:,})")
+    if only in (None, "serve"):
+        from twostage.app.budgets import HELP, Budgets, flag
+
+        budget = sv.add_argument_group("budgets", "what one request may make the server do; over a budget: 413 naming "
+                                       "it")
+        for name, text in HELP.items():
+            default = getattr(Budgets(), name)
+            budget.add_argument(flag(name), type=int, default=default, metavar="N", help=f"{text} (default {default:,})")
     sv.set_defaults(func=_serve)

@@ -230,7 +230,7 @@ def _suite(args: argparse.Namespace, collections: list[Path], identical: list[bo
     return 0
 
 
-def add_commands(sub: Any) -> None:
+def add_commands(sub: Any, only: str | None = None) -> None:
     bench = sub.add_parser("bench", help=help_of("bench"))
     bench.add_argument("--data", required=True, type=Path, action="append",
                        help="BEIR directory (corpus.jsonl, queries.jsonl, qrels/); repeat it for a suite: each "

@@ -125,7 +125,7 @@ def _search(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(sub: Any) -> None:
+def add_commands(sub: Any, only: str | None = None) -> None:
     idx = sub.add_parser("index", help=help_of("index"))
     isub = idx.add_subparsers(dest="index_cmd", required=True)
     b = isub.add_parser("build", help="encode a corpus and build an index directory")

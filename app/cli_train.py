@@ -171,7 +171,7 @@ def _train_reranker(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(sub: Any) -> None:
+def add_commands(sub: Any, only: str | None = None) -> None:
     from twostage.app.cli_engine import add_renamed_flag
 
     tr = sub.add_parser("train-retriever", help=help_of("train-retriever"))

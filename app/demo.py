@@ -106,8 +106,8 @@ def run_demo(data: str | Path, out: str | Path, *, base: str = "all-MiniLM-L6-v2
 def reranker_sentence(engine: SearchEngine, table: pd.DataFrame, dev_queries: int) -> str:
     """One sentence on what the reranker did in the engine as tuned: reordered (with its weight and its measured
     difference on test), or switched off by the dev selection (and what it would have done)."""
+    from twostage.engine.fusion import reorders
     from twostage.engine.knobs import blend_of
-    from twostage.reranker.interpolation import reorders
 
     s = engine.settings
     first = s.first_stage

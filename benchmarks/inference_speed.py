@@ -246,9 +246,9 @@ def main() -> None:
     from twostage.indexer.engine_dir import EngineSettings
     from twostage.indexer.records import RankedList
     from twostage.reranker.cross_encoder import CrossEncoder
-    from twostage.reranker.interpolation import blend_for
-    from twostage.reranker.rerank import rerank_lists
-    from twostage.retriever.hybrid import rrf
+    from twostage.engine.fusion import blend_for
+    from twostage.engine.rerank import rerank_lists
+    from twostage.engine.fusion import rrf
 
     ds = BeirDataset(args.data)
     corpus = list(ds.corpus)

@@ -7,12 +7,15 @@ sharded engines (local shards or Ray actors) the same way as single ones.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from twostage.engine.replicas import check_replicas
 from twostage.engine.search_engine import WHAT, SearchEngine, format_of
-from twostage.engine.sharded import FORMAT, ShardedEngine
+from twostage.indexer.engine_dir import SHARDED_FORMAT, check_replicas
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.versions import current_version
+
+if TYPE_CHECKING:
+    from twostage.engine.sharded import ShardedEngine
 
 
 def open_engine(path: str | Path, *, verify: bool = True, ray: bool = False, device: str = "auto",
@@ -21,11 +24,12 @@ def open_engine(path: str | Path, *, verify: bool = True, ray: bool = False, dev
     :class:`SearchEngine` (``ray``, ``address`` and ``replicas`` apply to sharded engines only: an ``address``
     or more than one replica implies ``ray``; ``device`` to single engines: a sharded one runs its models on the
     CPU)."""
-    from twostage.retriever.device import resolve_device
-
     ray = ray or address is not None or check_replicas(replicas) > 1
     root = Path(path)
-    if (root / "CURRENT").is_file() and format_of(current_version(root, WHAT)) == FORMAT:
+    if (root / "CURRENT").is_file() and format_of(current_version(root, WHAT)) == SHARDED_FORMAT:
+        from twostage.engine.sharded import ShardedEngine
+        from twostage.retriever.device import resolve_device
+
         if resolve_device(device) != "cpu" and device != "auto":
             raise ConfigError(f"{root}: a sharded engine runs its models on the CPU; leave out --device {device}")
         return ShardedEngine.load(root, verify=verify, ray=ray, address=address, replicas=replicas)

@@ -7,10 +7,10 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from twostage.engine.fusion import blend_for
 from twostage.indexer.engine_dir import FIRST_STAGES, EngineSettings, renamed, with_changes
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.topk import check_k
-from twostage.reranker.interpolation import blend_for
 
 KNOBS = ("first_stage", "rerank_depth", "rerank", "rerank_blend", "fusion", "dense_weight", "k_rrf",
          "first_stage_depth", "min_relevance")
@@ -27,7 +27,7 @@ def blend_of(settings: EngineSettings, reranker: Any, first_stage: str) -> float
 def second_stage(settings: EngineSettings, name: str | None, reranker: Any = None) -> str:
     """The second stage in words, for the build line and ``info``: none, what the reranker does by default, or that
     it is switched off and why (a blend of 0.0 chosen on dev: the first stage alone ranked at least as well)."""
-    from twostage.reranker.interpolation import reorders
+    from twostage.engine.fusion import reorders
 
     if name is None:
         return "no reranker"

@@ -36,8 +36,24 @@ class Models:
     encoder: Any = None
     reranker: Any = None
     lock: threading.Lock = field(default_factory=threading.Lock)
-    device: str = "cpu"  # where they run (resolved: cpu or cuda[:N]; twostage.retriever.device)
+    requested_device: str = "cpu"  # where they run: cpu, cuda[:N], or auto (resolved on first use, with torch)
     weights: tuple[str, str | None] | None = None  # the sha256 of the retriever's and reranker's weights they are
+    _device: str | None = field(default=None, repr=False)
+
+    @property
+    def device(self) -> str:
+        """Where the models run, resolved (``cpu`` or ``cuda[:N]``): importing torch, so an engine that never loads
+        a model (BM25 searches, info, deletes) never imports it."""
+        if self._device is None:
+            from twostage.retriever.device import resolve_device
+
+            self._device = resolve_device(self.requested_device)
+        return self._device
+
+    @property
+    def device_as_known(self) -> str:
+        """The device, resolved if it already was, else as requested (for new Models on the same device)."""
+        return self._device or self.requested_device
 
     def for_manifest(self, manifest: EngineManifest) -> Models:
         """These models for a version naming ``manifest``'s models (the first version they serve claims them), or
@@ -49,7 +65,7 @@ class Models:
                 self.weights = weights
             if self.weights == weights:
                 return self
-        return Models(device=self.device, weights=weights)
+        return Models(requested_device=self.device_as_known, weights=weights)
 
     def loaded(self, slot: str, ref: ModelRef, role: str, loader: Callable[..., Any], precision: str) -> Any:
         """The model in ``slot`` (``encoder`` or ``reranker``; ``role`` retriever or reranker), loaded on first use

@@ -24,15 +24,8 @@ from twostage.indexer.errors import ConfigError, IndexFormatError, ShardUnavaila
 logger = logging.getLogger(__name__)
 
 
-def check_replicas(replicas: object) -> int:
-    """``replicas`` when it is a whole number >= 1, else one ConfigError saying so."""
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
-        raise ConfigError(f"--replicas must be an integer >= 1, got {replicas!r}")
-    return replicas
-
-
 class ReplicatedShards:
-    """``replicas`` Ray actors (checked by :func:`check_replicas`) for each (shard root, version) in ``specs``;
+    """``replicas`` Ray actors (checked by :func:`twostage.indexer.engine_dir.check_replicas`) for each (shard root, version) in ``specs``;
     ``actor_class.options(...).remote(root, version, verify)`` starts one (the caller's Ray actor class)."""
 
     def __init__(self, ray: Any, actor_class: Any, specs: list[tuple[str, str]], *, verify: bool, replicas: int = 1,

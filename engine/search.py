@@ -26,9 +26,11 @@ from typing import Any
 
 import numpy as np
 
+from twostage.engine.fusion import dense_weights, fuse, reorders
 from twostage.engine.knobs import blend_of, outside, settings_for
 from twostage.engine.models import Models, NoRetriever
 from twostage.engine.pages import PageToken, decode_page_token, encode_page_token, fingerprint, page_key
+from twostage.engine.rerank import Reranked, rerank_lists
 from twostage.indexer.engine_dir import (
     EngineManifest,
     EngineSettings,
@@ -39,9 +41,6 @@ from twostage.indexer.filters import CheckedFilter, Where, check_filter, parse_f
 from twostage.indexer.passages import by_document, split_id, word_starts
 from twostage.indexer.records import Document, Hit, RankedList, SearchResult, check_encodable
 from twostage.indexer.topk import check_k
-from twostage.reranker.interpolation import reorders
-from twostage.reranker.rerank import Reranked, rerank_lists
-from twostage.retriever.hybrid import dense_weights, fuse
 from twostage.retriever.precision import resolve_precisions
 
 StageScores = dict[str, dict[str, float]]
@@ -72,7 +71,7 @@ class TwoStageSearch(ABC):
         """A read-only view of this engine that reranks with ``reranker`` (any object with ``predict(pairs,
         batch_size=)`` or ``score(query, texts)``), e.g. a model being trained, scored through the engine's path."""
         view = copy.copy(self)
-        view._models = Models(encoder=self.encoder, reranker=reranker, device=self._models.device,
+        view._models = Models(encoder=self.encoder, reranker=reranker, requested_device=self._models.device_as_known,
                               weights=self._models.weights)
         view.read_only = True
         return view

@@ -9,7 +9,8 @@ A version of the directory (:mod:`twostage.indexer.engine_dir`) holds the docume
 BM25 index over the same live documents, and names the two models by path and weights sha256. Every change
 (add, upsert, delete, compact) writes the next version beside the current one under the writer lock and switches
 to it atomically: a crash leaves all three parts old or all three new. An open engine keeps reading its version
-while others commit; :meth:`SearchEngine.refresh` moves to the newest.
+while others commit; :meth:`SearchEngine.refresh` moves to the newest. This module reads; the build and the changes
+are :mod:`twostage.engine.writes`.
 
 Memory: nothing an engine does holds the corpus's texts. The build encodes and indexes a chunk at a time; a search
 reads only the parquet row groups of the documents it returns or reranks (:mod:`twostage.indexer.docstore`); an
@@ -24,58 +25,33 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from twostage.engine.knobs import resolved_blends, with_model_languages
-from twostage.engine.models import Models, NoRetriever
-from twostage.engine.search import TwoStageSearch, ids_to_delete
-from twostage.indexer.build import (
-    check_out_dir,
-    chunk_documents,
-    encode_chunks,
-    start_build,
-    streamed_change,
-)
+from twostage.engine.models import Models
+from twostage.engine.search import TwoStageSearch
 from twostage.indexer.codec import to_json_dict
-from twostage.indexer.corpus import CorpusSource, iter_documents
-from twostage.indexer.engine_dir import (
-    EngineManifest,
-    EngineSettings,
-    ModelRef,
-    engine_files,
-    read_engine_manifest,
-    with_changes,
-)
-from twostage.indexer.errors import ConfigError, DataError, IndexFormatError, PageExpiredError
+from twostage.indexer.engine_dir import EngineManifest, EngineSettings, read_engine_manifest
+from twostage.indexer.errors import DataError, IndexFormatError, PageExpiredError
 from twostage.indexer.filters import Where
-from twostage.indexer.index import Index, IndexChange, link_or_copy, write_index_files
-from twostage.indexer.manifest import library_versions, verify_files
-from twostage.indexer.passages import best_per_document, group_starts, join, passage_id, split_all, split_id
+from twostage.indexer.index import Index, IndexChange
+from twostage.indexer.manifest import verify_files
+from twostage.indexer.passages import best_per_document, group_starts, join, passage_id, split_id
 from twostage.indexer.records import Document, RankedList
 from twostage.indexer.topk import top_k
-from twostage.indexer.vectors import BackendConfig
-from twostage.indexer.versions import VERSION, Lease, commit, current_version, open_current, writer_lock
-from twostage.retriever.bm25 import BM25Config, BM25Retriever
-from twostage.retriever.bm25_stats import CorpusStats
-from twostage.retriever.device import resolve_device
-from twostage.retriever.precision import resolve_precisions
+from twostage.indexer.versions import VERSION, Lease, current_version, open_current
+from twostage.retriever.bm25 import BM25Retriever
+from twostage.retriever.device import requested_device
+
+if TYPE_CHECKING:
+    from twostage.indexer.corpus import CorpusSource
 
 logger = logging.getLogger(__name__)
 WHAT = "a search engine directory (build one with `twostage build`)"
 _SLICE = 1 << 20  # ids compared at a time when an engine opens
-
-
-def model_ref(name: str | Path, trust_remote_code: bool = False) -> ModelRef:
-    """Resolve a model name or directory and record it with the sha256 of its weights (and its hub revision)."""
-    from twostage.retriever.weights import hub_revision, resolve_model, sha256_of_weights
-
-    path = resolve_model(name)
-    return ModelRef(str(name), str(Path(path).resolve()), sha256_of_weights(path), hub_revision(path),
-                    trust_remote_code)
 
 
 class SearchEngine(TwoStageSearch):
@@ -102,7 +78,7 @@ class SearchEngine(TwoStageSearch):
             raise IndexFormatError(f"{version_dir / 'manifest.json'}: counts {manifest.documents} documents, the parts "
                                    f"hold {documents}{'' if rows is None else f' in {len(live_rows)} passages'}; "
                                    "restore or rebuild the engine")
-        self._bm25_rows = live_rows  # BM25 row i is index row live_rows[i]
+        self.bm25_rows = live_rows  # BM25 row i is index row live_rows[i]
 
     # ---- opening -------------------------------------------------------------------------------
     @classmethod
@@ -115,7 +91,7 @@ class SearchEngine(TwoStageSearch):
         root = Path(path)
         if not root.is_dir():
             raise IndexFormatError(f"{root}: no such engine directory (build one with `twostage build`)")
-        models = Models(device=resolve_device(device))
+        models = Models(requested_device=requested_device(device))
         return open_current(root, lambda version_dir, lease: cls._open(root, version_dir, lease, verify, models),
                             WHAT)
 
@@ -202,7 +178,7 @@ class SearchEngine(TwoStageSearch):
         m, s = self.manifest, self.settings
         reads = self.index.manifest.encoder.max_length
         if self.shape.enabled:
-            sizes = np.diff(np.append(self._groups, len(self._bm25_rows)))
+            sizes = np.diff(np.append(self._groups, len(self.bm25_rows)))
             cut = int((sizes > 1).sum())
             return {"passages": m.passages, "passage_words": s.passage_words, "passage_stride": s.passage_stride,
                     "passage_title": s.passage_title, "documents_cut": cut,
@@ -284,13 +260,13 @@ class SearchEngine(TwoStageSearch):
         for doc_id, row in zip(ids, firsts):
             if row is None:
                 raise KeyError(f"document id {doc_id!r} is not in the engine")
-            b = int(np.searchsorted(self._bm25_rows, row))
+            b = int(np.searchsorted(self.bm25_rows, row))
             g = int(np.searchsorted(self._groups, b))
-            end = int(self._groups[g + 1]) if g + 1 < len(self._groups) else len(self._bm25_rows)
-            out.append(self._bm25_rows[b:end])
+            end = int(self._groups[g + 1]) if g + 1 < len(self._groups) else len(self.bm25_rows)
+            out.append(self.bm25_rows[b:end])
         return out
 
-    def _passage_ids(self, ids: list[str]) -> list[str]:
+    def passage_ids(self, ids: list[str]) -> list[str]:
         """Every passage id of these documents (an unknown document is a DataError naming it)."""
         try:
             rows = self._passage_rows(ids)
@@ -317,7 +293,7 @@ class SearchEngine(TwoStageSearch):
             timings["dense_s"] = time.perf_counter() - t
         if first_stage in ("bm25", "hybrid"):
             t = time.perf_counter()
-            mask = allowed[self._bm25_rows]
+            mask = allowed[self.bm25_rows]
             lists["bm25"] = [self._bm25_search(q, n, mask) for q in queries]
             timings["bm25_s"] = time.perf_counter() - t
         return lists
@@ -358,7 +334,7 @@ class SearchEngine(TwoStageSearch):
         rows, values = top_k(scores, k, positive_only=True)
         return RankedList(self.bm25.doc_ids[rows], values)
 
-    # ---- building ------------------------------------------------------------------------------
+    # ---- writing (twostage.engine.writes) ----------------------------------------------------------
     @classmethod
     def build(cls, corpus: CorpusSource, path: str | Path, *, retriever: str | Path | None = "all-MiniLM-L6-v2",
               reranker: str | Path | None = None, settings: EngineSettings | None = None, chunk_size: int = 4096,
@@ -376,128 +352,60 @@ class SearchEngine(TwoStageSearch):
         ``retriever=None`` builds a BM25-only engine (no dense index, nothing encoded; with a reranker, BM25's
         candidates reranked): its first stage is bm25, and dense or hybrid searches are refused.
         """
-        settings = with_changes(settings or EngineSettings(), overrides, "build")
-        bm25_settings(settings)  # an unknown language: one line, before any work
-        if retriever is None:
-            settings = bm25_only(settings, overrides)
-        device = resolve_device(device)
-        if chunk_size <= 0:
-            raise ConfigError(f"chunk_size must be positive, got {chunk_size}")
-        out = Path(path)
-        check_out_dir(out, WHAT)
-        if (out / "CURRENT").is_file() and format_of(current_version(out, WHAT)) != "twostage.engine":
-            raise ConfigError(f"{out}: holds something other than a search engine; choose another --out")
-        prepared = encode_corpus(corpus, out, settings, retriever, reranker, chunk_size, resume, show_progress,
-                                 device, trust_remote_code)
-        settings = with_model_languages(resolved_blends(settings, prepared.models.reranker), prepared.retriever,
-                                        prepared.reranker)
-        write_streamed(out, prepared, settings)
-        prepared.discard()
-        return open_current(out, lambda v, lease: cls._open(out, v, lease, False, prepared.models), WHAT)
+        from twostage.engine import writes
 
-    # ---- updating ------------------------------------------------------------------------------
+        return writes.build(cls, corpus, path, retriever=retriever, reranker=reranker, settings=settings,
+                            chunk_size=chunk_size, resume=resume, show_progress=show_progress, device=device,
+                            trust_remote_code=trust_remote_code, **overrides)
+
     def add(self, documents: CorpusSource, *, show_progress: bool = False) -> SearchEngine:
         """Add documents (new ids only) to documents, BM25 and the dense index in one version; returns it. A
         passage engine adds every passage of each document in that version."""
-        docs = list(iter_documents(documents))
-        rows = split_all(docs, self.shape) if self.shape.enabled else docs
-        vectors, truncated = self.encode_rows(rows, show_progress)
+        from twostage.engine import writes
 
-        def make(base: SearchEngine) -> tuple[IndexChange, list[Document]]:
-            if base.shape.enabled:
-                present = next((d.id for d in docs if d.id in base), None)
-                if present is not None:
-                    raise DataError(f"document id {present!r} is already in the engine; use upsert to replace it")
-            return base.index.change_add(rows, vectors), rows
-
-        return self.commit_change(make, truncated=truncated)
+        return writes.add(self, documents, show_progress=show_progress)
 
     def upsert(self, documents: CorpusSource, *, show_progress: bool = False) -> SearchEngine:
         """Replace the documents with these ids and add the new ones, in one version (a passage engine replaces
         all of a document's passages)."""
-        docs = list(iter_documents(documents))
-        rows = split_all(docs, self.shape) if self.shape.enabled else docs
-        vectors, truncated = self.encode_rows(rows, show_progress)
+        from twostage.engine import writes
 
-        def make(base: SearchEngine) -> tuple[IndexChange, list[Document]]:
-            old = base._passage_ids([d.id for d in docs if d.id in base]) if base.shape.enabled else []
-            return base.index.change_add(rows, vectors, replace=True, drop=old), rows
-
-        return self.commit_change(make, truncated=truncated)
+        return writes.upsert(self, documents, show_progress=show_progress)
 
     def delete(self, ids: Iterable[str]) -> SearchEngine:
         """Delete documents by id (an unknown id is an error naming it), in one version; a passage engine deletes
         every passage of each."""
-        ids = ids_to_delete(ids)
+        from twostage.engine import writes
 
-        def make(base: SearchEngine) -> tuple[IndexChange, list[Document]]:
-            return base.index.change_delete(base._passage_ids(ids) if base.shape.enabled else ids), []
-
-        return self.commit_change(make)
+        return writes.delete(self, ids)
 
     def compact(self) -> SearchEngine:
         """Rewrite the dense part without deleted rows (BM25 already holds only live documents)."""
-        return self.commit_change(lambda base: (base.index.change_compact(), None))
+        from twostage.engine import writes
+
+        return writes.compact(self)
 
     def configure(self, settings: EngineSettings | None = None, **changes: Any) -> SearchEngine:
         """A new version with other search settings (first stage, depths, blend, rerank, precision); the documents
         and indexes are carried over as they are. Index-shape settings (backend, metric) need a rebuild."""
-        self.check_writable()
-        new = with_changes(settings or self.settings, changes, "configure")
-        if new.rerank_blend == "auto" and self.manifest.reranker is not None:  # the reranker's dev choice, as numbers
-            new = resolved_blends(new, self.reranker)
-        for fixed in ("backend", "metric"):
-            if getattr(new, fixed) != getattr(self.index.manifest, fixed):
-                raise ConfigError(f"{fixed} is the shape of the dense index; rebuild the engine to change it")
-        for fixed in ("passage_words", "passage_stride", "passage_title", "passage_whole_up_to"):
-            if getattr(new, fixed) != getattr(self.settings, fixed):
-                raise ConfigError(f"{fixed} is how the documents were cut into passages; rebuild the engine to "
-                                  "change it")
-        engine = self.commit_change(lambda base: (base.index.change_unchanged(), None), settings=new)
-        if resolve_precisions(new.precision) != resolve_precisions(self.settings.precision):
-            engine._models = Models(device=self._models.device)  # the models load again in the new precision
-        return engine
+        from twostage.engine import writes
+
+        return writes.configure(self, settings, **changes)
 
     def encode_rows(self, docs: list[Document], show_progress: bool = False) -> tuple[np.ndarray, int]:
         """The vectors of these rows (documents or passages), and how many were longer than the encoder reads."""
-        encoder = self.encoder  # loads and attaches the verified encoder
-        vectors = self.index.encode_documents(docs, batch_size=self.settings.batch_size)
-        return vectors, int(getattr(encoder, "truncated", 0) or 0)
+        from twostage.engine import writes
+
+        return writes.encode_rows(self, docs, show_progress)
 
     def commit_change(self, make: Callable[[SearchEngine], tuple[IndexChange, list[Document] | None]],
                       settings: EngineSettings | None = None, *, bm25: BM25Retriever | None = None,
                       pinned: bool = False, truncated: int = 0) -> SearchEngine:
-        """Lock, re-open the version current now, apply ``make`` to it, write every part, commit, return it.
+        """Lock, re-open the version current now, apply ``make`` to it, write every part, commit, return it
+        (:func:`twostage.engine.writes.commit_change`)."""
+        from twostage.engine import writes
 
-        ``pinned``: start from this object's version, not CURRENT's (a shard, whose committed version is the one
-        its sharded engine names); ``bm25``: the BM25 index over the live documents after the change, built by the
-        caller (a shard's, with the whole corpus's statistics); by default it is built here. ``truncated``: how many
-        of the new rows were longer than the retriever reads (a whole-document engine counts them).
-        """
-        self.check_writable()
-        with writer_lock(self.root):
-            base = self if pinned else self.refresh()
-            change, new_docs = make(base)
-            with commit(self.root) as version:
-                base.index.write(version.tmp / "dense", change)
-                if new_docs is None:  # compact or configure: the same live documents in the same order
-                    (version.tmp / "bm25").mkdir()
-                    for f in (base.version_dir / "bm25").iterdir():
-                        link_or_copy(f, version.tmp / "bm25" / f.name)
-                    bm25, count, rows = None, len(base), base.manifest.passages
-                else:
-                    if bm25 is None and base.bm25.postings is not None:  # only the new documents are analysed
-                        bm25 = base.bm25.updated(_kept_bm25_rows(base, change), new_docs)
-                    elif bm25 is None:  # an index saved without postings: rebuilt from the stored documents
-                        bm25 = BM25Retriever.build_chunked(live_chunks(base.index, change, new_docs),
-                                                           base.bm25.config)
-                    count, rows = counts(bm25, base.shape.enabled)
-                _write_engine(version.tmp, bm25, replace(base.manifest, documents=count, passages=rows,
-                                                         truncated=base.manifest.truncated + (
-                                                             0 if base.shape.enabled else truncated),
-                                                         settings=settings or base.manifest.settings))
-            return open_current(self.root, lambda v, lease: SearchEngine._open(self.root, v, lease, False,
-                                                                               self._models), WHAT)
+        return writes.commit_change(self, make, settings, bm25=bm25, pinned=pinned, truncated=truncated)
 
 
 def counts(bm25: BM25Retriever, passages: bool) -> tuple[int, int]:
@@ -515,153 +423,3 @@ def format_of(version_dir: Path) -> str | None:
     except (OSError, ValueError):
         return None
     return data.get("format") if isinstance(data, dict) else None
-
-
-def _kept_bm25_rows(engine: SearchEngine, change: IndexChange) -> np.ndarray:
-    """Which of ``engine``'s BM25 rows (its live documents) are still live after ``change``."""
-    return ~_deleted_after(engine.index, change)[engine._bm25_rows]
-
-
-def _deleted_after(index: Index, change: IndexChange) -> np.ndarray:
-    """A mask over ``index``'s rows: deleted in the version ``change`` makes."""
-    gone = np.asarray(change.deleted, dtype=np.int64)
-    deleted = np.zeros(index.manifest.rows, dtype=bool)
-    deleted[gone[gone < len(deleted)]] = True
-    return deleted
-
-
-def live_chunks(index: Index, change: IndexChange, new_docs: list[Document]) -> Callable[[], Iterator[list[Document]]]:
-    """The live documents of the version ``change`` makes, in row order, as a source of chunks: the kept rows a
-    parquet row group at a time, then ``new_docs``. Nothing holds every document."""
-    kept = np.flatnonzero(~_deleted_after(index, change))
-
-    def chunks() -> Iterator[list[Document]]:
-        for _, docs in index.store.document_chunks(kept):
-            yield docs
-        if new_docs:
-            yield list(new_docs)
-
-    return chunks
-
-
-def _write_engine(directory: Path, bm25: BM25Retriever | None, manifest: EngineManifest) -> None:
-    """Write the BM25 part (unless already linked in) and the engine manifest of a version being committed."""
-    if bm25 is not None:
-        (directory / "bm25").mkdir()
-        bm25.write_files(directory / "bm25")
-    final = replace(manifest, files=engine_files(directory), versions=library_versions())
-    if final.documents == 0:
-        raise DataError("the engine would hold no documents; build a new one instead")
-    (directory / "manifest.json").write_text(final.to_json(), encoding="utf-8")
-
-
-@dataclass
-class _Encoded:
-    """A corpus read and encoded for a build, in resumable chunks under ``work`` (``done`` lists them): the models
-    and their references, and the work directory to remove once the build is committed."""
-
-    work: Path
-    done: list[dict[str, Any]]
-    info: Any
-    retriever: ModelRef | None
-    reranker: ModelRef | None
-    models: Models
-
-    def discard(self) -> None:
-        import shutil
-
-        shutil.rmtree(self.work, ignore_errors=True)
-
-
-def encode_corpus(corpus: CorpusSource, out: Path, settings: EngineSettings, retriever: str | Path | None,
-                   reranker: str | Path | None, chunk_size: int, resume: bool, show_progress: bool,
-                   device: str = "cpu", trust_remote_code: bool = False) -> _Encoded:
-    """Load (and check) the models on ``device`` (resolved), then encode the corpus in resumable chunks next to
-    ``out``."""
-    from twostage.retriever.biencoder import BiEncoder
-
-    BackendConfig(settings.backend, settings.metric)  # a bad backend or metric fails before any encoding
-    precision = resolve_precisions(settings.precision, device)
-    retriever_ref = model_ref(retriever, trust_remote_code) if retriever is not None else None
-    reranker_ref = model_ref(reranker, trust_remote_code) if reranker is not None else None
-    calibration = calibration_texts(corpus, "openvino-int8" in precision.values())
-    models = Models(encoder=NoRetriever() if retriever_ref is None else BiEncoder.load(
-        retriever_ref.path, precision=precision["retriever"], calibration=calibration, device=device,
-        trust_remote_code=trust_remote_code), device=device)
-    if reranker_ref is not None:
-        from twostage.reranker.cross_encoder import CrossEncoder, calibration_pairs
-
-        models.reranker = CrossEncoder.load(reranker_ref.path, precision=precision["reranker"], device=device,
-                                            trust_remote_code=trust_remote_code,
-                                            calibration=calibration_pairs(calibration) if calibration else None)
-        if not models.reranker.head_trained:
-            raise ConfigError(f"reranker {str(reranker)!r}: its classification head was never trained; train one "
-                              "with `twostage train-reranker` or build without --reranker")
-    info = models.encoder.info()
-    plan = {"encoder": asdict(info), "metric": settings.metric, "chunk_size": chunk_size,
-            "passages": asdict(settings.passages)}
-    work, done = start_build(out, plan, resume)
-    rows = passages_of(corpus, settings) if settings.passages.enabled else corpus
-    encode_chunks(rows, models.encoder, work, plan, done, metric=settings.metric, dim=info.dim,
-                  chunk_size=chunk_size, batch_size=settings.batch_size, show_progress=show_progress,
-                  unit="passage" if settings.passages.enabled else "doc")
-    return _Encoded(work, done, info, retriever_ref, reranker_ref, models)
-
-
-def bm25_only(settings: EngineSettings, overrides: dict[str, Any]) -> EngineSettings:
-    """The settings of an engine built without a retriever: first stage bm25; its (empty) dense part flat, by
-    inner product. A dense or hybrid first stage asked for by name is an error."""
-    asked = overrides.get("first_stage", settings.first_stage if settings.first_stage != "hybrid" else "bm25")
-    if asked != "bm25":
-        raise ConfigError(f"first_stage {asked} needs a retriever: give one (--retriever NAME_OR_DIR), or build "
-                          "with first_stage bm25")
-    return replace(settings, first_stage="bm25", backend="flat", metric="ip")
-
-
-def bm25_settings(settings: EngineSettings) -> BM25Config:
-    """The BM25 settings of a new engine: its analysis is ``settings.language``'s."""
-    from twostage.retriever.analyzer import for_language
-
-    return BM25Config(analyzer=for_language(settings.language))
-
-
-def passages_of(corpus: CorpusSource, settings: EngineSettings) -> Iterator[Document]:
-    """The corpus's documents (read and checked one at a time) cut into passages, in order."""
-    from twostage.indexer.passages import split
-
-    for doc in iter_documents(corpus):
-        yield from split(doc, settings.passages)
-
-
-def calibration_texts(corpus: CorpusSource, int8: bool) -> list[str] | None:
-    """When a model runs in ``openvino-int8``: texts spread over the corpus's first 3,000 documents, which its int8
-    scales are measured on when it has no export yet. None otherwise, and for a one-shot iterator (it cannot be
-    read twice; the bundled sample stands in)."""
-    import itertools
-    from collections.abc import Sequence
-
-    import pandas as pd
-
-    from twostage.retriever.runtime import spread
-
-    if not int8 or not isinstance(corpus, (str, Path, pd.DataFrame, Sequence)):
-        return None
-    return spread([d.full_text for d in itertools.islice(iter_documents(corpus), 3000)]) or None
-
-
-def write_streamed(out: Path, enc: _Encoded, settings: EngineSettings, stats: CorpusStats | None = None,
-                   bm25_config: BM25Config | None = None) -> None:
-    """Commit the first version of ``out`` from the encoded chunks without holding the corpus: the chunks become
-    the dense part's segments (hard links; the ANN index built from their memory maps) and BM25 reads them a
-    chunk at a time (:meth:`BM25Retriever.build_chunked`), with ``stats`` when given (a shard: the whole corpus's
-    statistics; ``bm25_config``: its BM25 settings, its languages already found, else those of ``settings.language``)."""
-    backend = BackendConfig(settings.backend, settings.metric)
-    change, params, enc.info = streamed_change(enc.work, enc.done, backend, enc.info)
-    bm25 = BM25Retriever.build_chunked(lambda: chunk_documents(enc.work, enc.done),
-                                       bm25_config or bm25_settings(settings), stats=stats)
-    documents, passages = counts(bm25, settings.passages.enabled)
-    truncated = 0 if settings.passages.enabled else sum(int(c.get("truncated", 0)) for c in enc.done)
-    with writer_lock(out), commit(out) as version:
-        write_index_files(version.tmp / "dense", enc.work, change, enc.info, backend.metric, backend.name, params)
-        _write_engine(version.tmp, bm25, EngineManifest(settings, enc.retriever, enc.reranker, documents,
-                                                        passages=passages, truncated=truncated))

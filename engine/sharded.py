@@ -41,17 +41,12 @@ import numpy as np
 
 from twostage.engine.knobs import resolved_blends, with_model_languages
 from twostage.engine.models import Models
-from twostage.engine.replicas import ReplicatedShards, check_replicas
+from twostage.engine.replicas import ReplicatedShards
 from twostage.engine.search import TwoStageSearch, ids_to_delete
-from twostage.engine.search_engine import (
-    SearchEngine,
-    bm25_settings,
-    encode_corpus,
-    write_streamed,
-)
+from twostage.engine.search_engine import SearchEngine
 from twostage.indexer.build import check_unique_ids, chunk_documents, slice_chunks
 from twostage.indexer.corpus import CorpusSource, iter_documents
-from twostage.indexer.engine_dir import EngineSettings, with_changes
+from twostage.indexer.engine_dir import SHARDED_FORMAT, EngineSettings, check_replicas, with_changes
 from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
 from twostage.indexer.filters import Where, merge_kinds
 from twostage.indexer.index import IndexChange
@@ -65,7 +60,7 @@ from twostage.retriever.bm25_stats import CorpusStats
 
 logger = logging.getLogger(__name__)
 
-FORMAT, FORMAT_VERSION = "twostage.sharded-engine", 1
+FORMAT, FORMAT_VERSION = SHARDED_FORMAT, 1
 WHAT = "a sharded search engine directory (build one with ShardedEngine.build)"
 Lists = dict[str, list[tuple[list[str], list[float]]]]
 
@@ -319,6 +314,8 @@ class ShardedEngine(TwoStageSearch):
         slices, write each as an engine whose BM25 scores with the whole corpus's statistics, then commit the
         sharded manifest naming them. Opens it in this process."""
         from tqdm.auto import tqdm
+
+        from twostage.engine.writes import bm25_settings, encode_corpus, write_streamed
 
         root = Path(path)
         if retriever is None:

@@ -5,7 +5,7 @@ The dev queries are searched by a :class:`~twostage.engine.search_engine.SearchE
 with the retriever and the engine's settings: passages, whole-read threshold, fusion), viewed with the model being
 trained as its reranker (:meth:`~twostage.engine.search.TwoStageSearch.with_reranker`). The epoch is chosen by the
 reranker alone over each first stage's top ``depth``; the blend by trying every weight of
-:data:`~twostage.reranker.interpolation.GRID` through the same path (the pairs scored once, remembered across the
+:data:`~twostage.engine.fusion.GRID` through the same path (the pairs scored once, remembered across the
 weights), keeping the smallest within one standard error of the best (:func:`one_se_blend`).
 """
 
@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from twostage.engine.fusion import GRID, InterpolationChoice, one_se_blend, reorders
 from twostage.engine.search import TwoStageSearch
 from twostage.indexer.beir import BeirDataset
 from twostage.indexer.corpus import CorpusSource
@@ -29,7 +30,6 @@ from twostage.indexer.engine_dir import FIRST_STAGES, EngineSettings
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.records import Qrels, Query, RankedList
 from twostage.reranker.cross_encoder import CrossEncoder
-from twostage.reranker.interpolation import GRID, InterpolationChoice, one_se_blend, reorders
 from twostage.reranker.training import RerankerConfig, groups_from_split, title_groups, train_reranker
 from twostage.retriever.bm25 import BM25Retriever
 from twostage.retriever.device import cpu_precision

@@ -2,7 +2,7 @@
 
 The run may come from any system (Pyserini, PyTerrier, a bench run). Each query's top ``depth`` documents are
 scored with the query by the cross-encoder, blended with the run's own scores as the engine blends its first stage
-(:mod:`twostage.reranker.interpolation`), and the rest of the run's list follows in its order, exactly as the
+(:mod:`twostage.engine.fusion`), and the rest of the run's list follows in its order, exactly as the
 harness's ``bm25+rerank`` system does with its own BM25 list. It goes through the engine's own reranking: the
 run's top documents are put in a temporary BM25-only engine (whole documents) with the reranker, whose
 :meth:`~twostage.engine.search.TwoStageSearch.rerank` reads and blends them.
@@ -42,8 +42,8 @@ def rerank_run(run: Run, data: str | Path | BeirDataset, reranker: str | Path, *
 
     from tqdm.auto import tqdm
 
+    from twostage.engine.fusion import blend_for
     from twostage.engine.search_engine import SearchEngine
-    from twostage.reranker.interpolation import blend_for
 
     unknown = sorted(set(old_names) - {"depth", "interpolation"})
     if unknown:

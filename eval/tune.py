@@ -41,9 +41,9 @@ def tune_fusion(queries: Sequence[Query], qrels: Qrels, bm25: Sequence[RankedLis
                 grid: Sequence[float] = FUSION_GRID) -> FusionChoice:
     """Score RRF and a blend at each dense weight of ``grid`` on ``queries`` (their BM25 and dense top lists, in
     order); the current fusion wins ties, then RRF, then the weight nearest 0.5."""
+    from twostage.engine.fusion import dense_weights, fuse
     from twostage.eval.metrics import evaluate
     from twostage.eval.run import Run
-    from twostage.retriever.hybrid import dense_weights, fuse
 
     current = current or EngineSettings()
     if not queries:

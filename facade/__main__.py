@@ -1,7 +1,5 @@
 """``python -m twostage``: the command line."""
 
-import sys
+from twostage.app.cli import run
 
-from twostage.app.cli import main
-
-sys.exit(main())
+run()

@@ -25,6 +25,7 @@ from twostage.indexer.manifest import check_file_entries, describe_files, manife
 from twostage.indexer.passages import PassageShape
 
 FORMAT = "twostage.engine"
+SHARDED_FORMAT = "twostage.sharded-engine"  # the manifest of a sharded engine's version (twostage.engine.sharded)
 FORMAT_VERSION = 2  # 2: first_stage_depth, rerank_depth, rerank_blend (format 1: depth, k_retrieve, interpolation)
 FIRST_STAGES = ("hybrid", "dense", "bm25")
 FUSIONS = ("rrf", "blend")
@@ -268,3 +269,11 @@ def read_engine_manifest(version_dir: Path) -> EngineManifest:
 def engine_files(version_dir: Path) -> dict[str, dict[str, Any]]:
     """Size and sha256 of the two part manifests (dense/ and bm25/); each of them checksums its own files."""
     return describe_files(version_dir, ["dense/manifest.json", "bm25/manifest.json"])
+
+
+def check_replicas(replicas: object) -> int:
+    """``replicas`` (copies of each shard a sharded engine serves) when it is a whole number >= 1, else one
+    ConfigError saying so."""
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise ConfigError(f"--replicas must be an integer >= 1, got {replicas!r}")
+    return replicas

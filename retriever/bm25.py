@@ -54,33 +54,38 @@ class BM25Config:
 
 
 class _Engine(Protocol):
-    def scores(self, terms: list[str]) -> np.ndarray: ...
+    def score(self, terms: list[str]) -> np.ndarray: ...
 
 
 class Bm25sEngine:
-    """bm25s: term x document BM25 weights precomputed into a sparse matrix; a query sums a few columns."""
+    """bm25s's eager scoring: term x document BM25 weights precomputed into a CSC matrix; a query sums a few columns.
 
-    def __init__(self, model: Any) -> None:
-        self.model = model
+    The weights are computed here (:class:`Postings`, bit for bit bm25s's) and the columns summed here in bm25s's
+    order (each query term's column in turn, float32), so scores equal bm25s's to the bit (tested against bm25s's own
+    index) without importing bm25s to search: its import pulls numba and scipy, half a second of every cold search.
+    ``vocab_dict`` and ``scores`` keep bm25s's names and layout (its files are ours, :mod:`bm25_store`)."""
+
+    def __init__(self, vocab: dict[str, int], arrays: dict[str, np.ndarray], num_docs: int) -> None:
+        self.vocab_dict = vocab
+        self.scores: dict[str, Any] = {**arrays, "num_docs": num_docs}
+        self._data, self._indices, self._indptr = arrays["data"], arrays["indices"], arrays["indptr"]
+        self._num_docs = num_docs
 
     @classmethod
     def from_arrays(cls, config: BM25Config, vocab: dict[str, int], arrays: dict[str, np.ndarray],
                     num_docs: int) -> Bm25sEngine:
-        """bm25s scoring over CSC weight arrays (data, indices, indptr) computed here (:class:`Postings`)."""
-        import bm25s
+        """Scoring over CSC weight arrays (data, indices, indptr) computed here (:class:`Postings`)."""
+        return cls(vocab, arrays, num_docs)
 
-        model = bm25s.BM25(k1=config.k1, b=config.b, method="lucene")
-        model.scores = {**arrays, "num_docs": num_docs}
-        model.vocab_dict = vocab
-        model.unique_token_ids_set = set(vocab.values())
-        model.nonoccurrence_array = None  # the Lucene variant has no non-occurrence term
-        return cls(model)
-
-    def scores(self, terms: list[str]) -> np.ndarray:
-        ids = self.model.get_tokens_ids(terms)
-        if not ids:
-            return np.zeros(self.model.scores["num_docs"], dtype=np.float32)
-        return np.asarray(self.model.get_scores_from_ids(ids), dtype=np.float32)
+    def score(self, terms: list[str]) -> np.ndarray:
+        out = np.zeros(self._num_docs, dtype=np.float32)
+        for term in terms:  # a repeated query term counts again, as in bm25s
+            column = self.vocab_dict.get(term)
+            if column is None or column >= len(self._indptr) - 1:  # unknown, or bm25s's empty term (no column)
+                continue
+            a, z = int(self._indptr[column]), int(self._indptr[column + 1])
+            out[self._indices[a:z]] += self._data[a:z]  # a column's rows are distinct: one float32 addition each
+        return out
 
 
 class RankBm25Engine:
@@ -98,7 +103,7 @@ class RankBm25Engine:
         self.model = LuceneBM25Okapi(doc_terms, k1=k1, b=b)
         self._scale = 1.0 / (k1 + 1.0)
 
-    def scores(self, terms: list[str]) -> np.ndarray:
+    def score(self, terms: list[str]) -> np.ndarray:
         return (np.asarray(self.model.get_scores(terms)) * self._scale).astype(np.float32)
 
 
@@ -227,7 +232,7 @@ class BM25Retriever:
         terms = self._terms(query)
         if not terms:
             return np.zeros(len(self), dtype=np.float32)
-        return self._engine.scores(terms)
+        return self._engine.score(terms)
 
     def search(self, query: str, k: int = 10) -> RankedList:
         """The ``k`` best documents for ``query``; equal scores keep corpus order."""
@@ -251,7 +256,7 @@ class BM25Retriever:
         """Write the index's files into the existing ``directory`` (the caller makes the write atomic)."""
         if not isinstance(self._engine, Bm25sEngine):
             raise ConfigError("only the bm25s engine can be saved; rank-bm25 is the in-memory reference engine")
-        write_bm25_files(Path(directory), self._engine.model, self.doc_ids, to_json_dict(self.config), self.postings)
+        write_bm25_files(Path(directory), self._engine, self.doc_ids, to_json_dict(self.config), self.postings)
 
     @classmethod
     def load(cls, path: str | Path) -> BM25Retriever:

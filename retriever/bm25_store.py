@@ -44,7 +44,7 @@ LANGUAGES_FILE = "doc_languages.npy"  # with the manifest's "languages": the cod
 
 
 def write_bm25_files(tmp: Path, model: Any, doc_ids: Any, config: dict[str, Any], postings: Postings | None) -> None:
-    """Write a bm25s model's files, its postings (when kept) and the manifest into the existing directory ``tmp``
+    """Write the weights (bm25s's layout: ``model.vocab_dict``, ``model.scores``), its postings (when kept) and the manifest into the existing directory ``tmp``
     (the caller makes it atomic). ``config`` is the retriever's BM25Config as a dict."""
     (tmp / "doc_ids.json").write_text(json.dumps([str(i) for i in doc_ids]), encoding="utf-8")
     (tmp / "vocab.json").write_text(json.dumps(model.vocab_dict, ensure_ascii=False), encoding="utf-8")

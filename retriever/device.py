@@ -15,6 +15,15 @@ DEVICES = ("auto", "cpu", "cuda")
 CPU_ONLY = ("int8", "openvino-fp32", "openvino-int8")
 
 
+def requested_device(device: str | None = "auto") -> str:
+    """``device`` checked and lower-cased without importing torch: ``auto`` and ``cpu`` as they are (``auto`` is
+    resolved when a model first loads), ``cuda[:N]`` resolved now (a machine without one is told at once)."""
+    name = (device or "auto").strip().lower()
+    if name in ("auto", "cpu"):
+        return name
+    return resolve_device(name)
+
+
 def resolve_device(device: str | None = "auto") -> str:
     """``cpu`` or ``cuda[:N]`` for a device name; ``cuda`` on a machine without a usable CUDA GPU is a ConfigError
     that says so."""

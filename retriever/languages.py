@@ -120,9 +120,25 @@ def stopwords(code: str) -> frozenset[str]:
     name = STOPWORD_LISTS.get(code)
     if name is None:
         return frozenset()
-    import bm25s.stopwords
+    return frozenset(getattr(_bm25s_stopwords(), f"STOPWORDS_{name}", ()))
 
-    return frozenset(getattr(bm25s.stopwords, f"STOPWORDS_{name}", ()))
+
+@cache
+def _bm25s_stopwords() -> Any:
+    """bm25s's ``stopwords`` module (plain lists, no imports), read from its file without importing bm25s itself:
+    the package's import pulls numba and scipy, half a second of a cold search that needs none of it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("bm25s")  # found, not imported
+    if spec is None or not spec.submodule_search_locations:
+        raise MissingDependencyError("stopword lists need bm25s: pip install bm25s")
+    path = Path(next(iter(spec.submodule_search_locations))) / "stopwords.py"
+    loader = importlib.util.spec_from_file_location("twostage._bm25s_stopwords", path)
+    if loader is None or loader.loader is None or not path.is_file():
+        raise MissingDependencyError(f"{path}: bm25s's stopword lists are missing; reinstall bm25s")
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    return module
 
 
 class _Detector:

@@ -10,7 +10,7 @@ import torch
 
 from twostage.indexer.errors import ConfigError, DataError
 from twostage.indexer.records import Document, RankedList
-from twostage.retriever.hybrid import blend, fuse
+from twostage.engine.fusion import blend, fuse
 from twostage.retriever.pseudo_queries import PseudoQueryConfig, as_queries_and_qrels, make_pseudo_queries, words
 
 DOCS = [

@@ -362,3 +362,21 @@ def test_adapt_errors(tmp_path, sample_dir, capsys, argv, message):
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     assert not (tmp_path / "m").exists() and not (tmp_path / "e").exists()
+
+
+def test_the_program_ends_a_search_at_once_with_its_whole_answer(tmp_path, sample_dir):
+    """`twostage search` (the console script's `run`) ends its process without unloading the modules (a read-only
+    command): the whole answer is printed, the exit status is kept, and an error is still one line with status 2."""
+    import subprocess
+    import sys
+
+    engine = tmp_path / "e"
+    assert main(["-q", "build", "--corpus", str(sample_dir), "--out", str(engine), "--retriever", "none"]) == 0
+    program = [sys.executable, "-m", "twostage"]
+    done = subprocess.run([*program, "search", str(engine), "why do cats purr", "--k", "3"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.count("\n  ") >= 3 and "total" in done.stdout, done.stdout
+    assert done.stdout.rstrip().splitlines()[-1].lstrip().startswith(("next page", "bm25", "total", "analyse"))
+    bad = subprocess.run([*program, "search", str(tmp_path / "none"), "cats"], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no such engine directory" in bad.stderr

@@ -346,7 +346,7 @@ def test_a_token_from_before_a_model_swap_is_gone_not_reloaded(fresh, tmp_path, 
     # a version naming other models, as a swap writes it: the same files, another reranker sha256 in the manifest
     manifest = json.loads((fresh / old_version / "manifest.json").read_text())
     engine2 = engine.add([Document("z-1", "walruses")])
-    engine2._models = Models(device="cpu", weights=("x", "y"))  # serves other models
+    engine2._models = Models(requested_device="cpu", weights=("x", "y"))  # serves other models
     with pytest.raises(PageExpiredError, match="other models"):
         engine2.search("cats purring", k=5, page_token=token)
     assert manifest["format"]

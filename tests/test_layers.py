@@ -154,7 +154,7 @@ def test_no_private_attribute_touched_outside_its_module():
             for node in ast.walk(tree):
                 if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
                         and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")) \
-                        and node.attr not in mine:
+                        and node.attr not in mine and ast.unparse(node) != "os._exit":  # (stdlib, documented)
                     bad.append(f"{path.relative_to(ROOT)}:{node.lineno} .{node.attr} of {ast.unparse(node.value)}")
     assert not bad, "private attributes of other modules' objects: " + "; ".join(bad)
 

@@ -1,11 +1,11 @@
 import numpy as np
 import pytest
 
+from twostage.engine.fusion import rrf
 from twostage.indexer.errors import ConfigError, DataError
-from twostage.indexer.records import Document, RankedList
+from twostage.indexer.records import RankedList
 from twostage.reranker.cross_encoder import CrossEncoder, UntrainedHeadError
 from twostage.retriever.bm25 import BM25Retriever
-from twostage.retriever.hybrid import HybridRetriever, rrf
 
 PAIRS = [("why do cats purr", "cats purr when they are content"), ("rain", "snow is ice " * 60),
          ("how does rain form", "rain forms when water vapour condenses")]
@@ -68,8 +68,8 @@ def test_rrf_by_hand():
 
 
 def test_rerank_lists_reorders_the_head_and_keeps_the_rest(trained_dir, sample_dir):
+    from twostage.engine.rerank import rerank_lists
     from twostage.indexer.corpus import load_corpus
-    from twostage.reranker.rerank import rerank_lists
 
     corpus = load_corpus(sample_dir)
     ce = CrossEncoder.load(trained_dir)
@@ -83,11 +83,6 @@ def test_rerank_lists_reorders_the_head_and_keeps_the_rest(trained_dir, sample_d
     assert np.all(np.diff(out.ranked.scores) <= 0) and len(out.rerank_scores) == 10
     kept = rerank_lists(ce, [query], [first], lambda i: corpus.get(i).full_text, k=5, rerank_depth=10, blend=0.0)[0]
     assert list(kept.ranked.ids) == list(first.ids[:5]) and kept.rerank_scores == {}  # blend 0: nothing scored
-
-
-def test_hybrid_needs_two(sample_dir):
-    with pytest.raises(ConfigError):
-        HybridRetriever([BM25Retriever.build([Document("a", "text")])])
 
 
 def test_group_losses_by_hand():
@@ -150,7 +145,7 @@ def test_mixed_groups_titles_and_dense_mining(tiny_bert_dir, sample_dir):
 
 
 def test_interpolation_by_hand():
-    from twostage.reranker.interpolation import interpolate, minmax
+    from twostage.engine.fusion import interpolate, minmax
 
     first, rerank = np.array([10.0, 8.0, 6.0]), np.array([0.1, 0.9, 0.5])
     np.testing.assert_allclose(minmax(first), [1, 0.5, 0])
@@ -183,7 +178,7 @@ def test_a_tokenizer_of_another_model_is_refused(tmp_path, tiny_bert_dir):
 def test_blend_choice_is_the_smallest_within_one_standard_error():
     """A best alpha ahead by less than the per-query noise gives way to the smallest alpha within one standard
     error of it; one ahead by a consistent margin is kept."""
-    from twostage.reranker.interpolation import one_se_blend
+    from twostage.engine.fusion import one_se_blend
 
     first, middle = (0.0, np.array([0.5, 0.5, 0.5, 0.5])), (0.5, np.array([0.6, 0.6, 0.6, 0.6]))
     assert one_se_blend([first, middle, (1.0, np.array([1.0, 0.2, 1.0, 0.3]))]) == 0.0  # best mean, but by noise
@@ -193,7 +188,7 @@ def test_blend_choice_is_the_smallest_within_one_standard_error():
 
 def test_blend_for_reads_the_models_choice():
     """(The blend itself is chosen through an engine: tests/test_one_path.py.)"""
-    from twostage.reranker.interpolation import blend_for
+    from twostage.engine.fusion import blend_for
 
     class Model:
         interpolation, blends = 0.4, {"hybrid": 0.2}
@@ -234,9 +229,9 @@ def test_rerank_lists_scores_a_document_read_by_several_texts_by_the_best():
     scores the highest of them, with a CrossEncoder-like ``predict`` and with a plain ``score``."""
     import numpy as np
 
+    from twostage.engine.rerank import rerank_lists
     from twostage.indexer.errors import ConfigError
     from twostage.indexer.records import RankedList
-    from twostage.reranker.rerank import rerank_lists
 
     class ByLength:
         def score(self, query, texts):

@@ -181,7 +181,7 @@ def brute_hybrid(engine: Any, lists: dict[str, list[Any]], n: int, k: int) -> li
     import numpy as np
 
     from twostage.indexer.records import RankedList
-    from twostage.retriever.hybrid import dense_weights, fuse
+    from twostage.engine.fusion import dense_weights, fuse
 
     s = engine.settings
     b = RankedList(np.array(lists["bm25"], dtype=object), np.array(lists["bm25_scores"], dtype=np.float32))

@@ -2,7 +2,7 @@
 harness measures, training's dev selection and ``twostage rerank`` of a run) reorders candidates with.
 
 The top ``rerank_depth`` of each list is scored by the cross-encoder and blended with the first stage
-(:mod:`twostage.reranker.interpolation`); the rest of the list follows in the first stage's order.
+(:mod:`twostage.engine.fusion`); the rest of the list follows in the first stage's order.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from twostage.engine.fusion import reorders, rerank_order
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.records import RankedList
-from twostage.reranker.interpolation import reorders, rerank_order
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,159 @@
+"""Fusion: how the engine combines scores, in one place. The first stage fuses BM25's and dense's lists; the second
+stage blends the reranker's scores with the first stage's. Both normalise a query's scores the same way:
+
+    minmax(s)(d) = (s(d) - min s) / (max s - min s)        (0 for every candidate when all scores are equal)
+
+First stage, ``rrf`` (reciprocal rank fusion, Cormack et al., 2009; k_rrf = 60):
+
+    score(d) = sum over first stages r of 1 / (k_rrf + rank_r(d))       (rank from 1; absent = no term)
+
+First stage, ``blend`` (ranx's ``wsum`` after ``min-max``, which the tests check it against):
+
+    score(d) = sum over first stages r of w_r * minmax(s_r)(d)          (absent = 0)
+
+Second stage, the rerank blend (``alpha``: the engine setting ``rerank_blend``; None ranks by the reranker alone):
+
+    final(d) = alpha * minmax(rerank)(d) + (1 - alpha) * minmax(first_stage)(d)
+
+Equal fused scores keep the order of first appearance. ``alpha`` is chosen on held-out training queries (never on
+test) for each first stage the engine serves (their scores differ in shape, so one weight does not fit all): the
+smallest ``alpha`` within one standard error of the best on dev (:func:`one_se_blend`), as a few dozen dev queries
+cannot tell apart blends that close, and the one nearest the first stage is the least likely to rank worse than it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from twostage.indexer.engine_dir import FUSIONS
+from twostage.indexer.errors import ConfigError
+from twostage.indexer.records import RankedList
+
+GRID = tuple(round(a, 2) for a in np.linspace(0.0, 1.0, 11))  # the rerank blends tried on dev
+
+
+def minmax(x: np.ndarray) -> np.ndarray:
+    """A query's scores rescaled to [0, 1] (float64); all zeros when they are all equal."""
+    x = np.asarray(x, dtype=np.float64)
+    span = float(x.max() - x.min()) if len(x) else 0.0
+    return np.zeros_like(x) if span == 0 else (x - x.min()) / span
+
+
+# ---- the first stage: lists fused ----------------------------------------------------------------------------
+def rrf(lists: Sequence[RankedList], k_rrf: float = 60.0) -> RankedList:
+    """Fuse ranked lists by reciprocal rank."""
+    scores: dict[str, float] = {}
+    for ranked in lists:
+        for rank, doc in enumerate(ranked.ids, start=1):
+            scores[str(doc)] = scores.get(str(doc), 0.0) + 1.0 / (k_rrf + rank)
+    return _ranked(scores)
+
+
+def blend(lists: Sequence[RankedList], weights: Sequence[float]) -> RankedList:
+    """Fuse ranked lists by a weighted sum of their min-max normalised scores."""
+    if len(weights) != len(lists):
+        raise ConfigError(f"blend needs one weight per list: {len(lists)} lists, {len(weights)} weights")
+    scores: dict[str, float] = {}
+    for ranked, w in zip(lists, weights):
+        if not len(ranked):
+            continue
+        for doc, value in zip(ranked.ids, minmax(ranked.scores)):
+            scores[str(doc)] = scores.get(str(doc), 0.0) + float(w) * float(value)
+    return _ranked(scores)
+
+
+def _ranked(scores: dict[str, float]) -> RankedList:
+    ids = list(scores)
+    values = np.array([scores[d] for d in ids], dtype=np.float64)
+    order = np.lexsort((np.arange(len(ids)), -values))
+    return RankedList(np.array([ids[i] for i in order], dtype=object), values[order].astype(np.float32))
+
+
+def fuse(lists: Sequence[RankedList], fusion: str = "rrf", *, k_rrf: float = 60.0,
+         weights: Sequence[float] | None = None) -> RankedList:
+    """``rrf`` or ``blend`` (``weights``: one per list; equal weights when None)."""
+    if fusion == "rrf":
+        return rrf(lists, k_rrf)
+    if fusion == "blend":
+        return blend(lists, weights if weights is not None else [1.0 / len(lists)] * len(lists))
+    raise ConfigError(f"fusion must be {' or '.join(FUSIONS)}, got {fusion!r}")
+
+
+def dense_weights(dense_weight: float) -> tuple[float, float]:
+    """(BM25's weight, dense's weight) of a two-way blend whose dense weight is ``dense_weight``."""
+    if isinstance(dense_weight, bool) or not isinstance(dense_weight, (int, float)) or not 0 <= dense_weight <= 1:
+        raise ConfigError(f"the dense weight of a blend must be a number in [0, 1], got {dense_weight!r}")
+    return 1.0 - float(dense_weight), float(dense_weight)
+
+
+# ---- the second stage: the reranker's scores blended with the first stage's ------------------------------------
+def interpolate(first: np.ndarray, rerank: np.ndarray, alpha: float | None) -> np.ndarray:
+    """Blended scores (float32); ``alpha=None`` returns the reranker's scores unchanged."""
+    if alpha is None:
+        return np.asarray(rerank, dtype=np.float32)
+    if not 0.0 <= alpha <= 1.0:
+        raise ConfigError(f"the rerank blend must be in [0, 1], got {alpha}")
+    return (alpha * minmax(rerank) + (1.0 - alpha) * minmax(first)).astype(np.float32)
+
+
+def order_by(scores: np.ndarray) -> np.ndarray:
+    """Best first; equal scores keep their first-stage order."""
+    return np.lexsort((np.arange(len(scores)), -np.asarray(scores)))
+
+
+def reorders(alpha: float | None) -> bool:
+    """Whether the reranker's scores can move anything at this blend: at ``alpha = 0`` the first stage's order
+    stays, so the pairs need not be scored at all."""
+    return alpha is None or float(alpha) != 0.0
+
+
+def rerank_order(first: np.ndarray, rerank: np.ndarray, alpha: float | None) -> tuple[np.ndarray, np.ndarray]:
+    """The candidates' new order (best first) and their final scores (in candidate order)."""
+    scores = interpolate(first, rerank, alpha)
+    return order_by(scores), scores
+
+
+@dataclass(frozen=True)
+class InterpolationChoice:
+    """The chosen ``alpha`` per first stage and overall, with the dev metric at every ``alpha`` tried.
+
+    ``alpha`` and ``dev_by_alpha`` are over the mean of the first stages (the blend for a first stage the reranker
+    was not tuned on); ``by_first_stage`` holds each first stage's own choice and curve (``(name, alpha, curve)``).
+    """
+
+    alpha: float
+    dev_by_alpha: tuple[tuple[float, float], ...]
+    by_first_stage: tuple[tuple[str, float, tuple[tuple[float, float], ...]], ...] = ()
+
+    @property
+    def best(self) -> float:
+        return dict(self.dev_by_alpha)[self.alpha]
+
+    def alphas(self) -> dict[str, float]:
+        """first stage -> its chosen alpha."""
+        return {name: alpha for name, alpha, _ in self.by_first_stage}
+
+
+def one_se_blend(curve: Sequence[tuple[float, np.ndarray]]) -> float:
+    """The smallest alpha whose mean is within one standard error of the best mean, the error being that of the
+    per-query difference from the best alpha (the one-standard-error rule; equal means count as within)."""
+    means = [float(np.mean(v)) for _, v in curve]
+    best = int(np.argmax(means))
+    for (alpha, values), m in sorted(zip(curve, means), key=lambda r: r[0][0]):
+        diff = np.asarray(curve[best][1], dtype=np.float64) - np.asarray(values, dtype=np.float64)
+        se = float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else 0.0
+        if m >= means[best] - se - 1e-12:
+            return float(alpha)
+    raise AssertionError("unreachable: the best alpha is within its own error")  # pragma: no cover
+
+
+def blend_for(reranker: Any, first_stage: str | None) -> float | None:
+    """The blend ``reranker`` chose on dev for ``first_stage`` (its overall choice for a first stage it was not
+    tuned on; None: rank by the reranker alone)."""
+    by_stage = getattr(reranker, "blends", None) or {}
+    alpha = by_stage.get(first_stage, getattr(reranker, "interpolation", None))
+    return None if alpha is None else float(alpha)
