@@ -21,7 +21,7 @@ def _encoder(model: str, device: str, precision: str = "fp32") -> Any:
 
 def _open(path: Path, with_encoder: bool = True, device: str = "auto") -> Any:
     from twostage.indexer.index import Index
-    from twostage.retriever.device import resolve_device
+    from twostage.models.device import resolve_device
 
     where = resolve_device(device)  # cuda on a machine without it: one line, before the index is read
     index = Index.load(path)
@@ -55,7 +55,7 @@ def _build(args: argparse.Namespace) -> int:
     from twostage.app.cli_engine import corpus_of
     from twostage.indexer.build import build_index
     from twostage.indexer.vectors import BackendConfig
-    from twostage.retriever.device import resolve_device
+    from twostage.models.device import resolve_device
 
     params = parse_params(args.param)
     backend = BackendConfig(args.backend, args.metric, params)

@@ -14,7 +14,7 @@ from typing import Any
 
 from twostage.app.commands import help_of
 from twostage.app.train_models import TrainSettings
-from twostage.retriever.device import cpu_precision
+from twostage.models.device import cpu_precision
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ def settings_from_flags(args: argparse.Namespace, flags: tuple[Flag, ...]) -> Tr
             value = tuple(part.strip() for v in value for part in str(v).split(",") if part.strip())
         for path in f.paths:
             settings = _set(settings, path, value)
-    from twostage.retriever.device import resolve_device
+    from twostage.models.device import resolve_device
 
     resolve_device(settings.retriever.train.device)  # cuda on a machine without it: one line, before any work
     resolve_device(settings.reranker.device)

@@ -42,7 +42,7 @@ def run_demo(data: str | Path, out: str | Path, *, base: str = "all-MiniLM-L6-v2
     from twostage.eval.tune import tune_engine
     from twostage.indexer.beir import BeirDataset
     from twostage.retriever.training_data import hold_out
-    from twostage.retriever.weights import resolve_model
+    from twostage.models.weights import resolve_model
 
     data, out = Path(data), Path(out)
     models = Path(f"{out}.models")

@@ -69,7 +69,7 @@ class TwostageReranker(BaseDocumentCompressor):
     @classmethod
     def load(cls, name_or_path: str, *, top_n: int = 3, precision: str = "auto") -> TwostageReranker:
         from twostage.reranker.cross_encoder import CrossEncoder
-        from twostage.retriever.precision import resolve_precision
+        from twostage.models.precision import resolve_precision
 
         return cls(reranker=CrossEncoder.load(name_or_path, precision=resolve_precision(precision, "reranker")),
                    top_n=top_n)

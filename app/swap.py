@@ -10,7 +10,7 @@ judged queries through their default search (``qrels``: a BEIR directory's queri
 metric of the two is compared with the harness's paired test. The candidate becomes the engine's next version (one
 atomic commit) only if its mean is at least the current one's plus ``min_gain`` (a finite number; 0: not worse), or
 with ``force``; it is refused when the engine changed while the candidate was built (run again). The new models'
-files are checked before anything is built (:func:`~twostage.retriever.weights.check_model_files`: plain files of
+files are checked before anything is built (:func:`~twostage.models.weights.check_model_files`: plain files of
 sane sizes, a sane config). A server on the engine moves to the new version by itself. A swap that fails removes
 its staging directory; one killed midway leaves the engine as it was (the staging directory ``.NAME.swap-*``
 beside it may be left; delete it). ``twostage swap`` exits 0 when it promoted, 1 when the comparison refused the
@@ -32,7 +32,7 @@ import numpy as np
 
 from twostage.indexer.engine_dir import with_changes
 from twostage.indexer.errors import ConfigError
-from twostage.retriever.weights import ModelNotFoundError, resolve_model
+from twostage.models.weights import ModelNotFoundError, resolve_model
 
 logger = logging.getLogger(__name__)
 

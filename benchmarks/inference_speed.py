@@ -107,7 +107,7 @@ def _peer_models(spec: dict) -> dict:
 def _our_models(spec: dict) -> dict:
     from twostage.reranker.cross_encoder import CrossEncoder, calibration_pairs
     from twostage.retriever.biencoder import BiEncoder
-    from twostage.retriever.runtime import openvino_runner
+    from twostage.models.runtime import openvino_runner
 
     texts = spec["calibration"]
     pairs = calibration_pairs(texts)
@@ -262,11 +262,11 @@ def main() -> None:
     speed_q = queries[:args.queries]
     groups = [[(q.text, texts[str(d)]) for d in bm25.search(q.text, args.depth).ids] for q in speed_q]
     ce_meta = CrossEncoder.load(args.reranker)
-    from twostage.retriever.precision import resolve_precision
+    from twostage.models.precision import resolve_precision
 
     our_modes = args.ours.split(",") if args.ours else \
         [m for m in OUR_MODES if m != "bf16" or resolve_precision("auto", "retriever") == "bf16"]
-    from twostage.retriever.weights import resolve_model
+    from twostage.models.weights import resolve_model
 
     args.retriever_dir, args.reranker_dir = resolve_model(args.retriever), resolve_model(args.reranker)
     spec = {"retriever": str(args.retriever_dir), "reranker": str(args.reranker_dir),

@@ -28,7 +28,7 @@ def open_engine(path: str | Path, *, verify: bool = True, ray: bool = False, dev
     root = Path(path)
     if (root / "CURRENT").is_file() and format_of(current_version(root, WHAT)) == SHARDED_FORMAT:
         from twostage.engine.sharded import ShardedEngine
-        from twostage.retriever.device import resolve_device
+        from twostage.models.device import resolve_device
 
         if resolve_device(device) != "cpu" and device != "auto":
             raise ConfigError(f"{root}: a sharded engine runs its models on the CPU; leave out --device {device}")

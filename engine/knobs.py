@@ -60,8 +60,8 @@ def resolved_blends(settings: EngineSettings, reranker: Any) -> EngineSettings:
 
 def with_model_languages(settings: EngineSettings, retriever: Any, reranker: Any) -> EngineSettings:
     """``settings`` with the languages the retriever's and the reranker's model cards list (their ModelRefs, None
-    when absent; :mod:`twostage.retriever.model_card`). An engine of the legacy English analysis keeps None."""
-    from twostage.retriever.model_card import model_languages
+    when absent; :mod:`twostage.models.model_card`). An engine of the legacy English analysis keeps None."""
+    from twostage.models.model_card import model_languages
 
     if settings.language is None:
         return settings

@@ -14,12 +14,12 @@ import numpy as np
 
 from twostage.indexer.engine_dir import EngineManifest, ModelRef
 from twostage.indexer.errors import ConfigError
-from twostage.retriever.precision import resolve_precision
+from twostage.models.precision import resolve_precision
 
 
 def verified_model_dir(ref: ModelRef, role: str) -> Path:
     """The directory of a model the engine names, after checking its weights are the ones it was built with."""
-    from twostage.retriever.weights import resolve_model, sha256_of_weights
+    from twostage.models.weights import resolve_model, sha256_of_weights
 
     path = Path(ref.path) if Path(ref.path).is_dir() else resolve_model(ref.name)
     digest = sha256_of_weights(path)
@@ -45,7 +45,7 @@ class Models:
         """Where the models run, resolved (``cpu`` or ``cuda[:N]``): importing torch, so an engine that never loads
         a model (BM25 searches, info, deletes) never imports it."""
         if self._device is None:
-            from twostage.retriever.device import resolve_device
+            from twostage.models.device import resolve_device
 
             self._device = resolve_device(self.requested_device)
         return self._device

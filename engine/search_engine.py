@@ -44,7 +44,7 @@ from twostage.indexer.records import Document, RankedList
 from twostage.indexer.topk import top_k
 from twostage.indexer.versions import VERSION, Lease, current_version, open_current
 from twostage.retriever.bm25 import BM25Retriever
-from twostage.retriever.device import requested_device
+from twostage.models.device import requested_device
 
 if TYPE_CHECKING:
     from twostage.indexer.corpus import CorpusSource

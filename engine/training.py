@@ -32,8 +32,8 @@ from twostage.indexer.records import Qrels, Query, RankedList
 from twostage.reranker.cross_encoder import CrossEncoder
 from twostage.reranker.training import RerankerConfig, groups_from_split, title_groups, train_reranker
 from twostage.retriever.bm25 import BM25Retriever
-from twostage.retriever.device import cpu_precision
-from twostage.retriever.fit import FitResult, seed_everything
+from twostage.models.device import cpu_precision
+from twostage.models.fit import FitResult, seed_everything
 from twostage.retriever.recipe import DevMetric
 from twostage.retriever.training_data import hold_out
 

@@ -31,8 +31,8 @@ from twostage.indexer.vectors import BackendConfig
 from twostage.indexer.versions import commit, current_version, open_current, writer_lock
 from twostage.retriever.bm25 import BM25Config, BM25Retriever
 from twostage.retriever.bm25_stats import CorpusStats
-from twostage.retriever.device import resolve_device
-from twostage.retriever.precision import resolve_precisions
+from twostage.models.device import resolve_device
+from twostage.models.precision import resolve_precisions
 
 if TYPE_CHECKING:
     from twostage.engine.search_engine import SearchEngine
@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 
 def model_ref(name: str | Path, trust_remote_code: bool = False) -> ModelRef:
     """Resolve a model name or directory and record it with the sha256 of its weights (and its hub revision)."""
-    from twostage.retriever.weights import hub_revision, resolve_model, sha256_of_weights
+    from twostage.models.weights import hub_revision, resolve_model, sha256_of_weights
 
     path = resolve_model(name)
     return ModelRef(str(name), str(Path(path).resolve()), sha256_of_weights(path), hub_revision(path),
@@ -303,7 +303,7 @@ def calibration_texts(corpus: CorpusSource, int8: bool) -> list[str] | None:
 
     import pandas as pd
 
-    from twostage.retriever.runtime import spread
+    from twostage.models.runtime import spread
 
     if not int8 or not isinstance(corpus, (str, Path, pd.DataFrame, Sequence)):
         return None

@@ -29,7 +29,7 @@ class SystemOptions:
     backend: str = EngineSettings().backend
     batch_size: int | None = None
     show_progress: bool = False
-    device: str = "auto"  # where the models run (twostage.retriever.device)
+    device: str = "auto"  # where the models run (twostage.models.device)
     language: str | None = EngineSettings().language  # the lexical analysis (EngineSettings.language)
 
 

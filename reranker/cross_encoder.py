@@ -1,8 +1,10 @@
 """The cross-encoder: reads a query and a document together and scores the pair (higher is better).
 
-A Hugging Face sequence-classification model with one output. Pairs are truncated longest side first: a normal
-query is never cut and the document gets the rest; a query longer than the budget is cut too. Saved models are Hugging Face directories (with sentence-transformers' CrossEncoder
-marker in config.json), so ``sentence_transformers.CrossEncoder(path)`` loads them and gives the same scores.
+A Hugging Face sequence-classification model with one output, on the models' common base
+(:class:`~twostage.models.base.HFModel`: loading, precision, OpenVINO, saving). Pairs are truncated longest side
+first: a normal query is never cut and the document gets the rest; a query longer than the budget is cut too. Saved
+models are Hugging Face directories (with sentence-transformers' CrossEncoder marker in config.json), so
+``sentence_transformers.CrossEncoder(path)`` loads them and gives the same scores.
 """
 
 from __future__ import annotations
@@ -15,33 +17,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from twostage.indexer.atomic import atomic_directory
 from twostage.indexer.errors import ConfigError, DataError, UntrainedHeadError
-from twostage.retriever.hf import (
-    arrays,
-    cap_max_length,
-    check_texts,
-    check_tokenizer,
-    cut_pairs,
-    pair_lengths,
-    require_tokenizer_files,
-    unreadable_weights,
-    with_precision,
-)
-from twostage.retriever.model_meta import read_model_meta, write_model_meta
-from twostage.retriever.runtime import (
-    OpenVINORunner,
-    is_openvino,
-    openvino_runner,
-    sample_texts,
-    spread,
-)
-from twostage.retriever.weights import ModelNotFoundError, resolve_model
+from twostage.models.base import HFModel
+from twostage.models.hf import arrays, cap_max_length, check_texts, cut_pairs, pair_lengths
+from twostage.models.model_meta import read_model_meta, write_model_meta
+from twostage.models.runtime import sample_texts, spread
 
 logger = logging.getLogger(__name__)
 
 
-class CrossEncoder(torch.nn.Module):
+class CrossEncoder(HFModel):
     """Scores (query, document) pairs. ``load`` any HF cross-encoder or a base model (new head).
 
     >>> ce = CrossEncoder.load("models/reranker")
@@ -51,17 +36,12 @@ class CrossEncoder(torch.nn.Module):
 
     def __init__(self, model: Any, tokenizer: Any, *, max_length: int = 512, head_trained: bool = True,
                  name: str = "") -> None:
-        super().__init__()
-        self.model, self.tokenizer = model, tokenizer
+        super().__init__(model, tokenizer, name)
         self.max_length = max_length
         self.head_trained = head_trained
-        self.name = name
-        self.precision = "fp32"
         self.interpolation: float | None = None  # blend with the first stage chosen on dev (reranker.interpolation)
         self.blends: dict[str, float] = {}  # first stage -> its own blend chosen on dev (interpolation.blend_for)
         self.calibration: tuple[float, float] | None = None  # Platt (a, b) fitted on dev pairs (engine.calibration)
-        self.runtime: OpenVINORunner | None = None  # predict() runs here when the precision is an OpenVINO one
-        self.path: Path | None = None
 
     @classmethod
     def load(cls, name_or_path: str | Path, *, max_length: int | None = None, allow_untrained_head: bool = False,
@@ -72,15 +52,11 @@ class CrossEncoder(torch.nn.Module):
         user's corpus that ``openvino-int8`` measures its scales on when it has no export of these weights yet
         (default: pairs made from the bundled sample). ``device``: a torch device (``cuda``) to run on.
         ``trust_remote_code`` runs Python code shipped with the model (only for a model you trust; off by default)."""
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        from transformers import AutoModelForSequenceClassification
 
-        path = resolve_model(name_or_path)
-        if not list(path.glob("*.safetensors")):
-            raise ModelNotFoundError(f"{path}: no model.safetensors (twostage loads safetensors weights only)")
-        with unreadable_weights(path):
-            model, info = AutoModelForSequenceClassification.from_pretrained(
-                path, num_labels=1, trust_remote_code=trust_remote_code, use_safetensors=True, output_loading_info=True,
-                ignore_mismatched_sizes=True)
+        path = cls.model_dir(name_or_path)
+        model, tokenizer, info = cls.read_pretrained(path, AutoModelForSequenceClassification, trust_remote_code,
+                                                     num_labels=1, ignore_mismatched_sizes=True)
         body_mismatch = [m[0] for m in info.get("mismatched_keys", ())
                          if not m[0].startswith(("classifier", "score", "pre_classifier"))]
         if body_mismatch:
@@ -90,35 +66,23 @@ class CrossEncoder(torch.nn.Module):
                        set(info.get("missing_keys", ())) | {m[0] for m in info.get("mismatched_keys", ())})
         meta = _read_meta(path)
         head_trained = not head_new and meta.get("head_trained", True)
-        require_tokenizer_files(path)
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        check_tokenizer(model, tokenizer, path)
-        limit = max_length or meta.get("max_length") or min(512, int(getattr(tokenizer, "model_max_length", 512) or 512))
-        ce = cls(model, tokenizer, max_length=cap_max_length(model, int(limit)), head_trained=bool(head_trained), name=str(name_or_path))
+        limit = max_length or meta.get("max_length") or min(512, int(getattr(tokenizer, "model_max_length", 512)
+                                                                      or 512))
+        ce = cls(model, tokenizer, max_length=cap_max_length(model, int(limit)), head_trained=bool(head_trained),
+                 name=str(name_or_path))
         ce.allow_untrained_head = allow_untrained_head
         ce.interpolation, ce.blends = _read_blends(path, meta)
         ce.calibration = _read_calibration(path, meta)
-        if device:
-            ce.to(device)
-        ce.eval()
-        ce.path = path
+        ce.placed(path, device)
         return ce.with_precision(precision, calibration=calibration)
 
-    def with_precision(self, precision: str, *, calibration: Sequence[tuple[str, str]] | None = None) -> CrossEncoder:
-        """Run in ``precision`` (:func:`twostage.retriever.hf.with_precision`, :mod:`twostage.retriever.runtime`)."""
-        self.model = with_precision(self.model, precision)
-        self.runtime = self._openvino(precision, calibration) if is_openvino(precision) else None
-        self.precision = precision
-        return self
+    def trace_example(self) -> dict[str, torch.Tensor]:
+        return self.tokenize(["a query"], ["an example document to trace"])
 
-    def _openvino(self, precision: str, calibration: Sequence[tuple[str, str]] | None) -> OpenVINORunner:
-        def batches() -> list[dict[str, np.ndarray]]:
-            pairs = spread(list(calibration or [])) or calibration_pairs(sample_texts())
-            return [dict(self.features([q for q, _ in pairs[i:i + 16]], [d for _, d in pairs[i:i + 16]], "np"))
-                    for i in range(0, len(pairs), 16)]
-
-        example = self.tokenize(["a query"], ["an example document to trace"])
-        return openvino_runner(self, example, self.path, precision, batches)
+    def calibration_batches(self, calibration: Sequence[tuple[str, str]] | None) -> list[dict[str, np.ndarray]]:
+        pairs = spread(list(calibration or [])) or calibration_pairs(sample_texts())
+        return [dict(self.features([q for q, _ in pairs[i:i + 16]], [d for _, d in pairs[i:i + 16]], "np"))
+                for i in range(0, len(pairs), 16)]
 
     allow_untrained_head = False
 
@@ -126,14 +90,14 @@ class CrossEncoder(torch.nn.Module):
         """Pairs as model inputs (``tensors``: "pt" or "np"), cut to ``max_length``: the longer side loses tokens
         first, so a short query is never cut and the document gets the rest, while a query longer than the whole
         budget (a pasted paragraph) is cut too instead of failing (``only_second`` cannot cut the query side).
-        Long sides are first cut where that is exact (:func:`~twostage.retriever.hf.cut_pairs`)."""
+        Long sides are first cut where that is exact (:func:`~twostage.models.hf.cut_pairs`)."""
         queries, documents = cut_pairs(self.tokenizer, queries, documents, self.max_length)
         return arrays(self.tokenizer(queries, documents, padding=True, truncation="longest_first",
                                      max_length=self.max_length), tensors)
 
     def pair_tokens(self, queries: Sequence[str], documents: Sequence[str]) -> list[int]:
         """The tokens each (query, document) pair is read as, after truncation (what :meth:`features` keeps),
-        counted without tokenising long texts whole (:func:`~twostage.retriever.hf.pair_lengths`)."""
+        counted without tokenising long texts whole (:func:`~twostage.models.hf.pair_lengths`)."""
         return pair_lengths(self.tokenizer, queries, documents, self.max_length)
 
     def long_queries(self, queries: Sequence[str]) -> int:
@@ -147,8 +111,7 @@ class CrossEncoder(torch.nn.Module):
 
     def tokenize(self, queries: Sequence[str], documents: Sequence[str]) -> dict[str, torch.Tensor]:
         """:meth:`features` as torch tensors on the model's device."""
-        device = next(self.model.parameters()).device
-        return {k: v.to(device) for k, v in self.features(queries, documents).items()}
+        return {k: v.to(self.device) for k, v in self.features(queries, documents).items()}
 
     def forward(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
         """Raw logits, one per pair (training uses these)."""
@@ -187,13 +150,8 @@ class CrossEncoder(torch.nn.Module):
 
     def save(self, path: str | Path, training: dict[str, Any] | None = None) -> Path:
         """Write a Hugging Face directory that sentence-transformers' CrossEncoder also reads, atomically."""
-        if self.precision != "fp32" and not is_openvino(self.precision):  # OpenVINO keeps the fp32 torch model
-            raise ConfigError(f"save an fp32 model; this one runs in {self.precision}")
-        path = Path(path)
-        with atomic_directory(path) as tmp:
-            self.model.config.sentence_transformers = {"activation_fn": "torch.nn.modules.activation.Sigmoid"}
-            self.model.save_pretrained(tmp, safe_serialization=True)
-            self.tokenizer.save_pretrained(tmp)
+        self.model.config.sentence_transformers = {"activation_fn": "torch.nn.modules.activation.Sigmoid"}
+        with self.saving(path) as tmp:
             settings = {"max_length": self.max_length, "head_trained": self.head_trained,
                         "interpolation": self.interpolation}
             if self.blends:
@@ -201,7 +159,7 @@ class CrossEncoder(torch.nn.Module):
             if self.calibration is not None:
                 settings["calibration"] = list(self.calibration)
             write_model_meta(tmp, "cross-encoder", self.name, settings, training)
-        return path
+        return Path(path)
 
 
 def calibration_pairs(texts: Sequence[str]) -> list[tuple[str, str]]:

@@ -1,5 +1,5 @@
 """Training the cross-encoder on groups (:class:`~twostage.retriever.examples.PairExample`: query, positive, hard
-negatives), run by the shared loop (:func:`twostage.retriever.fit.fit`: seeding, AdamW, schedule, checkpoints and
+negatives), run by the shared loop (:func:`twostage.models.fit.fit`: seeding, AdamW, schedule, checkpoints and
 resume, best epoch on dev).
 
 Losses (``scores`` are the raw logits of one group, positive first):
@@ -33,7 +33,7 @@ from twostage.indexer.records import Judgment, Qrels, Query
 from twostage.reranker.cross_encoder import CrossEncoder
 from twostage.retriever.bm25 import BM25Retriever
 from twostage.retriever.examples import PairExample
-from twostage.retriever.fit import FitResult, fit
+from twostage.models.fit import FitResult, LoopConfig, fit
 from twostage.retriever.mining import MiningConfig, mine_hard_negatives
 from twostage.retriever.training_data import positives
 
@@ -44,7 +44,7 @@ SOURCES = ("bm25", "dense")
 
 
 @dataclass(frozen=True)
-class RerankerConfig:
+class RerankerConfig(LoopConfig):
     """How the reranker trains. The defaults are the measured SciFact recipe (benchmarks/results/ablation-scifact):
     what ``twostage train-reranker`` with no flags, ``bench --train-split`` and ``train_reranker_on`` all use."""
 
@@ -53,18 +53,11 @@ class RerankerConfig:
     negatives: int = 7
     loss: str = "listwise"
     lr: float = 5e-5
-    warmup_ratio: float = 0.1
-    weight_decay: float = 0.01
-    max_grad_norm: float = 1.0
     max_length: int = 128
-    seed: int = 42
-    bf16: bool | None = None  # autocast, fp32 weights; None: where the device computes bf16 natively (bf16_for)
-    device: str = "auto"  # cpu, cuda, cuda:N, or auto (a CUDA GPU when there is one)
     mine_from: tuple[str, ...] = ("bm25", "dense")  # negatives are split evenly between these first stages
     title_groups: int = 1500  # (title, text) weak-supervision groups drawn from the corpus
     title_negatives: int = 3
     max_positives: int = 0  # at most this many groups a query, the highest-graded documents first (0: one per judgment)
-    checkpoint_every: int = 50  # steps
     mining: MiningConfig = field(default_factory=lambda: MiningConfig(num_negatives=7, depth=50, skip_top=0))
 
     def __post_init__(self) -> None:

@@ -1,4 +1,5 @@
-"""The bi-encoder: a Hugging Face transformer with pooling that turns texts into vectors.
+"""The bi-encoder: a Hugging Face transformer with pooling that turns texts into vectors, on the models' common base
+(:class:`~twostage.models.base.HFModel`: loading, precision, OpenVINO, saving).
 
 Saved models use the sentence-transformers layout (``modules.json``, ``1_Pooling/``, ``2_Normalize/``,
 ``sentence_bert_config.json``, ``config_sentence_transformers.json``) plus ``twostage.json``, so
@@ -17,32 +18,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from twostage.indexer.atomic import atomic_directory
 from twostage.indexer.codec import from_json_dict, to_json_dict
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.manifest import EncoderInfo
-from twostage.retriever.hf import (
-    arrays,
-    cap_max_length,
-    check_texts,
-    check_tokenizer,
-    head_words,
-    padded,
-    require_tokenizer_files,
-    tokenize_once,
-    unreadable_weights,
-    with_precision,
-)
-from twostage.retriever.model_meta import read_model_meta, write_model_meta
+from twostage.models.base import HFModel
+from twostage.models.hf import arrays, cap_max_length, check_texts, head_words, padded, tokenize_once
+from twostage.models.model_meta import read_model_meta, write_model_meta
+from twostage.models.runtime import sample_texts, spread
 from twostage.retriever.pooling import check_pooling, mode_from_st_config, pool, st_pooling_config
-from twostage.retriever.runtime import (
-    OpenVINORunner,
-    is_openvino,
-    openvino_runner,
-    sample_texts,
-    spread,
-)
-from twostage.retriever.weights import ModelNotFoundError, resolve_model
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +94,7 @@ def config_from_directory(path: Path) -> BiEncoderConfig:
     return cfg
 
 
-class BiEncoder(torch.nn.Module):
+class BiEncoder(HFModel):
     """Transformer + pooling (+ L2 normalisation). ``encode`` for inference, ``forward`` for training.
 
     >>> enc = BiEncoder.load("all-MiniLM-L6-v2")
@@ -120,77 +103,49 @@ class BiEncoder(torch.nn.Module):
     """
 
     def __init__(self, model: Any, tokenizer: Any, config: BiEncoderConfig, name: str = "") -> None:
-        super().__init__()
-        self.model = model
-        self.tokenizer = tokenizer
+        super().__init__(model, tokenizer, name)
         self.config = config
-        self.name = name
-        self.precision = "fp32"
         self.truncated = 0  # texts cut at max_length by the last encode call
-        self.path: Path | None = None  # the directory it was loaded from
-        self.runtime: OpenVINORunner | None = None  # encode() runs here when the precision is an OpenVINO one
 
     # ---- loading -----------------------------------------------------------------------------
     @classmethod
     def load(cls, name_or_path: str | Path, *, precision: str = "fp32", device: str | None = None,
              calibration: Sequence[str] | None = None, trust_remote_code: bool = False,
              **overrides: Any) -> BiEncoder:
-        """Load a model directory or name (see :func:`twostage.retriever.weights.resolve_model`).
+        """Load a model directory or name (see :func:`twostage.models.weights.resolve_model`).
 
         ``overrides`` replace fields of the saved :class:`BiEncoderConfig` (pooling, normalize, max_length,
         query_prefix, document_prefix). ``calibration``: texts of the user's corpus that ``openvino-int8`` measures
         its scales on when it has no export of these weights yet (default: the bundled sample).
         ``trust_remote_code`` runs Python code shipped with the model (only for a model you trust; off by default).
         """
-        from transformers import AutoModel, AutoTokenizer
+        from transformers import AutoModel
 
-        path = resolve_model(name_or_path)
-        if not list(path.glob("*.safetensors")):
-            if list(path.glob("*.bin")):
-                raise ModelNotFoundError(f"{path}: only pickle-based .bin weights; twostage loads safetensors only "
-                                         "(convert with transformers' save_pretrained(safe_serialization=True))")
-            raise ModelNotFoundError(f"{path}: no model weights (model.safetensors)")
-        require_tokenizer_files(path)
+        path = cls.model_dir(name_or_path)
         config = config_from_directory(path)
         unknown = set(overrides) - set(BiEncoderConfig.__dataclass_fields__)
         if unknown:
             raise ConfigError(f"unknown BiEncoder option(s): {', '.join(sorted(unknown))}")
         config = replace(config, **{k: v for k, v in overrides.items() if v is not None})
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        with unreadable_weights(path):
-            model = AutoModel.from_pretrained(path, trust_remote_code=trust_remote_code, use_safetensors=True)
-        check_tokenizer(model, tokenizer, path)
+        model, tokenizer, _ = cls.read_pretrained(path, AutoModel, trust_remote_code)
         config = replace(config, max_length=cap_max_length(model, config.max_length))
         encoder = cls(model, tokenizer, config, name=str(name_or_path))
-        encoder.path = path
-        if device:
-            encoder.to(device)
-        encoder.eval()
+        encoder.placed(path, device)
         return encoder.with_precision(precision, calibration=calibration)
 
-    def with_precision(self, precision: str, *, calibration: Sequence[str] | None = None) -> BiEncoder:
-        """``fp32``; ``bf16`` (weights in bfloat16); ``int8`` (dynamic int8 Linear layers, CPU only, a copy);
-        ``openvino-fp32`` / ``openvino-int8`` (the OpenVINO runtime, :mod:`twostage.retriever.runtime`; int8
-        calibrated on ``calibration`` texts, default the bundled sample)."""
-        self.model = with_precision(self.model, precision)
-        self.runtime = self._openvino(precision, calibration) if is_openvino(precision) else None
-        self.precision = precision
-        return self
+    def trace_example(self) -> dict[str, torch.Tensor]:
+        return self.tokenize(["an example document to trace", "a query"], "document")
 
-    def _openvino(self, precision: str, calibration: Sequence[str] | None) -> OpenVINORunner:
-        def batches() -> list[dict[str, np.ndarray]]:
-            docs = spread([t for t in (calibration or sample_texts()) if t.strip()] or sample_texts())
-            # documents as they are indexed, and their first words as query-like short inputs
-            inputs = [(self.config.document_prefix + t) for t in docs]
-            inputs += [self.config.query_prefix + " ".join(t.split()[:12]) for t in docs[::2]]
-            return [dict(self.features(inputs[i:i + 16], "", "np")) for i in range(0, len(inputs), 16)]
-
-        example = self.tokenize(["an example document to trace", "a query"], "document")
-        return openvino_runner(self, example, self.path, precision, batches)
+    def calibration_batches(self, calibration: Sequence[str] | None) -> list[dict[str, np.ndarray]]:
+        docs = spread([t for t in (calibration or sample_texts()) if t.strip()] or sample_texts())
+        # documents as they are indexed, and their first words as query-like short inputs
+        inputs = [(self.config.document_prefix + t) for t in docs]
+        inputs += [self.config.query_prefix + " ".join(t.split()[:12]) for t in docs[::2]]
+        return [dict(self.features(inputs[i:i + 16], "", "np")) for i in range(0, len(inputs), 16)]
 
     def info(self) -> EncoderInfo:
         """Identity recorded in index manifests: name, dimension, weights hash, pooling, normalisation."""
-        from twostage.retriever.weights import sha256_of_weights
+        from twostage.models.weights import sha256_of_weights
 
         digest = sha256_of_weights(self.path) if self.path is not None else ""
         return EncoderInfo(name=self.name, dim=self.dim, weights_sha256=digest, pooling=self.config.pooling,
@@ -199,10 +154,6 @@ class BiEncoder(torch.nn.Module):
     @property
     def dim(self) -> int:
         return int(self.model.config.hidden_size)
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
 
     # ---- the forward pass --------------------------------------------------------------------
     def features(self, texts: Sequence[str], prefix: str, tensors: str = "pt") -> Any:
@@ -298,14 +249,9 @@ class BiEncoder(torch.nn.Module):
     # ---- saving --------------------------------------------------------------------------------
     def save(self, path: str | Path, training: dict[str, Any] | None = None) -> Path:
         """Write the model atomically in the sentence-transformers layout, plus ``twostage.json``."""
-        if self.precision != "fp32" and not is_openvino(self.precision):  # OpenVINO keeps the fp32 torch model
-            raise ConfigError(f"save an fp32 model; this one runs in {self.precision} (load it again in fp32)")
         from importlib.metadata import version
 
-        path = Path(path)
-        with atomic_directory(path) as tmp:
-            self.model.save_pretrained(tmp, safe_serialization=True)
-            self.tokenizer.save_pretrained(tmp)
+        with self.saving(path) as tmp:
             modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
             if self.config.normalize:
@@ -324,4 +270,4 @@ class BiEncoder(torch.nn.Module):
                   "default_prompt_name": None, "similarity_fn_name": "cosine" if self.config.normalize else "dot"}
             (tmp / "config_sentence_transformers.json").write_text(json.dumps(st, indent=2) + "\n")
             write_model_meta(tmp, "bi-encoder", self.name, to_json_dict(self.config), training)
-        return path
+        return Path(path)

@@ -16,7 +16,7 @@ from twostage.indexer.records import Qrels, RankedList
 from twostage.retriever.biencoder import BiEncoder
 from twostage.retriever.bm25 import BM25Retriever
 from twostage.retriever.dense import DenseRetriever
-from twostage.retriever.fit import FitResult
+from twostage.models.fit import FitResult
 from twostage.retriever.mining import MiningConfig, mine_hard_negatives, save_negatives
 from twostage.retriever.trainer import TrainConfig, train
 from twostage.retriever.training_data import (

@@ -1,4 +1,4 @@
-"""Training the bi-encoder: its batches and objectives, run by the shared loop (:func:`twostage.retriever.fit.fit`).
+"""Training the bi-encoder: its batches and objectives, run by the shared loop (:func:`twostage.models.fit.fit`).
 
 Batches come from one training set at a time (round robin), with no duplicate text in a batch; the order of
 every epoch depends only on the seed. Each set trains with its objective (:mod:`twostage.retriever.objectives`).
@@ -15,13 +15,13 @@ import torch
 
 from twostage.indexer.errors import ConfigError
 from twostage.retriever.biencoder import BiEncoder
-from twostage.retriever.fit import FitResult, fit
+from twostage.models.fit import FitResult, LoopConfig, fit
 from twostage.retriever.objectives import OBJECTIVES
 from twostage.retriever.training_data import TrainingSet, no_duplicate_batches, round_robin
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(LoopConfig):
     """Hyper-parameters of one training run; saved with the checkpoint and the final model.
 
     The defaults are the measured SciFact recipe (benchmarks/results/ablation-scifact): what ``twostage
@@ -31,16 +31,9 @@ class TrainConfig:
     epochs: int = 3
     batch_size: int = 32
     lr: float = 3e-5
-    warmup_ratio: float = 0.1
-    weight_decay: float = 0.01
-    max_grad_norm: float = 1.0
-    seed: int = 42
-    bf16: bool | None = None  # autocast, fp32 weights; None: where the device computes bf16 natively (bf16_for)
-    device: str = "auto"  # cpu, cuda, cuda:N, or auto (a CUDA GPU when there is one)
     scale: float = 20.0
     symmetric: bool = False
     mini_batch_size: int = 0  # > 0: GradCache for the mnrl objective, this many texts per forward pass
-    checkpoint_every: int = 50  # steps
     triplet_margin: float = 5.0
     margin_rank_weight: float = 1.0  # margin_mse sets also train MNRL on the same batch, weighted by this
 

@@ -72,13 +72,13 @@ def test_a_slow_one_time_step_is_announced_even_when_quiet():
 
     from twostage.indexer.notices import ONE_TIME, Shown
 
-    record = logging.LogRecord("twostage.retriever.runtime", logging.INFO, "", 0, "exporting", None, None)
+    record = logging.LogRecord("twostage.models.runtime", logging.INFO, "", 0, "exporting", None, None)
     assert not Shown(logging.WARNING).filter(record) and Shown(logging.INFO).filter(record)
     record.__dict__.update(ONE_TIME)
     assert Shown(logging.WARNING).filter(record)
     code = ("import logging\nfrom twostage.app.cli import main\nfrom twostage.indexer.notices import ONE_TIME, Shown\n"
             "for _ in range(2):\n    main(['-q', 'bench', '--data', '/no/such/dir', '--out', '/tmp/x'])\n"
-            "log = logging.getLogger('twostage.retriever.runtime')\n"
+            "log = logging.getLogger('twostage.models.runtime')\n"
             "log.info('exporting a model once', extra=ONE_TIME)\nlog.info('a plain INFO line')\n"
             "print(sum(isinstance(f, Shown) for h in logging.getLogger().handlers for f in h.filters))")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

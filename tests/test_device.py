@@ -7,7 +7,7 @@ import torch
 
 from twostage.app.cli import main
 from twostage.indexer.errors import ConfigError
-from twostage.retriever.device import precision_on, resolve_device
+from twostage.models.device import precision_on, resolve_device
 
 NO_CUDA = not torch.cuda.is_available()
 

@@ -1,4 +1,4 @@
-"""The one training loop (twostage.retriever.fit) as both models use it."""
+"""The one training loop (twostage.models.fit) as both models use it."""
 
 import json
 
@@ -9,7 +9,7 @@ from twostage.indexer.beir import BeirDataset
 from twostage.reranker.cross_encoder import CrossEncoder
 from twostage.reranker.training import RerankerConfig, RerankerTask, groups_from_split, train_reranker
 from twostage.retriever.biencoder import BiEncoder
-from twostage.retriever.fit import NO_DECAY, linear_schedule
+from twostage.models.fit import NO_DECAY, linear_schedule
 from twostage.retriever.trainer import RetrieverTask, TrainConfig, train
 from twostage.retriever.training_data import pairs_from_qrels
 
@@ -67,7 +67,7 @@ def test_a_killed_run_resumes_to_the_same_weights(kind, tmp_path, tiny_bert_dir,
 
 @pytest.mark.parametrize("kind", ["retriever", "reranker"])
 def test_both_models_train_with_the_same_optimizer_groups(kind, tiny_bert_dir, sample_dir):
-    from twostage.retriever.fit import build_optimizer
+    from twostage.models.fit import build_optimizer
 
     _, fresh, _ = (_retriever_run if kind == "retriever" else _reranker_run)(tiny_bert_dir, sample_dir)
     model = fresh()
@@ -127,8 +127,8 @@ def test_bf16_autocast_only_where_the_cpu_computes_it_unless_told(tiny_bert_dir,
     # without AMX torch emulates bf16: a MiniLM step took 122.8 s under autocast, 5.7 s in fp32 (bf16_train_step.md)
     from dataclasses import replace
 
-    import twostage.retriever.device as device_module
-    from twostage.retriever.device import bf16_for
+    import twostage.models.device as device_module
+    from twostage.models.device import bf16_for
 
     monkeypatch.setattr(device_module, "cpu_has_amx", lambda: amx)
     assert bf16_for(choice, "cpu") is expected

@@ -245,7 +245,7 @@ def test_a_dense_model_that_does_not_know_the_query_language_steps_aside(tmp_pat
 
 
 def test_model_card_languages_are_read_safely(tmp_path):
-    from twostage.retriever.model_card import model_languages
+    from twostage.models.model_card import model_languages
 
     cases = {"---\nlanguage: en\n---\n": ("en",), "---\nlanguage:\n- de\n- fr-FR\n---\n": ("de", "fr"),
              "---\nlanguage: multilingual\n---\n": None, "no front matter": None, "---\n: [bad yaml\n---\n": None,

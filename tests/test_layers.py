@@ -1,4 +1,4 @@
-"""Layers point one way: indexer <- retriever <- reranker <- engine <- eval <- app <- the facade (twostage/__init__).
+"""Layers point one way: indexer <- models <- retriever <- reranker <- engine <- eval <- app <- the facade (twostage/__init__).
 
 Everything imports through the one package ``twostage``; a bare ``import indexer`` or ``from eval...`` would load
 a second copy of a module (or nothing, from an installed wheel) and is rejected.
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LAYERS = ["indexer", "retriever", "reranker", "engine", "eval", "app"]
+LAYERS = ["indexer", "models", "retriever", "reranker", "engine", "eval", "app"]
 FOLDERS = [*LAYERS, "facade", "tests", "benchmarks"]
 PACKAGE = [*LAYERS, "facade"]
 

@@ -16,9 +16,9 @@ pytest.importorskip("nncf")
 
 from twostage.indexer.errors import ConfigError
 from twostage.reranker.cross_encoder import CrossEncoder
-from twostage.retriever import runtime
+from twostage.models import runtime
 from twostage.retriever.biencoder import BiEncoder
-from twostage.retriever.weights import sha256_of_weights
+from twostage.models.weights import sha256_of_weights
 
 TEXTS = ["cats purr when they are content", "rain forms when water vapour condenses into droplets",
          "dogs pant to cool down", "snowflakes are ice crystals with six arms", "a b c"]
@@ -116,7 +116,7 @@ def test_a_damaged_export_is_rebuilt_not_used(model_dir, damage, caplog):
         (where / "manifest.json").write_text(json.dumps(manifest))
     else:
         (where / "manifest.json").write_text("{ not json")
-    with caplog.at_level(logging.WARNING, logger="twostage.retriever.runtime"):
+    with caplog.at_level(logging.WARNING, logger="twostage.models.runtime"):
         out = BiEncoder.load(model_dir, precision="openvino-fp32").encode(TEXTS)
     assert "exporting again" in caplog.text
     assert np.abs(out - ref).max() < 1e-5
@@ -150,7 +150,7 @@ def test_missing_openvino_is_one_clear_error(model_dir, monkeypatch):
 def test_auto_precision_is_openvino_per_model_when_installed(monkeypatch):
     import importlib.util
 
-    from twostage.retriever.precision import resolve_precision
+    from twostage.models.precision import resolve_precision
 
     assert resolve_precision("auto", "reranker") == "openvino-int8"
     assert resolve_precision("auto", "retriever") == "openvino-fp32"  # int8 costs a fine-tuned bi-encoder quality

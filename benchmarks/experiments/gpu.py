@@ -284,7 +284,7 @@ def main() -> int:
 
     from twostage.indexer.beir import BeirDataset
     from twostage.indexer.errors import ConfigError
-    from twostage.retriever.device import resolve_device
+    from twostage.models.device import resolve_device
 
     try:
         args.devices = [resolve_device(d) for d in args.devices.split(",")]

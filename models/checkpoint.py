@@ -3,7 +3,7 @@
 A checkpoint directory holds ``model.safetensors`` (the model's state dict, shared tensors handled),
 ``optimizer.safetensors`` (AdamW moments per parameter position, the torch RNG state and the state of the modules
 trained beside the model, e.g. a loss's own weights) and ``trainer_state.json``. It is written atomically: a crash
-while saving leaves the previous checkpoint in place. :func:`twostage.retriever.fit.fit` writes and resumes them.
+while saving leaves the previous checkpoint in place. :func:`twostage.models.fit.fit` writes and resumes them.
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ def _local_base(name: str) -> Path | None:
     if candidate.is_dir():
         return candidate
     try:
-        from twostage.retriever.weights import cache_dir
+        from twostage.models.weights import cache_dir
     except ImportError:  # pragma: no cover
         return None
     cached = cache_dir() / "models" / name.split("/")[-1]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from twostage.indexer.engine_dir import PRECISIONS
 from twostage.indexer.errors import ConfigError
-from twostage.retriever.device import cpu_has_amx, precision_on
+from twostage.models.device import cpu_has_amx, precision_on
 
 __all__ = ["PRECISIONS", "ROLES", "resolve_precision", "resolve_precisions"]
 
@@ -13,7 +13,7 @@ ROLES = ("retriever", "reranker")
 
 def resolve_precision(precision: str, role: str, device: str = "cpu") -> str:
     """The precision a model in ``role`` (``retriever`` or ``reranker``) runs in on ``device`` (resolved: ``cpu``
-    or ``cuda[:N]``; on a GPU, :func:`twostage.retriever.device.precision_on` decides). ``auto`` on the CPU,
+    or ``cuda[:N]``; on a GPU, :func:`twostage.models.device.precision_on` decides). ``auto`` on the CPU,
     measured on the SciFact one-command models (``benchmarks/results/inference_speed.md``):
 
     - with the ``openvino`` extra installed: the retriever in ``openvino-fp32`` and the reranker in ``openvino-int8``

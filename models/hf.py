@@ -13,7 +13,7 @@ import torch
 
 from twostage.indexer.errors import ConfigError, DataError
 from twostage.indexer.records import check_encodable
-from twostage.retriever.weights import ModelNotFoundError
+from twostage.models.weights import ModelNotFoundError
 
 logger = logging.getLogger(__name__)
 PRECISIONS = ("fp32", "bf16", "int8", "openvino-fp32", "openvino-int8")
@@ -236,7 +236,7 @@ def arrays(batch: Any, tensors: str) -> dict[str, Any]:
 def with_precision(model: Any, precision: str) -> Any:
     """The torch model for inference in ``fp32``; ``bf16`` (weights cast in place); ``int8`` (dynamic int8 Linear
     layers, CPU only, a new module). The OpenVINO precisions keep the fp32 torch model (the runtime, in
-    :mod:`twostage.retriever.runtime`, is exported from it)."""
+    :mod:`twostage.models.runtime`, is exported from it)."""
     if precision not in PRECISIONS:
         raise ConfigError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
     if precision == "bf16":

@@ -4,7 +4,7 @@ A model brings a :class:`Task`: its batches (a function of the seed and the epoc
 continues exactly where its checkpoint stopped) and the loss of one batch. :func:`fit` does the rest, the same
 way for both: seeding (python, numpy, torch), the GPU when there is one, AdamW with bias and norm weights exempt
 from weight decay, linear warm-up then linear decay, gradient clipping, bf16 autocast on the model's device,
-a checkpoint every ``checkpoint_every`` steps and at each epoch end (:mod:`twostage.retriever.checkpoint`:
+a checkpoint every ``checkpoint_every`` steps and at each epoch end (:mod:`twostage.models.checkpoint`:
 safetensors + JSON, no pickle), resume after a kill, dev evaluation after each epoch with the best epoch kept,
 and the final save.
 
@@ -28,35 +28,28 @@ import torch
 
 from twostage.indexer.atomic import write_json
 from twostage.indexer.errors import ConfigError
-from twostage.retriever import checkpoint as checkpoints
-from twostage.retriever.device import bf16_for, resolve_device
+from twostage.models import checkpoint as checkpoints
+from twostage.models.device import bf16_for, resolve_device
 
 logger = logging.getLogger(__name__)
 
 NO_DECAY = ("bias", "LayerNorm", "norm")  # parameter names holding these train without weight decay
 
 
-class LoopSettings(Protocol):
-    """The loop's own hyper-parameters; ``TrainConfig`` and ``RerankerConfig`` both have them."""
+@dataclass(frozen=True)
+class LoopConfig:
+    """The loop's own hyper-parameters, the base of every model's training configuration (``TrainConfig``,
+    ``RerankerConfig``), which adds its own and may change ``epochs`` and ``lr``."""
 
-    @property
-    def epochs(self) -> int: ...
-    @property
-    def lr(self) -> float: ...
-    @property
-    def warmup_ratio(self) -> float: ...
-    @property
-    def weight_decay(self) -> float: ...
-    @property
-    def max_grad_norm(self) -> float: ...
-    @property
-    def seed(self) -> int: ...
-    @property
-    def bf16(self) -> bool | None: ...
-    @property
-    def checkpoint_every(self) -> int: ...
-    @property
-    def device(self) -> str: ...
+    epochs: int = 2
+    lr: float = 5e-5
+    warmup_ratio: float = 0.1
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+    seed: int = 42
+    bf16: bool | None = None  # autocast, fp32 weights; None: where the device computes bf16 natively (bf16_for)
+    device: str = "auto"  # cpu, cuda, cuda:N, or auto (a CUDA GPU when there is one)
+    checkpoint_every: int = 50  # steps
 
 
 class Task(Protocol):
@@ -111,7 +104,7 @@ def linear_schedule(total: int, warmup: int) -> Callable[[int], float]:
     return factor
 
 
-def build_optimizer(model: torch.nn.Module, extra: Sequence[torch.nn.Module], config: LoopSettings) -> torch.optim.AdamW:
+def build_optimizer(model: torch.nn.Module, extra: Sequence[torch.nn.Module], config: LoopConfig) -> torch.optim.AdamW:
     named = list(model.named_parameters())
     decay = [p for n, p in named if not any(x in n for x in NO_DECAY)]
     no_decay = [p for n, p in named if any(x in n for x in NO_DECAY)]
@@ -121,7 +114,7 @@ def build_optimizer(model: torch.nn.Module, extra: Sequence[torch.nn.Module], co
                              lr=config.lr)
 
 
-def fit(task: Task, config: LoopSettings, out: str | Path, *, dev: Callable[[Any], float] | None = None,
+def fit(task: Task, config: LoopConfig, out: str | Path, *, dev: Callable[[Any], float] | None = None,
         resume: bool = True, show_progress: bool = False, info: dict[str, Any] | None = None,
         desc: str = "train") -> FitResult:
     """Train ``task.model`` and write the final model (the best epoch on ``dev`` when given) to ``out``.

@@ -31,12 +31,12 @@ def write_model_meta(directory: Path, kind: str, base: str, settings: dict[str, 
                      training: dict[str, Any] | None) -> None:
     if kind not in KINDS:
         raise ConfigError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
-    from twostage.retriever.model_card import base_languages
+    from twostage.models.model_card import base_languages
 
     meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "kind": kind, "base": base, "settings": settings,
             "training": training or {}, "versions": library_versions()}
     languages = base_languages(base)
-    if languages:  # what the base model's card says it covers (twostage.retriever.model_card)
+    if languages:  # what the base model's card says it covers (twostage.models.model_card)
         meta["languages"] = list(languages)
     (directory / FILE).write_text(json.dumps(meta, indent=2, default=str) + "\n", encoding="utf-8")
 

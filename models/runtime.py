@@ -158,7 +158,7 @@ def export_root(model_dir: Path, weights_sha256: str) -> Path:
     root = model_dir / "twostage-openvino"
     if os.access(model_dir, os.W_OK) and (not root.exists() or os.access(root, os.W_OK)):
         return root
-    from twostage.retriever.weights import cache_dir
+    from twostage.models.weights import cache_dir
 
     return cache_dir() / "openvino" / weights_sha256
 
@@ -251,7 +251,7 @@ def openvino_runner(model: torch.nn.Module, example: Mapping[str, torch.Tensor],
     if not openvino_available():
         raise ConfigError(f"precision {precision} needs OpenVINO: pip install 'twostage-search[openvino]' "
                           "(or choose fp32)")
-    from twostage.retriever.weights import sha256_of_weights
+    from twostage.models.weights import sha256_of_weights
 
     digest = sha256_of_weights(model_dir)
     root = export_root(model_dir, digest)
