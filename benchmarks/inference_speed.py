@@ -246,7 +246,7 @@ def main() -> None:
     from twostage.indexer.engine_dir import EngineSettings
     from twostage.indexer.records import RankedList
     from twostage.reranker.cross_encoder import CrossEncoder
-    from twostage.engine.fusion import blend_for
+    from twostage.engine.knobs import dev_choice
     from twostage.engine.rerank import rerank_lists
     from twostage.engine.fusion import rrf
 
@@ -301,7 +301,7 @@ def main() -> None:
         qtexts = [q.text for q in queries]
         bm_lists = bm25.search_batch(qtexts, EngineSettings().first_stage_depth)
         ids = np.array([d.id for d in corpus], dtype=object)
-        alpha = blend_for(ce_meta, "hybrid")
+        alpha = dev_choice(ce_meta.path).blend_for("hybrid")
         for m in order:
             if (m in FP32_MODES and max(diffs[m]) < FP32_MATCH) or m.endswith(":1-stream"):
                 continue  # fp32's numbers; the 1-stream mode computes what its precision computes

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -149,11 +148,3 @@ def one_se_blend(curve: Sequence[tuple[float, np.ndarray]]) -> float:
         if m >= means[best] - se - 1e-12:
             return float(alpha)
     raise AssertionError("unreachable: the best alpha is within its own error")  # pragma: no cover
-
-
-def blend_for(reranker: Any, first_stage: str | None) -> float | None:
-    """The blend ``reranker`` chose on dev for ``first_stage`` (its overall choice for a first stage it was not
-    tuned on; None: rank by the reranker alone)."""
-    by_stage = getattr(reranker, "blends", None) or {}
-    alpha = by_stage.get(first_stage, getattr(reranker, "interpolation", None))
-    return None if alpha is None else float(alpha)

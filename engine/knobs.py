@@ -1,13 +1,22 @@
 """A search's settings: the engine's, with one call's options (``KNOBS``: the :class:`EngineSettings` names a call
-may change; the old names still read, with a DeprecationWarning), and the reranker's blend they resolve to."""
+may change; the old names still read, with a DeprecationWarning), and the reranker's blend they resolve to.
+
+Search policy lives in the engine: what training chose on dev for a reranker (:class:`DevChoice`: its blend with
+each first stage, the calibration of its score) is read from the training record beside the model's weights
+(``twostage.json``'s ``training``) when an engine is built with ``rerank_blend="auto"``, and written into the
+engine's manifest as numbers; the model's own settings hold none of it. Models saved before kept the choice in their
+settings (``interpolation``, ``interpolation_by_first_stage``, ``calibration``): read from there, checked.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
-from twostage.engine.fusion import blend_for
 from twostage.indexer.engine_dir import FIRST_STAGES, EngineSettings, renamed, with_changes
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.topk import check_k
@@ -16,11 +25,75 @@ KNOBS = ("first_stage", "rerank_depth", "rerank", "rerank_blend", "fusion", "den
          "first_stage_depth", "min_relevance")
 
 
+@dataclass(frozen=True)
+class DevChoice:
+    """What training chose on dev for a reranker: ``blend``, its weight against the first stage over every first stage
+    (None: the reranker alone), ``by_first_stage`` each first stage's own, and ``calibration``, Platt's (a, b)."""
+
+    blend: float | None = None
+    by_first_stage: Mapping[str, float] = field(default_factory=dict)
+    calibration: tuple[float, float] | None = None
+
+    def blend_for(self, first_stage: str | None) -> float | None:
+        """The blend after ``first_stage`` (the overall one for a first stage it was not chosen for)."""
+        return self.by_first_stage.get(first_stage, self.blend) if first_stage else self.blend
+
+
+def dev_choice(model_dir: str | Path | None) -> DevChoice:
+    """The dev choice recorded with the reranker in ``model_dir`` (nothing chosen: every field None or empty)."""
+    if model_dir is None or not (Path(model_dir) / "twostage.json").is_file():
+        return DevChoice()
+    path = Path(model_dir) / "twostage.json"
+    return _dev_choice(str(path), path.stat().st_mtime_ns)
+
+
+@lru_cache(maxsize=64)
+def _dev_choice(path: str, _mtime: int) -> DevChoice:
+    from twostage.models.model_meta import read_model_meta
+
+    meta = read_model_meta(Path(path).parent)
+    if meta is None or meta[0] != "cross-encoder":
+        return DevChoice()
+    _, settings, training = meta
+    chosen, fitted = training.get("interpolation"), training.get("calibration")
+    if isinstance(chosen, dict):  # the training record: InterpolationChoice (twostage.engine.fusion) as JSON
+        overall = chosen.get("alpha")
+        stages = chosen.get("by_first_stage") or []
+        if not isinstance(stages, list) or not all(isinstance(s, list) and len(s) >= 2 for s in stages):
+            raise ConfigError(f"{path}: training.interpolation.by_first_stage must list [first stage, blend, ...]; "
+                              "restore the model directory or train it again")
+        by_stage = {str(s[0]): s[1] for s in stages}
+    else:  # a model saved before: the choice in its settings
+        overall, by_stage = settings.get("interpolation"), settings.get("interpolation_by_first_stage", {})
+        if not isinstance(by_stage, dict):
+            raise ConfigError(f"{path}: interpolation_by_first_stage must be an object of first stage -> blend; "
+                              "restore the model directory or train it again")
+    calibration = [fitted.get("a"), fitted.get("b")] if isinstance(fitted, dict) else settings.get("calibration")
+    return DevChoice(None if overall is None else _blend(overall, path, "interpolation"),
+                     {k: _blend(v, path, f"interpolation_by_first_stage.{k}") for k, v in by_stage.items()},
+                     None if calibration is None else _calibration(calibration, path))
+
+
+def _blend(value: Any, path: str, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ConfigError(f"{path}: {key} must be a number in [0, 1], got {value!r}; restore the model directory or "
+                          "train it again")
+    return float(value)
+
+
+def _calibration(value: Any, path: str) -> tuple[float, float]:
+    if not isinstance(value, list) or len(value) != 2 or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value):
+        raise ConfigError(f"{path}: calibration must be two finite numbers [a, b], got {value!r}; restore the model "
+                          "directory or train it again")
+    return (float(value[0]), float(value[1]))
+
+
 def blend_of(settings: EngineSettings, reranker: Any, first_stage: str) -> float | None:
     """The blend of the reranker's score with ``first_stage``'s: the numbers in the settings; for an engine
     written before blends were resolved into its manifest (``rerank_blend="auto"``), the reranker's dev choice."""
     if settings.rerank_blend == "auto":
-        return blend_for(reranker, first_stage)
+        return dev_choice(getattr(reranker, "path", None)).blend_for(first_stage)
     return settings.blend_for(first_stage)
 
 
@@ -45,17 +118,18 @@ def second_stage(settings: EngineSettings, name: str | None, reranker: Any = Non
 
 
 def resolved_blends(settings: EngineSettings, reranker: Any) -> EngineSettings:
-    """``settings`` with ``rerank_blend="auto"`` replaced by the numbers ``reranker`` chose on dev (for the
-    engine's first stage, and for each first stage), and the calibration fitted with it when the settings have none;
-    as they are with no reranker."""
+    """``settings`` with ``rerank_blend="auto"`` replaced by the numbers training chose on dev for ``reranker``
+    (:func:`dev_choice` of the directory it was loaded from; for the engine's first stage, and for each first
+    stage), and the calibration fitted with it when the settings have none; as they are with no reranker."""
     if reranker is None:
         return settings
-    if settings.rerank_calibration is None and getattr(reranker, "calibration", None) is not None:
-        settings = replace(settings, rerank_calibration=tuple(reranker.calibration))
+    choice = dev_choice(getattr(reranker, "path", None))
+    if settings.rerank_calibration is None and choice.calibration is not None:
+        settings = replace(settings, rerank_calibration=choice.calibration)
     if settings.rerank_blend != "auto":
         return settings
-    return replace(settings, rerank_blend=blend_for(reranker, settings.first_stage),
-                   rerank_blend_by_first_stage={fs: blend_for(reranker, fs) for fs in FIRST_STAGES})
+    return replace(settings, rerank_blend=choice.blend_for(settings.first_stage),
+                   rerank_blend_by_first_stage={fs: choice.blend_for(fs) for fs in FIRST_STAGES})
 
 
 def with_model_languages(settings: EngineSettings, retriever: Any, reranker: Any) -> EngineSettings:

@@ -138,7 +138,6 @@ def choose_blend(result: FitResult, engine: TwoStageSearch, queries: Sequence[Qu
 
     trained = CrossEncoder.load(result.model_dir)
     choice = select_blend(engine, trained, queries, qrels, depth, metric, first_stages, show_progress=show_progress)
-    trained.interpolation, trained.blends = choice.alpha, choice.alphas()
     first = engine.settings.first_stage if engine.settings.first_stage in choice.alphas() else first_stages[0]
     view = engine.with_reranker(trained).with_settings(first_stage=first, rerank_depth=depth,
                                                         rerank_blend=choice.alpha,
@@ -151,7 +150,6 @@ def choose_blend(result: FitResult, engine: TwoStageSearch, queries: Sequence[Qu
         return result
     try:
         calibration = fit_calibration(view, queries, qrels)
-        trained.calibration = calibration.params
         training["calibration"] = asdict(calibration)
     except ConfigError as exc:  # e.g. no relevant document among the dev candidates: no calibration, said so
         logger.warning("the reranker's score is not calibrated: %s", exc)

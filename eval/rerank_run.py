@@ -42,7 +42,7 @@ def rerank_run(run: Run, data: str | Path | BeirDataset, reranker: str | Path, *
 
     from tqdm.auto import tqdm
 
-    from twostage.engine.fusion import blend_for
+    from twostage.engine.knobs import dev_choice
     from twostage.engine.search_engine import SearchEngine
 
     unknown = sorted(set(old_names) - {"depth", "interpolation"})
@@ -74,7 +74,7 @@ def rerank_run(run: Run, data: str | Path | BeirDataset, reranker: str | Path, *
         engine = SearchEngine.build([corpus.get(d) for d in heads], work / "engine", retriever=None,
                                     reranker=reranker, passage_words=0, precision=precision, batch_size=batch_size,
                                     device=device)
-        alpha = blend_for(engine.reranker, run.name if run.name in FIRST_STAGES else None) \
+        alpha = dev_choice(engine.reranker.path).blend_for(run.name if run.name in FIRST_STAGES else None) \
             if interpolation == "auto" else None if interpolation is None else float(interpolation)
         logger.info("reranking %d queries, top %d each, blend %s", len(run), depth, alpha)
         out = {}

@@ -5,8 +5,10 @@
      "base": the model it started from,
      "languages": the languages its base model's card lists (absent when the card says none),
      "settings": how the model runs (the bi-encoder's pooling, normalisation, length and prefixes; the
-                 cross-encoder's length, whether its head is trained, its blend with the first stage),
-     "training": what trained it (recipe, data, history; empty for a model never trained here),
+                 cross-encoder's length and whether its head is trained): never search policy,
+     "training": what trained it (recipe, data, history, and for a reranker what dev chose: its blend with each
+                 first stage and its score's calibration, which an engine built with it writes into its own
+                 manifest; empty for a model never trained here),
      "versions": the libraries that wrote it}
 
 Files written before this schema (``encoder`` or top-level settings, no ``format``) are still read.

@@ -39,9 +39,6 @@ class CrossEncoder(HFModel):
         super().__init__(model, tokenizer, name)
         self.max_length = max_length
         self.head_trained = head_trained
-        self.interpolation: float | None = None  # blend with the first stage chosen on dev (reranker.interpolation)
-        self.blends: dict[str, float] = {}  # first stage -> its own blend chosen on dev (interpolation.blend_for)
-        self.calibration: tuple[float, float] | None = None  # Platt (a, b) fitted on dev pairs (engine.calibration)
 
     @classmethod
     def load(cls, name_or_path: str | Path, *, max_length: int | None = None, allow_untrained_head: bool = False,
@@ -71,8 +68,6 @@ class CrossEncoder(HFModel):
         ce = cls(model, tokenizer, max_length=cap_max_length(model, int(limit)), head_trained=bool(head_trained),
                  name=str(name_or_path))
         ce.allow_untrained_head = allow_untrained_head
-        ce.interpolation, ce.blends = _read_blends(path, meta)
-        ce.calibration = _read_calibration(path, meta)
         ce.placed(path, device)
         return ce.with_precision(precision, calibration=calibration)
 
@@ -152,12 +147,7 @@ class CrossEncoder(HFModel):
         """Write a Hugging Face directory that sentence-transformers' CrossEncoder also reads, atomically."""
         self.model.config.sentence_transformers = {"activation_fn": "torch.nn.modules.activation.Sigmoid"}
         with self.saving(path) as tmp:
-            settings = {"max_length": self.max_length, "head_trained": self.head_trained,
-                        "interpolation": self.interpolation}
-            if self.blends:
-                settings["interpolation_by_first_stage"] = dict(self.blends)
-            if self.calibration is not None:
-                settings["calibration"] = list(self.calibration)
+            settings = {"max_length": self.max_length, "head_trained": self.head_trained}
             write_model_meta(tmp, "cross-encoder", self.name, settings, training)
         return Path(path)
 
@@ -177,34 +167,3 @@ def _read_meta(path: Path) -> dict[str, Any]:
     """The settings a cross-encoder directory records; none for a bi-encoder given as a base to train from."""
     meta = read_model_meta(path)
     return meta[1] if meta is not None and meta[0] == "cross-encoder" else {}
-
-
-def _read_calibration(path: Path, meta: dict[str, Any]) -> tuple[float, float] | None:
-    """The saved Platt calibration (a, b) of the score, checked: two finite numbers (or none saved)."""
-    import math
-
-    value = meta.get("calibration")
-    if value is None:
-        return None
-    if not isinstance(value, list) or len(value) != 2 or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value):
-        raise ConfigError(f"{path}/twostage.json: calibration must be two finite numbers [a, b], got {value!r}; "
-                          "restore the model directory or train it again")
-    return (float(value[0]), float(value[1]))
-
-
-def _read_blends(path: Path, meta: dict[str, Any]) -> tuple[float | None, dict[str, float]]:
-    """The saved blends, checked: each a number in [0, 1] (the overall one may be null)."""
-    def alpha(value: Any, key: str) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-            raise ConfigError(f"{path}/twostage.json: {key} must be a number in [0, 1], got {value!r}; "
-                              "restore the model directory or train it again")
-        return float(value)
-
-    overall = meta.get("interpolation")
-    by_stage = meta.get("interpolation_by_first_stage", {})
-    if not isinstance(by_stage, dict):
-        raise ConfigError(f"{path}/twostage.json: interpolation_by_first_stage must be an object of first stage -> "
-                          "alpha; restore the model directory or train it again")
-    return (None if overall is None else alpha(overall, "interpolation"),
-            {str(k): alpha(v, f"interpolation_by_first_stage.{k}") for k, v in by_stage.items()})

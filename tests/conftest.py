@@ -93,9 +93,8 @@ def models(tmp_path_factory, tiny_bert_dir):
 
     root = tmp_path_factory.mktemp("models")
     ce = CrossEncoder.load(tiny_bert_dir, allow_untrained_head=True)
-    ce.head_trained = True
-    ce.interpolation = 0.5
-    ce.save(root / "ce")
+    ce.head_trained = True  # and, as training records it, the blend "chosen on dev": 0.5 (twostage.engine.knobs)
+    ce.save(root / "ce", training={"interpolation": {"alpha": 0.5, "dev_by_alpha": [], "by_first_stage": []}})
     return tiny_bert_dir, root / "ce"
 
 

@@ -126,7 +126,9 @@ def test_adapt_trains_both_models_from_the_corpus_alone(tmp_path, tiny_bert_dir,
     assert enc.config.max_length == base.config.max_length  # trained at 128 tokens, saved with the base's limit
     moved = [not torch.equal(a, b) for a, b in zip(enc.model.state_dict().values(), base.model.state_dict().values())]
     assert any(moved)
-    assert ce.head_trained and ce.interpolation is not None  # the blend was chosen on the dev pseudo-queries
+    from twostage.engine.knobs import dev_choice
+
+    assert ce.head_trained and dev_choice(result.reranker).blend is not None  # chosen on the dev pseudo-queries
     record = json.loads((tmp_path / "models" / "adapt.json").read_text())
     assert record["pseudo_queries"] + record["dev_queries"] <= 80 and record["dev_queries"] == 16
     assert {"retriever_base", "retriever"} <= set(record["dev"])

@@ -403,7 +403,7 @@ def test_the_engine_blends_with_each_first_stages_own_weight(built, monkeypatch)
     assert rerank == sorted(rerank, reverse=True)
     assert zero.search(query, k=5).ids == built.search(query, k=5).ids  # hybrid: rerank_blend, as the engine's
     before = built.search(query, k=5, first_stage="bm25")
-    reranker.blends = {"bm25": 0.0}  # the model's attributes are not search policy: nothing changes
+    reranker.blends = {"bm25": 0.0}  # an attribute on the model is not search policy: nothing changes
     try:
         after = built.search(query, k=5, first_stage="bm25")
         assert after.ids == before.ids and [h.score for h in after.hits] == [h.score for h in before.hits]

@@ -88,13 +88,12 @@ def test_linear_schedule():
 def test_both_model_types_write_one_twostage_json_schema(tmp_path, tiny_bert_dir):
     BiEncoder.load(tiny_bert_dir).save(tmp_path / "bi", training={"steps": 1})
     ce = CrossEncoder.load(tiny_bert_dir, allow_untrained_head=True)
-    ce.head_trained, ce.interpolation = True, 0.3
+    ce.head_trained = True
     ce.save(tmp_path / "ce", training={"steps": 2})
     bi, cross = (json.loads((tmp_path / d / "twostage.json").read_text()) for d in ("bi", "ce"))
     assert bi.keys() == cross.keys() == {"format", "format_version", "kind", "base", "settings", "training", "versions"}
     assert (bi["kind"], cross["kind"]) == ("bi-encoder", "cross-encoder")
-    assert cross["settings"] == {"max_length": ce.max_length, "head_trained": True, "interpolation": 0.3}
-    assert CrossEncoder.load(tmp_path / "ce").interpolation == 0.3
+    assert cross["settings"] == {"max_length": ce.max_length, "head_trained": True}  # no search policy
 
 
 def test_model_json_written_before_the_schema_still_loads_and_bad_ones_are_named(tmp_path, tiny_bert_dir):
@@ -115,7 +114,10 @@ def test_model_json_written_before_the_schema_still_loads_and_bad_ones_are_named
     (tmp_path / "ce" / "twostage.json").write_text(json.dumps({"kind": "cross-encoder", "head_trained": True,
                                                                "interpolation": 0.7, "max_length": 33}))
     legacy = CrossEncoder.load(tmp_path / "ce")
-    assert (legacy.interpolation, legacy.max_length, legacy.head_trained) == (0.7, 33, True)
+    assert (legacy.max_length, legacy.head_trained) == (33, True)
+    from twostage.engine.knobs import dev_choice
+
+    assert dev_choice(tmp_path / "ce").blend == 0.7  # its old blend, read where the engine reads policy
     with pytest.raises(ConfigError, match="not a bi-encoder"):
         BiEncoder.load(tmp_path / "ce")
 

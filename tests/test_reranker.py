@@ -186,43 +186,66 @@ def test_blend_choice_is_the_smallest_within_one_standard_error():
     assert one_se_blend([first, (0.5, np.array([0.6, 0.6, 0.6, 0.62])), (1.0, np.array([0.9, 0.2, 0.9, 0.3]))]) == 0.5
 
 
-def test_blend_for_reads_the_models_choice():
-    """(The blend itself is chosen through an engine: tests/test_one_path.py.)"""
-    from twostage.engine.fusion import blend_for
-
-    class Model:
-        interpolation, blends = 0.4, {"hybrid": 0.2}
-
-    assert blend_for(Model(), "hybrid") == 0.2 and blend_for(Model(), "bm25") == 0.4
-    assert blend_for(object(), "hybrid") is None
-
-
-def test_per_first_stage_blends_are_saved_and_checked(tmp_path, tiny_bert_dir):
+def test_search_policy_is_the_engines_not_the_models(tmp_path, tiny_bert_dir, sample_dir):
+    """#64: a saved cross-encoder's settings hold no search policy (blend, calibration); what training chose on dev is
+    its training record, which an engine built with ``rerank_blend="auto"`` writes into its own manifest as numbers.
+    A model saved before (the choice in its settings) gives the same engine, and an engine built before (its manifest
+    still saying "auto") answers exactly as one with the numbers: ids and scores. Bad values are one line naming the
+    key."""
     import json
 
+    from twostage.engine.knobs import dev_choice
+    from twostage.engine.search_engine import SearchEngine
+    from twostage.indexer.engine_dir import FIRST_STAGES
     from twostage.reranker.cross_encoder import CrossEncoder
 
     ce = CrossEncoder.load(tiny_bert_dir, allow_untrained_head=True)
-    ce.head_trained, ce.interpolation, ce.blends = True, 0.4, {"hybrid": 0.2, "bm25": 0.6}
-    ce.save(tmp_path / "ce")
-    back = CrossEncoder.load(tmp_path / "ce")
-    assert (back.interpolation, back.blends) == (0.4, {"hybrid": 0.2, "bm25": 0.6})
-    meta_file = tmp_path / "ce" / "twostage.json"
-    meta = json.loads(meta_file.read_text())
-    meta["settings"]["interpolation_by_first_stage"]["hybrid"] = 7
-    meta_file.write_text(json.dumps(meta))
-    with pytest.raises(ConfigError, match=r"interpolation_by_first_stage\.hybrid must be a number in \[0, 1\]"):
-        CrossEncoder.load(tmp_path / "ce")
-    meta["settings"]["interpolation_by_first_stage"] = [0.2]
-    meta_file.write_text(json.dumps(meta))
-    with pytest.raises(ConfigError, match="interpolation_by_first_stage must be an object"):
-        CrossEncoder.load(tmp_path / "ce")
-    meta["settings"].pop("interpolation_by_first_stage")
-    meta["settings"]["interpolation"] = "high"
-    meta_file.write_text(json.dumps(meta))
-    with pytest.raises(ConfigError, match="interpolation must be a number"):
-        CrossEncoder.load(tmp_path / "ce")
-
+    ce.head_trained = True
+    record = {"interpolation": {"alpha": 0.4, "dev_by_alpha": [[0.4, 0.5]],
+                                "by_first_stage": [["hybrid", 0.2, []], ["bm25", 0.6, []]]},
+              "calibration": {"a": 1.5, "b": -0.5, "pairs": 10, "positives": 3, "log_loss": 0.4}}
+    ce.save(tmp_path / "new", training=record)
+    meta = json.loads((tmp_path / "new" / "twostage.json").read_text())
+    assert set(meta["settings"]) == {"max_length", "head_trained"}
+    choice = dev_choice(tmp_path / "new")
+    assert (choice.blend, dict(choice.by_first_stage), choice.calibration) == (0.4, {"hybrid": 0.2, "bm25": 0.6},
+                                                                               (1.5, -0.5))
+    assert choice.blend_for("dense") == 0.4 and choice.blend_for("hybrid") == 0.2
+    ce.save(tmp_path / "old")  # a model saved before this step: the choice in its settings
+    old_meta = json.loads((tmp_path / "old" / "twostage.json").read_text())
+    old_meta["settings"].update(interpolation=0.4, interpolation_by_first_stage={"hybrid": 0.2, "bm25": 0.6},
+                                calibration=[1.5, -0.5])
+    (tmp_path / "old" / "twostage.json").write_text(json.dumps(old_meta))
+    assert dev_choice(tmp_path / "old") == choice
+    engines = [SearchEngine.build(sample_dir, tmp_path / f"e-{m}", retriever=str(tiny_bert_dir), reranker=str(tmp_path / m),
+                                  backend="flat") for m in ("new", "old")]
+    for e in engines:
+        assert e.settings.rerank_blend == 0.2 and e.settings.rerank_calibration == (1.5, -0.5)
+        assert e.settings.rerank_blend_by_first_stage == {fs: choice.blend_for(fs) for fs in FIRST_STAGES}
+    manifest = engines[1].version_dir / "manifest.json"  # an engine from before blends were resolved: "auto"
+    data = json.loads(manifest.read_text())
+    data["settings"]["rerank_blend"] = "auto"
+    del data["settings"]["rerank_blend_by_first_stage"]
+    manifest.write_text(json.dumps(data))
+    auto = SearchEngine.load(engines[1].root, verify=False)
+    assert auto.settings.rerank_blend == "auto"
+    queries = [json.loads(line)["text"] for line in (sample_dir / "queries.jsonl").read_text().splitlines()[:8]]
+    for q in queries:
+        for fs in ("hybrid", "bm25"):
+            a, b = engines[0].search(q, k=10, first_stage=fs), auto.search(q, k=10, first_stage=fs)
+            assert a.ids == b.ids and np.allclose([h.score for h in a.hits], [h.score for h in b.hits], atol=1e-6)
+    for e in (*engines, auto):
+        e.close()
+    for key, value, message in (("interpolation_by_first_stage", {"hybrid": 7}, r"interpolation_by_first_stage\.hybrid "
+                                 r"must be a number in \[0, 1\]"),
+                                ("interpolation_by_first_stage", [0.2], "must be an object"),
+                                ("interpolation", "high", "interpolation must be a number"),
+                                ("calibration", [1, "x"], "calibration must be two finite numbers")):
+        bad = json.loads(json.dumps(old_meta))
+        bad["settings"][key] = value
+        (tmp_path / "old" / "twostage.json").write_text(json.dumps(bad))
+        with pytest.raises(ConfigError, match=message):
+            dev_choice(tmp_path / "old")
 
 def test_rerank_lists_scores_a_document_read_by_several_texts_by_the_best():
     """A reader may give several texts for a document (a long one by each first stage's best passage): the document
