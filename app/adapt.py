@@ -93,11 +93,11 @@ def adapt(corpus: CorpusSource | Corpus, out: str | Path, *, base: str = "all-Mi
     where the models train and encode (cpu, cuda, cuda:N, auto; twostage.models.device). The checkpoints are
     removed at the end unless ``keep_checkpoints``."""
     from twostage.eval.metrics import mean_ndcg10, ndcg10_by_query
+    from twostage.models.device import resolve_device
+    from twostage.models.fit import seed_everything
     from twostage.reranker.cross_encoder import CrossEncoder
     from twostage.retriever.biencoder import BiEncoder
     from twostage.retriever.dense import DenseRetriever
-    from twostage.models.device import resolve_device
-    from twostage.models.fit import seed_everything
 
     where = resolve_device(device)  # cuda on a machine without it: one ConfigError, before anything is written
     recipe = replace(recipe, retriever=replace(recipe.retriever, device=where),

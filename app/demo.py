@@ -41,8 +41,8 @@ def run_demo(data: str | Path, out: str | Path, *, base: str = "all-MiniLM-L6-v2
     from twostage.eval.systems import SystemOptions
     from twostage.eval.tune import tune_engine
     from twostage.indexer.beir import BeirDataset
-    from twostage.retriever.training_data import hold_out
     from twostage.models.weights import resolve_model
+    from twostage.retriever.training_data import hold_out
 
     data, out = Path(data), Path(out)
     models = Path(f"{out}.models")

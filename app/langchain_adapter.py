@@ -68,8 +68,8 @@ class TwostageReranker(BaseDocumentCompressor):
 
     @classmethod
     def load(cls, name_or_path: str, *, top_n: int = 3, precision: str = "auto") -> TwostageReranker:
+        from twostage.models.device import resolve_precision
         from twostage.reranker.cross_encoder import CrossEncoder
-        from twostage.models.precision import resolve_precision
 
         return cls(reranker=CrossEncoder.load(name_or_path, precision=resolve_precision(precision, "reranker")),
                    top_n=top_n)

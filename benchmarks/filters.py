@@ -48,8 +48,8 @@ def build(docs: list[Any], out: Path, backend: str, reranker: Path) -> Any:
 
 def untrained_reranker(out: Path) -> Path:
     """all-MiniLM-L6-v2 with a fresh one-logit head: the shape of our reranker, for latency only."""
-    from twostage.reranker.cross_encoder import CrossEncoder
     from twostage.models.weights import resolve_model
+    from twostage.reranker.cross_encoder import CrossEncoder
 
     ce = CrossEncoder.load(resolve_model("all-MiniLM-L6-v2"), allow_untrained_head=True)
     ce.head_trained = True

@@ -105,9 +105,9 @@ def _peer_models(spec: dict) -> dict:
 
 
 def _our_models(spec: dict) -> dict:
+    from twostage.models.runtime import openvino_runner
     from twostage.reranker.cross_encoder import CrossEncoder, calibration_pairs
     from twostage.retriever.biencoder import BiEncoder
-    from twostage.models.runtime import openvino_runner
 
     texts = spec["calibration"]
     pairs = calibration_pairs(texts)
@@ -242,13 +242,13 @@ def main() -> None:
         ap.error("--retriever and --reranker are required")
 
     from twostage import BeirDataset, BM25Retriever
+    from twostage.engine.fusion import rrf
+    from twostage.engine.knobs import dev_choice
+    from twostage.engine.rerank import rerank_lists
     from twostage.eval.metrics import mean_ndcg10
     from twostage.indexer.engine_dir import EngineSettings
     from twostage.indexer.records import RankedList
     from twostage.reranker.cross_encoder import CrossEncoder
-    from twostage.engine.knobs import dev_choice
-    from twostage.engine.rerank import rerank_lists
-    from twostage.engine.fusion import rrf
 
     ds = BeirDataset(args.data)
     corpus = list(ds.corpus)
@@ -262,7 +262,7 @@ def main() -> None:
     speed_q = queries[:args.queries]
     groups = [[(q.text, texts[str(d)]) for d in bm25.search(q.text, args.depth).ids] for q in speed_q]
     ce_meta = CrossEncoder.load(args.reranker)
-    from twostage.models.precision import resolve_precision
+    from twostage.models.device import resolve_precision
 
     our_modes = args.ours.split(",") if args.ours else \
         [m for m in OUR_MODES if m != "bf16" or resolve_precision("auto", "retriever") == "bf16"]

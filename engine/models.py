@@ -14,7 +14,7 @@ import numpy as np
 
 from twostage.indexer.engine_dir import EngineManifest, ModelRef
 from twostage.indexer.errors import ConfigError
-from twostage.models.precision import resolve_precision
+from twostage.models.device import resolve_device, resolve_precision
 
 
 def verified_model_dir(ref: ModelRef, role: str) -> Path:
@@ -45,8 +45,6 @@ class Models:
         """Where the models run, resolved (``cpu`` or ``cuda[:N]``): importing torch, so an engine that never loads
         a model (BM25 searches, info, deletes) never imports it."""
         if self._device is None:
-            from twostage.models.device import resolve_device
-
             self._device = resolve_device(self.requested_device)
         return self._device
 

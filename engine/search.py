@@ -41,7 +41,7 @@ from twostage.indexer.filters import CheckedFilter, Where, check_filter, parse_f
 from twostage.indexer.passages import by_document, split_id, word_starts
 from twostage.indexer.records import Document, Hit, RankedList, SearchResult, check_encodable
 from twostage.indexer.topk import check_k
-from twostage.models.precision import resolve_precisions
+from twostage.models.device import resolve_precisions
 
 StageScores = dict[str, dict[str, float]]
 

@@ -43,8 +43,8 @@ from twostage.indexer.passages import best_per_document, group_starts, join, pas
 from twostage.indexer.records import Document, RankedList
 from twostage.indexer.topk import top_k
 from twostage.indexer.versions import VERSION, Lease, current_version, open_current
-from twostage.retriever.bm25 import BM25Retriever
 from twostage.models.device import requested_device
+from twostage.retriever.bm25 import BM25Retriever
 
 if TYPE_CHECKING:
     from twostage.indexer.corpus import CorpusSource

@@ -29,11 +29,11 @@ from twostage.indexer.corpus import CorpusSource
 from twostage.indexer.engine_dir import FIRST_STAGES, EngineSettings
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.records import Qrels, Query, RankedList
+from twostage.models.device import cpu_precision
+from twostage.models.fit import FitResult, seed_everything
 from twostage.reranker.cross_encoder import CrossEncoder
 from twostage.reranker.training import RerankerConfig, groups_from_split, title_groups, train_reranker
 from twostage.retriever.bm25 import BM25Retriever
-from twostage.models.device import cpu_precision
-from twostage.models.fit import FitResult, seed_everything
 from twostage.retriever.recipe import DevMetric
 from twostage.retriever.training_data import hold_out
 

@@ -29,10 +29,9 @@ from twostage.indexer.passages import split_all
 from twostage.indexer.records import Document
 from twostage.indexer.vectors import BackendConfig
 from twostage.indexer.versions import commit, current_version, open_current, writer_lock
+from twostage.models.device import resolve_device, resolve_precisions
 from twostage.retriever.bm25 import BM25Config, BM25Retriever
 from twostage.retriever.bm25_stats import CorpusStats
-from twostage.models.device import resolve_device
-from twostage.models.precision import resolve_precisions
 
 if TYPE_CHECKING:
     from twostage.engine.search_engine import SearchEngine

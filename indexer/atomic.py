@@ -1,6 +1,13 @@
-"""Atomic writes: a directory or file is built aside, flushed to disk, then renamed into place.
+"""Files on disk, safely: atomic writes, checksums, and ``.npy`` reads from many threads at once.
 
-A crash at any moment leaves either the old artifact or the new one, never a half-written mix.
+Atomic writes: a directory or file is built aside, flushed to disk, then renamed into place. A crash at any moment
+leaves either the old artifact or the new one, never a half-written mix.
+
+``.npy`` reads: ``numpy.load`` parses each file's header with ``ast.literal_eval``. On CPython 3.11 the AST
+constructor keeps one recursion counter per interpreter, so two threads parsing at the same time can fail with
+``SystemError: AST constructor recursion depth mismatch`` (python/cpython#106905; it hit a reader of an engine while a
+writer committed). Every ``.npy`` read in twostage goes through :func:`load_npy`, which parses headers one thread at a
+time; memory-mapped arrays are read outside the lock, lazily, as before.
 """
 
 from __future__ import annotations
@@ -9,11 +16,14 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 
 def fsync_dir(path: Path) -> None:
@@ -86,3 +96,12 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
         while block := fh.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+_HEADER_LOCK = threading.Lock()
+
+
+def load_npy(path: str | Path, mmap: bool = False) -> np.ndarray:
+    """The array in ``path`` (memory-mapped read-only when ``mmap``); never unpickles."""
+    with _HEADER_LOCK:
+        return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)

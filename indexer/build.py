@@ -23,12 +23,12 @@ from typing import Any
 
 import numpy as np
 
+from twostage.indexer.atomic import load_npy
 from twostage.indexer.corpus import CorpusSource, iter_documents
 from twostage.indexer.docstore import COLUMNS, row_document, write_table
 from twostage.indexer.errors import ConfigError, DataError
 from twostage.indexer.index import Index, IndexChange, link_or_copy, write_index_files, write_segment
 from twostage.indexer.manifest import EncoderInfo, Segment
-from twostage.indexer.npy import load_npy
 from twostage.indexer.records import Document
 from twostage.indexer.vectors import BackendConfig, ann_from_vectors, default_params, prepare
 from twostage.indexer.versions import commit, writer_lock

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from twostage.indexer.atomic import load_npy
 from twostage.indexer.docstore import DocStore, read_ids, write_documents
 from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
 from twostage.indexer.filters import CheckedFilter, MetadataTable, Where, parse_filter
@@ -40,7 +41,6 @@ from twostage.indexer.manifest import (
     read_manifest,
     verify_files,
 )
-from twostage.indexer.npy import load_npy
 from twostage.indexer.records import Document, RankedList
 from twostage.indexer.topk import check_k
 from twostage.indexer.vectors import (

@@ -1,4 +1,5 @@
-"""Where the models run: ``cpu``, ``cuda`` (or ``cuda:N``), or ``auto`` (a CUDA GPU when torch sees one).
+"""Where and in what precision the models run: the device, ``cpu``, ``cuda`` (or ``cuda:N``), or ``auto`` (a CUDA
+GPU when torch sees one), and the precision of each model's role, ``auto`` resolved per role and per machine.
 
 The device is a choice of the machine a model runs on, not of the engine: an engine built on a GPU opens on a CPU
 and the other way round. On a GPU the OpenVINO precisions (a CPU runtime) and dynamic int8 (CPU kernels) do not
@@ -9,10 +10,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from twostage.indexer.engine_dir import PRECISIONS
 from twostage.indexer.errors import ConfigError
+
+__all__ = ["CPU_ONLY", "DEVICES", "PRECISIONS", "ROLES", "bf16_for", "cpu_has_amx", "cpu_precision", "native_bf16",
+           "precision_on", "requested_device", "resolve_device", "resolve_precision", "resolve_precisions"]
 
 DEVICES = ("auto", "cpu", "cuda")
 CPU_ONLY = ("int8", "openvino-fp32", "openvino-int8")
+ROLES = ("retriever", "reranker")
 
 
 def requested_device(device: str | None = "auto") -> str:
@@ -89,3 +95,31 @@ def cpu_precision(choice: bool | None) -> str:
     """The precision of an encoder a training run uses on the CPU (to mine negatives or to teach): ``bf16`` where
     :func:`bf16_for` says so for the CPU, else ``fp32``."""
     return "bf16" if bf16_for(choice, "cpu") else "fp32"
+
+
+def resolve_precision(precision: str, role: str, device: str = "cpu") -> str:
+    """The precision a model in ``role`` (``retriever`` or ``reranker``) runs in on ``device`` (resolved: ``cpu``
+    or ``cuda[:N]``; on a GPU, :func:`precision_on` decides). ``auto`` on the CPU,
+    measured on the SciFact one-command models (``benchmarks/results/inference_speed.md``):
+
+    - with the ``openvino`` extra installed: the retriever in ``openvino-fp32`` and the reranker in ``openvino-int8``
+      (calibrated on the corpus). int8 keeps the reranker's nDCG@10, but costs a fine-tuned bi-encoder 0.007 dense
+      nDCG@10; OpenVINO fp32 is the fastest encoder that keeps it;
+    - else ``bf16`` where the CPU has AMX (without AMX, torch's bf16 ran at 0.64-0.70x fp32 on an AVX512-BF16
+      machine), else ``fp32``.
+    """
+    if role not in ROLES:
+        raise ConfigError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+    precision = precision_on(device, precision)
+    if precision != "auto":
+        return precision
+    import importlib.util
+
+    if importlib.util.find_spec("openvino") is not None and importlib.util.find_spec("nncf") is not None:
+        return "openvino-int8" if role == "reranker" else "openvino-fp32"
+    return "bf16" if cpu_has_amx() else "fp32"
+
+
+def resolve_precisions(precision: str, device: str = "cpu") -> dict[str, str]:
+    """Each role's precision on ``device`` (:func:`resolve_precision`), by role."""
+    return {role: resolve_precision(precision, role, device) for role in ROLES}

@@ -30,10 +30,10 @@ from twostage.indexer.beir import BeirDataset
 from twostage.indexer.corpus import Corpus
 from twostage.indexer.errors import ConfigError, DataError
 from twostage.indexer.records import Judgment, Qrels, Query
+from twostage.models.fit import FitResult, LoopConfig, fit
 from twostage.reranker.cross_encoder import CrossEncoder
 from twostage.retriever.bm25 import BM25Retriever
 from twostage.retriever.examples import PairExample
-from twostage.models.fit import FitResult, LoopConfig, fit
 from twostage.retriever.mining import MiningConfig, mine_hard_negatives
 from twostage.retriever.training_data import positives
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from twostage.indexer.atomic import load_npy
 from twostage.indexer.errors import IndexFormatError
 from twostage.indexer.manifest import (
     check_file_entries,
@@ -31,7 +32,6 @@ from twostage.indexer.manifest import (
     read_manifest_json,
     verify_files,
 )
-from twostage.indexer.npy import load_npy
 from twostage.retriever.bm25_stats import Postings
 
 FORMAT = "twostage.bm25"

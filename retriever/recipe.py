@@ -13,10 +13,10 @@ import numpy as np
 from twostage.indexer.beir import BeirDataset
 from twostage.indexer.errors import ConfigError, DataError
 from twostage.indexer.records import Qrels, RankedList
+from twostage.models.fit import FitResult
 from twostage.retriever.biencoder import BiEncoder
 from twostage.retriever.bm25 import BM25Retriever
 from twostage.retriever.dense import DenseRetriever
-from twostage.models.fit import FitResult
 from twostage.retriever.mining import MiningConfig, mine_hard_negatives, save_negatives
 from twostage.retriever.trainer import TrainConfig, train
 from twostage.retriever.training_data import (

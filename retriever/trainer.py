@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from twostage.indexer.errors import ConfigError
-from twostage.retriever.biencoder import BiEncoder
 from twostage.models.fit import FitResult, LoopConfig, fit
+from twostage.retriever.biencoder import BiEncoder
 from twostage.retriever.objectives import OBJECTIVES
 from twostage.retriever.training_data import TrainingSet, no_duplicate_batches, round_robin
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from twostage.engine.fusion import blend, fuse
 from twostage.indexer.errors import ConfigError, DataError
 from twostage.indexer.records import Document, RankedList
-from twostage.engine.fusion import blend, fuse
 from twostage.retriever.pseudo_queries import PseudoQueryConfig, as_queries_and_qrels, make_pseudo_queries, words
 
 DOCS = [

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from twostage.indexer.errors import ConfigError, DataError
-from twostage.retriever.biencoder import BiEncoder
 from twostage.models.weights import ModelNotFoundError, resolve_model
+from twostage.retriever.biencoder import BiEncoder
 
 TEXTS = ["why do cats purr", "a dog pants to cool down on hot days", "rain", "snowflakes are ice crystals with six arms"]
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from twostage import Document, SearchEngine
-from twostage.errors import ConfigError, DataError, IndexFormatError
 from twostage.app.cli import main
+from twostage.errors import ConfigError, DataError, IndexFormatError
 from twostage.indexer.errors import FilterError
 from twostage.indexer.passages import doc_id_of, split_id
 from twostage.indexer.versions import current_version

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from twostage.indexer.beir import BeirDataset
+from twostage.models.fit import NO_DECAY, linear_schedule
 from twostage.reranker.cross_encoder import CrossEncoder
 from twostage.reranker.training import RerankerConfig, RerankerTask, groups_from_split, train_reranker
 from twostage.retriever.biencoder import BiEncoder
-from twostage.models.fit import NO_DECAY, linear_schedule
 from twostage.retriever.trainer import RetrieverTask, TrainConfig, train
 from twostage.retriever.training_data import pairs_from_qrels
 

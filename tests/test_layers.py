@@ -218,8 +218,8 @@ def test_architecture_query_path_matches_the_code():
 
 
 def test_npy_files_are_read_only_through_load_npy():
-    # numpy.load parses headers with ast, which is not thread-safe on CPython 3.11 (twostage.indexer.npy)
+    # numpy.load parses headers with ast, which is not thread-safe on CPython 3.11 (twostage.indexer.atomic)
     for folder in PACKAGE:
         for path in (ROOT / folder).rglob("*.py"):
-            if path != ROOT / "indexer" / "npy.py":
+            if path != ROOT / "indexer" / "atomic.py":
                 assert "np.load(" not in path.read_text(), f"{path.relative_to(ROOT)}: read .npy files with load_npy"

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from twostage.indexer.npy import load_npy
+from twostage.indexer.atomic import load_npy
 
 
 def _hammer(path, load, rounds=300):

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from twostage import Document, SearchEngine
-from twostage.errors import ConfigError, DataError
 from twostage.app.cli import main
 from twostage.engine.highlight import hit_passage
+from twostage.errors import ConfigError, DataError
 from twostage.indexer.files import FolderCorpus
 from twostage.indexer.passages import PassageShape, by_document, join, passage_count, split, split_id
 from twostage.indexer.records import RankedList

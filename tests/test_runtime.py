@@ -15,10 +15,10 @@ pytest.importorskip("openvino")
 pytest.importorskip("nncf")
 
 from twostage.indexer.errors import ConfigError
-from twostage.reranker.cross_encoder import CrossEncoder
 from twostage.models import runtime
-from twostage.retriever.biencoder import BiEncoder
 from twostage.models.weights import sha256_of_weights
+from twostage.reranker.cross_encoder import CrossEncoder
+from twostage.retriever.biencoder import BiEncoder
 
 TEXTS = ["cats purr when they are content", "rain forms when water vapour condenses into droplets",
          "dogs pant to cool down", "snowflakes are ice crystals with six arms", "a b c"]
@@ -150,7 +150,7 @@ def test_missing_openvino_is_one_clear_error(model_dir, monkeypatch):
 def test_auto_precision_is_openvino_per_model_when_installed(monkeypatch):
     import importlib.util
 
-    from twostage.models.precision import resolve_precision
+    from twostage.models.device import resolve_precision
 
     assert resolve_precision("auto", "reranker") == "openvino-int8"
     assert resolve_precision("auto", "retriever") == "openvino-fp32"  # int8 costs a fine-tuned bi-encoder quality

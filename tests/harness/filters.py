@@ -180,8 +180,8 @@ def brute_lists(engine: Any, query: str, keep: Any, n: int) -> dict[str, list[st
 def brute_hybrid(engine: Any, lists: dict[str, list[Any]], n: int, k: int) -> list[str]:
     import numpy as np
 
-    from twostage.indexer.records import RankedList
     from twostage.engine.fusion import dense_weights, fuse
+    from twostage.indexer.records import RankedList
 
     s = engine.settings
     b = RankedList(np.array(lists["bm25"], dtype=object), np.array(lists["bm25_scores"], dtype=np.float32))
