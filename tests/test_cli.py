@@ -113,8 +113,9 @@ def test_the_demo_says_what_the_reranker_did():
                                                                        "hybrid+rerank"])
 
     def engine(rerank: bool, blends: dict | None, first_stage: str = "dense"):
-        reranker = None if blends is None else SimpleNamespace(blends=blends, interpolation=0.5)
-        settings = EngineSettings(first_stage=first_stage, rerank=rerank)
+        reranker = None if blends is None else SimpleNamespace(path=None)
+        settings = EngineSettings(first_stage=first_stage, rerank=rerank, rerank_blend=0.5,
+                                  rerank_blend_by_first_stage=blends or {})  # as a build writes them
         return SimpleNamespace(settings=settings, reranker=reranker)
 
     assert "reorders the top 20 of dense with weight 0.3 (chosen on dev): +0.050" in \
@@ -246,9 +247,10 @@ def test_train_reranker_cli(tmp_path, sample_dir, tiny_bert_dir, capsys):
     assert rc == 0 and "best dev nDCG@10" in capsys.readouterr().out
     meta = json.loads((tmp_path / "ce" / "twostage.json").read_text())
     assert meta["settings"]["head_trained"] and len(meta["training"]["dev_queries"]) == 8
-    tried = dict(meta["training"]["interpolation"]["dev_by_alpha"])  # alpha chosen on dev, saved with the model
-    assert len(tried) == 11 and meta["settings"]["interpolation"] in tried
-    assert tried[meta["settings"]["interpolation"]] == max(tried.values())
+    chosen = meta["training"]["interpolation"]  # what dev chose: the training record, not the model's settings
+    tried = dict(chosen["dev_by_alpha"])
+    assert len(tried) == 11 and chosen["alpha"] in tried and "interpolation" not in meta["settings"]
+    assert tried[chosen["alpha"]] == max(tried.values())
 
 
 def test_index_search_cli(tmp_path, sample_dir, tiny_bert_dir, capsys):
