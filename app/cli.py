@@ -177,10 +177,11 @@ def run() -> None:
     the answer is flushed and the process ends without tearing its modules down: torch and transformers take
     about 1.5 s to unload on 2 cores, a third of a cold search's time outside the model load. Nothing is lost: such a
     command holds only a read lease (a lock the system releases) and no buffered write."""
+    from twostage.app.commands import command_in
+
     code = main()
     argv = sys.argv[1:]
-    command = next((a for a in argv if not a.startswith("-")), None)
-    if command in READ_ONLY and "--ray" not in argv:  # (a Ray client's shutdown has work to do)
+    if command_in(argv) in READ_ONLY and "--ray" not in argv:  # (a Ray client's shutdown has work to do)
         logging.shutdown()
         try:
             sys.stdout.flush()

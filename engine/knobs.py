@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from twostage.indexer.engine_dir import FIRST_STAGES, EngineSettings, renamed, with_changes
+from twostage.indexer.engine_dir import FIRST_STAGES, EngineSettings, is_blend, renamed, with_changes
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.topk import check_k
 
@@ -75,7 +75,7 @@ def _dev_choice(path: str, _mtime: int) -> DevChoice:
 
 
 def _blend(value: Any, path: str, key: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+    if value is None or not is_blend(value):
         raise ConfigError(f"{path}: {key} must be a number in [0, 1], got {value!r}; restore the model directory or "
                           "train it again")
     return float(value)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,9 +146,7 @@ class Postings:
         """Each group's document frequencies (groups x terms), document counts and total lengths."""
         v = len(self.terms)
         df = np.zeros(n_groups * v, dtype=np.int64)
-        for a in range(0, len(self.rows), _STEP):
-            z = min(len(self.rows), a + _STEP)
-            col = np.searchsorted(self.indptr, np.arange(a, z), side="right") - 1
+        for a, z, col in self._slices():
             df += np.bincount(doc_group[self.rows[a:z]] * v + col, minlength=n_groups * v)
         docs = np.bincount(doc_group, minlength=n_groups)
         lengths = np.bincount(doc_group, weights=np.asarray(self.lengths, dtype=np.float64), minlength=n_groups)
@@ -292,13 +290,17 @@ class Postings:
 
         return self._weighted(idf, lambda rows: averages[doc_group[rows]], k1, b)
 
+    def _slices(self) -> Iterator[tuple[int, int, np.ndarray]]:
+        """The postings a slice at a time (bounding the temporaries): its bounds and each posting's column."""
+        for a in range(0, len(self.rows), _STEP):
+            z = min(len(self.rows), a + _STEP)
+            yield a, z, np.searchsorted(self.indptr, np.arange(a, z), side="right") - 1
+
     def _weighted(self, idf: Any, avgdl: Any, k1: float, b: float) -> np.ndarray:
         """Every posting's weight, a slice at a time: ``idf(rows, columns)`` its term's idf (float32) in its document
         and ``avgdl(rows)`` its document's average length."""
         data = np.empty(len(self.rows), dtype=np.float32)
-        for a in range(0, len(data), _STEP):
-            z = min(len(data), a + _STEP)
-            col = np.searchsorted(self.indptr, np.arange(a, z), side="right") - 1
+        for a, z, col in self._slices():
             tf = np.asarray(self.counts[a:z], dtype=np.float64)
             rows = self.rows[a:z]
             # bm25s: tf / (k1 * ((1 - b) + b * l_d / l_avg) + tf), l_d a Python int, l_avg a float64, all in float64
