@@ -249,9 +249,13 @@ def _print_result(result: Any, as_json: bool, timings: bool = True) -> None:
     print(f"query: {one_line(result.query)}")
     for hit in result.hits:
         label = one_line(hit.title or " ".join(hit.text[:80].split()))
-        print(f"{hit.rank:3d}. [{hit.score:.4f}] {one_line(hit.id)}: {label}")
+        group = f" ({one_line(str(hit.group))})" if hit.group is not None else ""
+        print(f"{hit.rank:3d}. [{hit.score:.4f}] {one_line(hit.id)}{group}: {label}")
         if hit.passage is not None:
             print(f"       {one_line(passage_line(hit.passage))}")
+        if hit.explanation is not None:
+            for line in hit.explanation.lines():
+                print(f"       | {one_line(line)}")
     if timings:
         print(f"    {timings_line(result.timings)}", flush=True)
     if result.next_page:
@@ -291,12 +295,21 @@ def _search(args: argparse.Namespace) -> int:
         raise ConfigError(f"--offset must be an integer >= 0, got {args.offset}")
     if args.page_token is not None and (args.queries is not None or args.offset):
         raise ConfigError("--page-token continues one query: give the query, not --queries or --offset")
+    if args.similar is not None and (args.query is not None or args.queries is not None or args.like):
+        raise ConfigError("--similar ID: the document is the query; give no query, --queries or --like with it")
     engine = open_engine(args.engine, verify=not args.fast, ray=args.ray, device=args.device,
                          address=args.ray_address, replicas=args.replicas)
     kw = {"where": where, "rerank_depth": args.rerank_depth, "first_stage": args.first_stage,
           "rerank": False if args.no_rerank else None, "fusion": args.fusion, "dense_weight": args.dense_weight,
           "k_rrf": args.k_rrf, "first_stage_depth": args.first_stage_depth,
-          "rerank_blend": parse_blend(args.rerank_blend), "min_relevance": args.min_relevance}
+          "rerank_blend": parse_blend(args.rerank_blend), "min_relevance": args.min_relevance,
+          "like": args.like, "unlike": args.unlike, "diversity": args.diversity, "group_by": args.group_by,
+          "group_size": args.group_size, "explain": args.explain or None}
+    if args.similar is not None:
+        kw.pop("rerank")
+        result = engine.similar(args.similar, args.k, page_token=args.page_token, offset=args.offset, **kw)
+        _print_result(result, args.json)
+        return 0
     if args.page_token is not None:
         query = next(_queries(args))
         _print_result(engine.search(query, args.k, page_token=args.page_token, **kw), args.json)
@@ -522,7 +535,7 @@ def add_commands(sub: Any, only: str | None = None) -> None:
     s = sub.add_parser("search", help=help_of("search"))
     add_device_flag(s)
     s.add_argument("engine", type=Path, help="the engine directory")
-    s.add_argument("query", nargs="?", default=None, help="the query (or --queries FILE)")
+    s.add_argument("query", nargs="?", default=None, help="the query (or --queries FILE, or --similar ID)")
     s.add_argument("--queries", default=None, help="a file with one query per line, or - for stdin")
     s.add_argument("--k", type=int, default=10)
     s.add_argument("--rerank-depth", type=int, default=None, help="candidates the reranker reads (default: the "
@@ -546,6 +559,18 @@ def add_commands(sub: Any, only: str | None = None) -> None:
     s.add_argument("--min-relevance", type=float, default=None, metavar="P",
                    help="drop hits whose calibrated probability of relevance is below P (needs `twostage calibrate` "
                         "or a reranker trained with dev queries); a query may then get no hit")
+    s.add_argument("--like", action="append", default=None, metavar="ID",
+                   help="more like this document (repeatable): the query moves towards it (left out of the hits)")
+    s.add_argument("--unlike", action="append", default=None, metavar="ID",
+                   help="less like this document (repeatable): the query moves away from it (left out of the hits)")
+    s.add_argument("--similar", default=None, metavar="ID", help="the documents most like this one (no query)")
+    s.add_argument("--diversity", type=float, nargs="?", const=True, default=None, metavar="L",
+                   help="diverse hits: maximal marginal relevance with weight L in [0, 1] (alone: the default weight, "
+                        "chosen on dev; docs/steering.md)")
+    s.add_argument("--group-by", default=None, metavar="FIELD",
+                   help="at most --group-size hits per value of this metadata field; --k counts groups")
+    s.add_argument("--group-size", type=int, default=None, metavar="N", help="hits per group (default 1)")
+    s.add_argument("--explain", action="store_true", help="print how each hit's score was made")
     s.add_argument("--json", action="store_true", help="one JSON object per query, one per line")
     s.add_argument("--fast", action="store_true", help="check file sizes only, not checksums")
     add_ray_flags(s)

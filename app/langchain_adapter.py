@@ -14,7 +14,7 @@ overwritten). Searching is :meth:`SearchEngine.search` itself: the adapter copie
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.documents import Document as LCDocument
@@ -37,7 +37,10 @@ class TwostageRetriever(BaseRetriever):
     """A :class:`~twostage.SearchEngine` (or sharded engine) as a LangChain retriever.
 
     ``k`` hits per query; ``where`` a filter (:mod:`twostage.indexer.filters`); ``search_options`` the search
-    knobs (``first_stage``, ``rerank``, ``rerank_depth``, ...) for every call.
+    knobs (``first_stage``, ``rerank``, ``rerank_depth``, ``like``, ``group_by``...) for every call.
+    ``search_type="mmr"``: diverse hits by maximal marginal relevance, LangChain's way of saying it: ``lambda_mult``
+    is relevance's weight (1: relevance alone; the engine's ``diversity`` is ``1 - lambda_mult``; None: the engine's
+    default) and ``fetch_k`` the candidates it chooses from (the engine's ``first_stage_depth``).
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -46,9 +49,17 @@ class TwostageRetriever(BaseRetriever):
     k: int = 10
     where: Any = None
     search_options: dict[str, Any] = Field(default_factory=dict)
+    search_type: Literal["similarity", "mmr"] = "similarity"
+    lambda_mult: float | None = Field(None, ge=0, le=1)
+    fetch_k: int | None = Field(None, ge=1)
 
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun) -> list[LCDocument]:
-        result = self.engine.search(query, k=self.k, where=self.where, **self.search_options)
+        options = dict(self.search_options)
+        if self.search_type == "mmr":
+            options["diversity"] = True if self.lambda_mult is None else 1.0 - self.lambda_mult
+            if self.fetch_k is not None:
+                options["first_stage_depth"] = self.fetch_k
+        result = self.engine.search(query, k=self.k, where=self.where, **options)
         return [hit_to_document(h) for h in result.hits]
 
 

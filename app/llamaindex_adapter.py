@@ -32,9 +32,20 @@ def hit_to_node(hit: Any) -> NodeWithScore:
 
 class TwostageLlamaRetriever(BaseRetriever):
     """A :class:`~twostage.SearchEngine` as a LlamaIndex retriever: ``k`` hits per query, ``where`` a filter,
-    ``search_options`` the search knobs for every call."""
+    ``search_options`` the search knobs for every call. ``vector_store_query_mode="mmr"``: diverse hits by maximal
+    marginal relevance, LlamaIndex's way of saying it: ``mmr_threshold`` is relevance's weight (the engine's
+    ``diversity`` is ``1 - mmr_threshold``; None: the engine's default)."""
 
-    def __init__(self, engine: Any, k: int = 10, where: Any = None, **search_options: Any) -> None:
+    def __init__(self, engine: Any, k: int = 10, where: Any = None, *, vector_store_query_mode: str = "default",
+                 mmr_threshold: float | None = None, **search_options: Any) -> None:
+        from twostage.indexer.errors import ConfigError
+
+        if vector_store_query_mode not in ("default", "mmr"):
+            raise ConfigError(f"vector_store_query_mode must be default or mmr, got {vector_store_query_mode!r}")
+        if vector_store_query_mode == "mmr":
+            if mmr_threshold is not None and not 0 <= mmr_threshold <= 1:
+                raise ConfigError(f"mmr_threshold must be in [0, 1], got {mmr_threshold!r}")
+            search_options["diversity"] = True if mmr_threshold is None else 1.0 - mmr_threshold
         self.engine, self.k, self.where, self.search_options = engine, k, where, search_options
         super().__init__()
 

@@ -91,16 +91,28 @@ class SearchOptions(_Strict):
     depth: int | None = Field(None, ge=1, le=MAX_K, description="deprecated: first_stage_depth's old name",
                               json_schema_extra={"deprecated": True})
     full_text: bool = Field(False, description="return each hit's whole text, not only its best passage")
+    like: list[Annotated[str, Field(min_length=1, max_length=1000)]] | None = Field(
+        None, max_length=100, description="more like these documents (ids); left out of the hits")
+    unlike: list[Annotated[str, Field(min_length=1, max_length=1000)]] | None = Field(
+        None, max_length=100, description="less like these documents (ids); left out of the hits")
+    include_feedback: bool | None = Field(None, description="keep the liked and unliked documents among the hits")
+    diversity: bool | Annotated[float, Field(ge=0, le=1)] | None = Field(
+        None, description="maximal marginal relevance's weight of diversity (0: relevance alone; true: the default)")
+    group_by: str | None = Field(None, min_length=1, max_length=200, description="at most group_size hits per value "
+                                 "of this metadata field; k and offset count groups")
+    group_size: int | None = Field(None, ge=1, le=1000, description="hits per group (default 1)")
+    explain: bool | None = Field(None, description="each hit carries how its score was made")
 
     def knobs(self) -> dict[str, Any]:
-        for old, new in (("k_retrieve", "rerank_depth"), ("depth", "first_stage_depth")):
-            if getattr(self, old) is not None and getattr(self, new) is not None:
-                raise ConfigError(f"give {new} only ({old} is its old name)")
-        return {"rerank_depth": self.rerank_depth if self.k_retrieve is None else self.k_retrieve,
-                "first_stage": self.first_stage, "rerank": self.rerank, "rerank_blend": self.rerank_blend,
-                "fusion": self.fusion, "dense_weight": self.dense_weight, "k_rrf": self.k_rrf,
-                "first_stage_depth": self.first_stage_depth if self.depth is None else self.depth,
-                "min_relevance": self.min_relevance}
+        """The search options given (None: the engine's); old field names pass as they are, mapped by the engine's
+        one rename table (:data:`twostage.indexer.engine_dir.RENAMED`)."""
+        given = {"rerank_depth": self.rerank_depth, "k_retrieve": self.k_retrieve, "first_stage": self.first_stage,
+                 "rerank": self.rerank, "rerank_blend": self.rerank_blend, "fusion": self.fusion,
+                 "dense_weight": self.dense_weight, "k_rrf": self.k_rrf, "first_stage_depth": self.first_stage_depth,
+                 "depth": self.depth, "min_relevance": self.min_relevance, "like": self.like, "unlike": self.unlike,
+                 "include_feedback": self.include_feedback, "diversity": self.diversity, "group_by": self.group_by,
+                 "group_size": self.group_size, "explain": self.explain}
+        return {name: value for name, value in given.items() if value is not None}
 
 
 class SearchRequest(SearchOptions):
@@ -109,6 +121,11 @@ class SearchRequest(SearchOptions):
                                                                       "from the same engine version")
 
     _words = field_validator("query")(classmethod(lambda cls, value: not_blank(value)))
+
+
+class SimilarRequest(SearchOptions):
+    id: str = Field(..., min_length=1, max_length=1000, description="the document whose likes are wanted")
+    page_token: str | None = Field(None, max_length=200, description="a result's next_page")
 
 
 class BatchSearchRequest(SearchOptions):
@@ -163,6 +180,9 @@ class HitOut(BaseModel):
     text: str | None = None
     metadata: dict[str, Any]
     stage_scores: dict[str, float]
+    group: Any = Field(None, description="the hit's value of the group_by field (a grouped search)")
+    explanation: dict[str, Any] | None = Field(None, description="how the score was made (explain): the parts and "
+                                                                 "their arithmetic, and the same in words (lines)")
 
 
 class SearchOut(BaseModel):
@@ -386,7 +406,8 @@ def _hit_out(hit: Any, full_text: bool) -> HitOut:
     passage = PassageOut(text=p.text, start=p.start, end=p.end, spans=list(p.spans)) if p is not None else \
         PassageOut(text=text, start=0, end=len(text), spans=[])
     return HitOut(id=hit.id, rank=hit.rank, score=hit.score, title=hit.title, passage=passage,
-                  text=text if full_text else None, metadata=dict(hit.metadata), stage_scores=dict(hit.stage_scores))
+                  text=text if full_text else None, metadata=dict(hit.metadata), stage_scores=dict(hit.stage_scores),
+                  group=hit.group, explanation=hit.explanation.to_dict() if hit.explanation is not None else None)
 
 
 def _ms(timings: dict[str, float]) -> dict[str, float]:
@@ -454,12 +475,19 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
     def searching(search: bool = False) -> AbstractContextManager[Any]:
         return models.searching(holder, search)
 
-    def run_search(queries: list[str], options: SearchOptions) -> tuple[list[SearchResult], str] | JSONResponse:
+    def run_search(queries: list[str], options: SearchOptions,
+                   similar: str | None = None) -> tuple[list[SearchResult], str] | JSONResponse:
         t = time.perf_counter()
 
         def run() -> tuple[list[SearchResult], str]:
             with searching(True) as engine:
                 token = getattr(options, "page_token", None)
+                if similar is not None:
+                    version = engine.read_page_token(token).version if token is not None else engine.version
+                    k = options.k if token is None or "k" in options.model_fields_set else \
+                        engine.read_page_token(token).k
+                    return [engine.similar(similar, k, where=options.where, offset=options.offset,
+                                           page_token=token, **options.knobs())], version
                 if token is not None:
                     pinned = engine.read_page_token(token)
                     k = options.k if "k" in options.model_fields_set else pinned.k  # a token pages at its own k
@@ -482,6 +510,14 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
     @app.post("/search", response_model=SearchOut, summary="the k best documents for a query")
     def search(body: SearchRequest) -> Any:
         out = run_search([body.query], body)
+        if isinstance(out, JSONResponse):
+            return out
+        results, version = out
+        return _search_out(results[0], version, body)
+
+    @app.post("/similar", response_model=SearchOut, summary="the k documents most like a document")
+    def similar(body: SimilarRequest) -> Any:
+        out = run_search([body.id], body, similar=body.id)
         if isinstance(out, JSONResponse):
             return out
         results, version = out

@@ -20,7 +20,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +31,15 @@ from twostage.engine.knobs import blend_of, outside, settings_for
 from twostage.engine.models import Models, NoRetriever
 from twostage.engine.pages import PageToken, decode_page_token, encode_page_token, fingerprint, page_key
 from twostage.engine.rerank import Reranked, rerank_lists
+from twostage.engine.steer import Expansion, Steering, diversify, group_pages, rocchio, split_steering
+from twostage.engine.steer import feedback as steer_feedback
 from twostage.indexer.engine_dir import (
     EngineManifest,
     EngineSettings,
     with_changes,
 )
 from twostage.indexer.errors import ConfigError, DataError, PageExpiredError
+from twostage.indexer.explanation import Explanation
 from twostage.indexer.filters import CheckedFilter, Where, check_filter, parse_filter
 from twostage.indexer.passages import by_document, split_id, word_starts
 from twostage.indexer.records import Document, Hit, RankedList, SearchResult, check_encodable
@@ -178,13 +181,26 @@ class TwoStageSearch(ABC):
 
     @abstractmethod
     def candidates(self, queries: list[str], vectors: np.ndarray | None, first_stage: str, n: int, where: Where,
-                   timings: dict[str, float]) -> dict[str, list[RankedList]]:
-        """Each first stage's ("dense", "bm25") top ``n`` for every query, best first; adds its seconds to
-        ``timings``."""
+                   timings: dict[str, float], expansion: Expansion | None = None) -> dict[str, list[RankedList]]:
+        """Each first stage's ("dense", "bm25") top ``n`` for every query, best first (BM25's query grown by
+        ``expansion`` when given); adds its seconds to ``timings``."""
 
     @abstractmethod
     def metadata_kinds(self) -> dict[str, str]:
         """Each metadata field's type (:data:`twostage.indexer.filters.KINDS`)."""
+
+    @abstractmethod
+    def example_features(self, ids: list[str], m: int) -> dict[str, tuple[np.ndarray, dict[str, float]]]:
+        """Each of these documents' vector and its ``m`` strongest BM25 terms with their weights (an unknown id is
+        left out)."""
+
+    @abstractmethod
+    def vectors_by_id(self, ids: list[str]) -> dict[str, np.ndarray]:
+        """The dense vector of each id (a document's, or a passage's; an unknown id is left out)."""
+
+    @abstractmethod
+    def matched_terms(self, terms: dict[str, float], ids: list[str]) -> dict[str, list[tuple[str, float]]]:
+        """For each id BM25 holds, the weighted query terms it matched and each one's share of its score."""
 
     def search(self, query: str, k: int = 10, *, where: Where = None, offset: int = 0, page_token: str | None = None,
                **knobs: Any) -> SearchResult:
@@ -194,7 +210,12 @@ class TwoStageSearch(ABC):
         of each stage. ``where`` is a filter (:mod:`twostage.indexer.filters`: a JSON object such as
         ``{"year": {"$gte": 2020}}``, or a function of a Document). ``offset`` skips the first hits (a page);
         ``page_token`` is the result's ``next_page`` from the call before: the next ``k`` hits of the same query,
-        filter and knobs, from the same engine version. ``knobs`` are :data:`KNOBS` for this call only.
+        filter and knobs, from the same engine version. ``knobs`` are :data:`KNOBS` for this call only, and the
+        steering options (:mod:`twostage.engine.steer`, docs/steering.md): ``like`` / ``unlike`` (document ids: the
+        query moves towards / away from them; they are left out of the hits unless ``include_feedback``),
+        ``diversity`` (maximal marginal relevance's weight in [0, 1], or True for the default), ``group_by`` (a
+        metadata field; ``group_size`` hits per value; ``k`` and ``offset`` then count groups) and ``explain`` (each
+        hit carries how its score was made).
         """
         if page_token is not None:
             if offset:
@@ -231,7 +252,8 @@ class TwoStageSearch(ABC):
         from twostage.engine.highlight import hit_passage
 
         queries = check_queries(queries)
-        ranked, stage_scores, timings, reads = self._ranked(queries, k, where, knobs, offset)
+        ranking = self._ranked(queries, k, where, knobs, offset)
+        ranked, stage_scores, timings, reads = ranking.pages, ranking.stage_scores, ranking.timings, ranking.reads
         t = time.perf_counter()
         ids = sorted({str(d) for r in ranked for d in r.ids})
         docs = {entry[0].id: entry for entry in self.documents_with_passages(ids)}
@@ -249,9 +271,11 @@ class TwoStageSearch(ABC):
                 stages = {name: table[str(d)] for name, table in scores.items() if str(d) in table}
                 best = split_id(reads[q][str(d)][0])[1] if reads is not None else None
                 hits.append(Hit(doc.id, float(s), rank, stages.get("first_stage"), doc.text, doc.title,
-                                dict(doc.metadata), stages, hit_passage(query, doc, passages, starts, best, analyzer)))
+                                dict(doc.metadata), stages, hit_passage(query, doc, passages, starts, best, analyzer),
+                                ranking.groups[q].get(str(d)) if ranking.groups is not None else None,
+                                ranking.explanations[q][str(d)] if ranking.explanations is not None else None))
             following = None
-            if len(hits) == k and offset + k < self.window(knobs) and not callable_where(where):
+            if ranking.more[q] and not callable_where(where):
                 token = PageToken(self.version, offset + k, k, fingerprint(query, where, knobs), int(time.time()))
                 key = key or page_key(self.root)
                 following = encode_page_token(token, key)
@@ -260,7 +284,28 @@ class TwoStageSearch(ABC):
 
     def ranked(self, query: str, k: int = 10, *, where: Where = None, offset: int = 0, **knobs: Any) -> RankedList:
         """Ids and final scores only (the retriever contract: ``search(query, k) -> RankedList``)."""
-        return self._ranked(check_queries([query]), k, where, knobs, offset)[0][0]
+        return self._ranked(check_queries([query]), k, where, knobs, offset).pages[0]
+
+    def similar(self, doc_id: str, k: int = 10, *, where: Where = None, offset: int = 0,
+                page_token: str | None = None, **knobs: Any) -> SearchResult:
+        """The ``k`` documents most like the document ``doc_id`` (itself left out unless ``include_feedback``): its
+        vector as the dense query and its strongest terms as BM25's (:mod:`twostage.engine.steer`). The reranker,
+        which judges answers to a question, does not run; the result's query is the document's title (or its first
+        words). ``knobs``: the stage knobs and steering options of :meth:`search`."""
+        if not isinstance(doc_id, str) or not doc_id:
+            raise ConfigError(f"similar takes a document id (a non-empty string), got {doc_id!r}")
+        if knobs.get("rerank") is True:
+            raise ConfigError("similar: the reranker scores answers to a query, not likeness to a document; search "
+                              "similar documents without rerank")
+        if knobs.get("like") or knobs.get("similar") is not None:
+            raise ConfigError("similar: the document is the query; add other liked documents with search(like=...)")
+        try:
+            doc = self.documents([doc_id])[0]
+        except KeyError:
+            raise ConfigError(f"similar: document {doc_id!r} is not in the engine (deleted, or never added)") from None
+        text = doc.title.strip() or " ".join(doc.text.split()[:12]) or doc_id
+        return self.search(text, k, where=where, offset=offset, page_token=page_token,
+                           **{**knobs, "like": [doc_id], "similar": True, "rerank": False})
 
     def as_retriever(self, *, first_stage: str | None = None, rerank: bool | None = None,
                      rerank_depth: int | None = None) -> EngineRetriever:
@@ -270,7 +315,7 @@ class TwoStageSearch(ABC):
     def window(self, knobs: Mapping[str, Any]) -> int:
         """How many hits one query ranks, and so how deep pages go: the first stage's depth (or the rerank depth,
         when larger and reranking)."""
-        s, rerank = settings_for(self.settings, knobs)
+        s, rerank = settings_for(self.settings, split_steering(knobs)[1])
         return max(s.first_stage_depth, s.rerank_depth) if rerank and self.has_reranker else s.first_stage_depth
 
     def check_where(self, where: Where) -> Where:
@@ -283,11 +328,9 @@ class TwoStageSearch(ABC):
         return CheckedFilter(f)
 
     def _ranked(self, queries: list[str], k: int, where: Where, knobs: Mapping[str, Any],
-                offset: int = 0) -> tuple[list[RankedList], list[StageScores], dict[str, float],
-                                          list[dict[str, tuple[str, ...]]] | None]:
-        """Each query's page of final ids and scores, each stage's scores, the seconds of each stage, and in a passage
-        engine the passages each document is read by, for each query (:func:`~twostage.indexer.passages.by_document`:
-        the first is the one a hit shows)."""
+                offset: int = 0) -> Ranking:
+        """Each query's page of final ids and scores, with what the hits carry (:class:`Ranking`)."""
+        steer, knobs = split_steering(knobs)
         s, rerank = settings_for(self.settings, knobs)
         k = check_k(k)
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
@@ -296,6 +339,7 @@ class TwoStageSearch(ABC):
         if knobs.get("rerank") is True and self.manifest.reranker is None:
             raise ConfigError("rerank: this engine has no reranker, so there is nothing to rerank with; search "
                               "without rerank, or build the engine with --reranker")
+        self.check_steering(steer)
         t = time.perf_counter()
         reranker = self.reranker if rerank else None  # loaded (and exported) on first use
         loading = time.perf_counter() - t
@@ -320,29 +364,38 @@ class TwoStageSearch(ABC):
         # a query in a language the dense model does not know is searched by BM25 alone (its model card says so)
         dense_off = outside(s.dense_languages, languages) if s.first_stage == "hybrid" else []
         stage = "bm25" if dense_off and all(dense_off) else s.first_stage  # then nothing is encoded
+        feedback = steer_feedback(self, steer, stage) if steer.feedback else None
         if stage in ("dense", "hybrid"):
             t = time.perf_counter()
-            encoder = self.encoder  # loaded (and exported) on first use
+            encoder = None if steer.similar else self.encoder  # loaded (and exported) on first use
             loading += time.perf_counter() - t
             t = time.perf_counter()
-            vectors = encoder.encode(queries, kind="query", batch_size=s.batch_size)
+            vectors = None if encoder is None else encoder.encode(queries, kind="query", batch_size=s.batch_size)
+            if feedback is not None:
+                vectors = rocchio(vectors, feedback.liked, feedback.unliked, len(queries))
             timings["encode_s"] = time.perf_counter() - t
         if loading > 0.005:  # a model loaded by this search: its own line, not the encoding's
             timings["load_s"] = loading
-        lists = self.candidates(queries, vectors, stage, n, where, timings)
+        excluded = steer.excluded
+        expansion = feedback.expansion if feedback is not None else None
+        lists = self.candidates(queries, vectors, stage, n + len(excluded), where, timings, expansion)
+        lexical = lists.get("bm25")
         reads = None
         if s.passages.enabled:  # each stage's best passages -> documents, and the passages each one is read by
             lists, reads = by_document(lists)
+        if excluded:
+            lists = {name: [without(r, excluded).truncate(n) for r in ls] for name, ls in lists.items()}
         t = time.perf_counter()
+        weights = dense_weights(s.dense_weight)
         if stage == "hybrid":
-            weights = dense_weights(s.dense_weight)
             firsts = [b.truncate(n) if skip else fuse([b, d], s.fusion, k_rrf=s.k_rrf, weights=weights).truncate(n)
                       for b, d, skip in zip(lists["bm25"], lists["dense"], dense_off or [False] * len(queries))]
         else:
             firsts = [f.truncate(n) for f in lists[stage]]
         timings["fuse_s"] = time.perf_counter() - t
         skip_rerank = outside(s.rerank_languages, languages) if reranker is not None else []
-        reranked, relevance = self._rerank(queries, firsts, reads, s, reranker, end, timings, skip_rerank)
+        cut = max(n, end) if steer.reorders else end  # diversity and grouping reorder the whole window
+        reranked, relevance = self._rerank(queries, firsts, reads, s, reranker, cut, timings, skip_rerank)
         stage_scores = []
         for i, (first, res) in enumerate(zip(firsts, reranked)):
             scores = {name: dict(zip(map(str, ls[i].ids), ls[i].scores.astype(float).tolist()))
@@ -353,8 +406,40 @@ class TwoStageSearch(ABC):
             if relevance[i]:
                 scores["relevance"] = relevance[i]
             stage_scores.append(scores)
-        pages = [RankedList(r.ranked.ids[offset:end], r.ranked.scores[offset:end]) for r in reranked]
-        return pages, stage_scores, timings, reads
+        finals = [r.ranked for r in reranked]
+        diversified = None
+        if steer.diversity > 0:
+            t = time.perf_counter()
+            diversified = diversify(self, finals, reads, steer.diversity,
+                                    None if steer.group_by is not None else end)
+            finals = [d.ranked for d in diversified]
+            timings["diversity_s"] = time.perf_counter() - t
+        groups = None
+        if steer.group_by is not None:
+            pages, groups, more = group_pages(self, finals, steer, offset, k)
+        else:
+            pages = [RankedList(f.ids[offset:end], f.scores[offset:end]) for f in finals]
+            more = [len(p) == k and offset + k < window for p in pages]
+        explanations = None
+        if steer.explain:
+            from twostage.engine.explain import explanations as explain_pages
+
+            explanations = explain_pages(self, queries, pages, lists, lexical, firsts, reranked, relevance,
+                                         diversified, s, stage, dense_off, skip_rerank, reranker, expansion, steer)
+        return Ranking(pages, stage_scores, timings, reads, more, groups, explanations)
+
+    def check_steering(self, steer: Steering) -> None:
+        """The steering options against this engine: a field to group by some document has, vectors to diversify
+        with."""
+        if steer.group_by is not None:
+            kinds = self.metadata_kinds()
+            if steer.group_by not in kinds:
+                raise ConfigError(f"group_by: no document has the metadata field {steer.group_by!r}; fields: "
+                                  f"{', '.join(sorted(kinds)) or 'none'}")
+        if (steer.diversity > 0 or steer.similar) and self.manifest.retriever is None:
+            raise ConfigError(("diversity" if steer.diversity > 0 else "similar") + " compares the documents' dense "
+                              "vectors, and this engine was built without a retriever (BM25 only); rebuild it with "
+                              "--retriever")
 
     def query_languages(self, queries: list[str], s: EngineSettings) -> list[str] | None:
         """Each query's language as the engine's analysis reads it, when a model's languages make it matter."""
@@ -430,6 +515,28 @@ class TwoStageSearch(ABC):
         return [r.ranked for r in reranked]
 
 
+@dataclass(frozen=True)
+class Ranking:
+    """One batch's ranking: each query's page (ids and final scores), each stage's scores, the seconds of each stage,
+    in a passage engine the passages each document is read by (:func:`~twostage.indexer.passages.by_document`: the
+    first is the one a hit shows), whether a further page exists, and when asked each hit's group value and
+    explanation."""
+
+    pages: list[RankedList]
+    stage_scores: list[StageScores]
+    timings: dict[str, float]
+    reads: list[dict[str, tuple[str, ...]]] | None
+    more: list[bool]
+    groups: list[dict[str, Any]] | None = None
+    explanations: list[dict[str, Explanation]] | None = None
+
+
+def without(ranked: RankedList, ids: frozenset[str]) -> RankedList:
+    """``ranked`` less the documents in ``ids``."""
+    keep = np.array([str(d) not in ids for d in ranked.ids], dtype=bool)
+    return RankedList(ranked.ids[keep], ranked.scores[keep]) if len(keep) else ranked
+
+
 def relevance_of(rerank_scores: Mapping[str, float], calibration: tuple[float, float]) -> dict[str, float]:
     """Each reranked document's calibrated probability of relevance (:mod:`twostage.engine.calibration`)."""
     from twostage.engine.calibration import probability
@@ -461,7 +568,7 @@ class EngineRetriever:
         return self.search_batch([query], k)[0]
 
     def search_batch(self, queries: Sequence[str], k: int = 10) -> list[RankedList]:
-        return self.engine._ranked(check_queries(queries), k, None, self.knobs())[0]
+        return self.engine._ranked(check_queries(queries), k, None, self.knobs()).pages
 
     def knobs(self) -> dict[str, Any]:
         return {"first_stage": self.first_stage, "rerank": self.rerank, "rerank_depth": self.rerank_depth}

@@ -33,6 +33,7 @@ import numpy as np
 
 from twostage.engine.models import Models
 from twostage.engine.search import TwoStageSearch
+from twostage.engine.steer import Expansion
 from twostage.indexer.codec import to_json_dict
 from twostage.indexer.engine_dir import EngineManifest, EngineSettings, read_engine_manifest
 from twostage.indexer.errors import DataError, IndexFormatError, PageExpiredError
@@ -260,11 +261,15 @@ class SearchEngine(TwoStageSearch):
         for doc_id, row in zip(ids, firsts):
             if row is None:
                 raise KeyError(f"document id {doc_id!r} is not in the engine")
-            b = int(np.searchsorted(self.bm25_rows, row))
-            g = int(np.searchsorted(self._groups, b))
-            end = int(self._groups[g + 1]) if g + 1 < len(self._groups) else len(self.bm25_rows)
-            out.append(self.bm25_rows[b:end])
+            out.append(self._group_rows(row))
         return out
+
+    def _group_rows(self, first: int) -> np.ndarray:
+        """The index rows of the passages of the document whose first passage is at index row ``first``."""
+        b = int(np.searchsorted(self.bm25_rows, first))
+        g = int(np.searchsorted(self._groups, b))
+        end = int(self._groups[g + 1]) if g + 1 < len(self._groups) else len(self.bm25_rows)
+        return self.bm25_rows[b:end]
 
     def passage_ids(self, ids: list[str]) -> list[str]:
         """Every passage id of these documents (an unknown document is a DataError naming it)."""
@@ -283,8 +288,9 @@ class SearchEngine(TwoStageSearch):
 
     # ---- searching (TwoStageSearch does the rest) -------------------------------------------------
     def candidates(self, queries: list[str], vectors: np.ndarray | None, first_stage: str, n: int, where: Where,
-                   timings: dict[str, float]) -> dict[str, list[RankedList]]:
-        """Each first stage's top ``n`` for every query ("dense" from the query vectors, "bm25")."""
+                   timings: dict[str, float], expansion: Expansion | None = None) -> dict[str, list[RankedList]]:
+        """Each first stage's top ``n`` for every query ("dense" from the query vectors, "bm25": the query's terms,
+        and the ``expansion``'s weighted terms when given)."""
         allowed = self.index.allowed(where)
         lists: dict[str, list[RankedList]] = {}
         if first_stage in ("dense", "hybrid"):
@@ -294,7 +300,7 @@ class SearchEngine(TwoStageSearch):
         if first_stage in ("bm25", "hybrid"):
             t = time.perf_counter()
             mask = allowed[self.bm25_rows]
-            lists["bm25"] = [self._bm25_search(q, n, mask) for q in queries]
+            lists["bm25"] = [self._bm25_search(q, n, mask, expansion) for q in queries]
             timings["bm25_s"] = time.perf_counter() - t
         return lists
 
@@ -320,8 +326,12 @@ class SearchEngine(TwoStageSearch):
             fetch = min(allowed, fetch * 4)
         return out  # type: ignore[return-value]
 
-    def _bm25_search(self, query: str, k: int, mask: np.ndarray) -> RankedList:
-        scores = self.bm25.scores(query)
+    def _bm25_search(self, query: str, k: int, mask: np.ndarray, expansion: Expansion | None = None) -> RankedList:
+        if expansion is None:
+            scores = self.bm25.scores(query)
+        else:
+            scores = (self.bm25.scores(query, expansion.terms) if expansion.query_text
+                      else self.bm25.term_scores(expansion.terms))
         if not mask.all():
             scores = np.where(mask, scores, 0.0)
         if self.shape.enabled and len(scores):  # a document scores its best passage
@@ -333,6 +343,57 @@ class SearchEngine(TwoStageSearch):
             return RankedList(self.bm25.doc_ids[rows], values)
         rows, values = top_k(scores, k, positive_only=True)
         return RankedList(self.bm25.doc_ids[rows], values)
+
+    # ---- what steering reads (twostage.engine.steer): each returns the ids it holds, skipping others ------------
+    def _rows_of(self, ids: list[str]) -> list[int | None]:
+        """The dense index's live row of each id (a document's, or in a passage engine a passage's)."""
+        return self.index.doc_ids.live_rows(ids, self.index.deleted) if ids else []
+
+    def example_features(self, ids: list[str], m: int) -> dict[str, tuple[np.ndarray, dict[str, float]]]:
+        """Each held document's vector (a passage engine: its passages' mean) and its ``m`` strongest BM25 terms
+        with their weight (:meth:`~twostage.retriever.bm25.BM25Retriever.strongest_terms` of its rows: each term's
+        highest weight over its passages in a passage engine)."""
+        out: dict[str, tuple[np.ndarray, dict[str, float]]] = {}
+        firsts = self._rows_of([passage_id(d, 0) for d in ids] if self.shape.enabled else list(ids))
+        held = [(d, r) for d, r in zip(ids, firsts) if r is not None]
+        groups = [self._group_rows(r) if self.shape.enabled else np.array([r], dtype=np.int64) for _, r in held]
+        rows = np.concatenate(groups) if groups else np.zeros(0, dtype=np.int64)
+        vectors = self.index.rows(rows) if self.index.dim else np.zeros((len(rows), 0), np.float32)
+        # the texts the terms are found in: a passage engine's passages that do not overlap (each `step`-th, and the
+        # last), which cover the document's words once; their exact weights are then read at every passage's row
+        step = max(1, self.shape.words // self.shape.stride) if self.shape.enabled else 1
+        read = [g[::step] if (len(g) - 1) % step == 0 else np.append(g[::step], g[-1]) for g in groups]
+        stored = iter(self.index.store.documents_at(np.concatenate(read)) if m > 0 and read else [])
+        at = 0
+        for (doc_id, _), group, some in zip(held, groups, read):
+            terms = {}
+            if m > 0:
+                texts = [next(stored).full_text for _ in range(len(some))]
+                terms = self.bm25.strongest_terms(texts, m, np.searchsorted(self.bm25_rows, group))
+            out[doc_id] = (vectors[at:at + len(group)].mean(axis=0), terms)
+            at += len(group)
+        return out
+
+    def vectors_by_id(self, ids: list[str]) -> dict[str, np.ndarray]:
+        """The dense vector of each held id (a document's, or a passage's in a passage engine)."""
+        pairs = [(i, r) for i, r in zip(ids, self._rows_of(ids)) if r is not None]
+        if not pairs:
+            return {}
+        vectors = self.index.rows(np.array([r for _, r in pairs], dtype=np.int64))
+        return {i: v for (i, _), v in zip(pairs, vectors)}
+
+    def matched_terms(self, terms: dict[str, float], ids: list[str]) -> dict[str, list[tuple[str, float]]]:
+        """For each held id (BM25's: a document's, or a passage's), each of ``terms`` (term -> its weight in the
+        query) that it holds, with its share of the BM25 score: the query weight times its BM25 weight there."""
+        names = list(terms)
+        out = {}
+        for i, row in zip(ids, self._rows_of(ids)):
+            if row is None:
+                continue
+            b = int(np.searchsorted(self.bm25_rows, row))
+            weights = self.bm25.term_weights(names, b)
+            out[i] = [(t, terms[t] * w) for t, w in zip(names, weights) if w > 0]
+        return out
 
     # ---- writing (twostage.engine.writes) ----------------------------------------------------------
     @classmethod

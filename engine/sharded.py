@@ -44,6 +44,7 @@ from twostage.engine.models import Models
 from twostage.engine.replicas import ReplicatedShards
 from twostage.engine.search import TwoStageSearch, ids_to_delete
 from twostage.engine.search_engine import SearchEngine
+from twostage.engine.steer import Expansion
 from twostage.indexer.build import check_unique_ids, chunk_documents, slice_chunks
 from twostage.indexer.corpus import CorpusSource, iter_documents
 from twostage.indexer.engine_dir import SHARDED_FORMAT, EngineSettings, check_replicas, with_changes
@@ -90,13 +91,22 @@ class _Shard:
             raise
 
     def candidates(self, queries: list[str], vectors: np.ndarray | None, first_stage: str, n: int,
-                   where: Where) -> Lists:
-        lists = self.engine.candidates(queries, vectors, first_stage, n, where, {})
+                   where: Where, expansion: Expansion | None = None) -> Lists:
+        lists = self.engine.candidates(queries, vectors, first_stage, n, where, {}, expansion)
         return {name: [([str(i) for i in r.ids], r.scores.astype(np.float32).tolist()) for r in ls]
                 for name, ls in lists.items()}
 
     def documents(self, ids: list[str]) -> list[Document]:
         return self.engine.documents([i for i in ids if i in self.engine])
+
+    def example_features(self, ids: list[str], m: int) -> dict[str, tuple[np.ndarray, dict[str, float]]]:
+        return self.engine.example_features(ids, m)
+
+    def vectors_by_id(self, ids: list[str]) -> dict[str, np.ndarray]:
+        return self.engine.vectors_by_id(ids)
+
+    def matched_terms(self, terms: dict[str, float], ids: list[str]) -> dict[str, list[tuple[str, float]]]:
+        return self.engine.matched_terms(terms, ids)
 
     def holds(self, ids: list[str]) -> list[bool]:
         return [i in self.engine for i in ids]
@@ -278,9 +288,9 @@ class ShardedEngine(TwoStageSearch):
 
     # ---- searching -----------------------------------------------------------------------------
     def candidates(self, queries: list[str], vectors: np.ndarray | None, first_stage: str, n: int, where: Where,
-                   timings: dict[str, float]) -> dict[str, list[RankedList]]:
+                   timings: dict[str, float], expansion: Expansion | None = None) -> dict[str, list[RankedList]]:
         t = time.perf_counter()
-        per_shard = self._call("candidates", queries, vectors, first_stage, n, where)
+        per_shard = self._call("candidates", queries, vectors, first_stage, n, where, expansion)
         timings["shards_s"] = time.perf_counter() - t
         t = time.perf_counter()
         out = {}
@@ -299,6 +309,15 @@ class ShardedEngine(TwoStageSearch):
         if missing is not None:
             raise KeyError(missing)
         return [found[i] for i in ids]
+
+    def example_features(self, ids: list[str], m: int) -> dict[str, tuple[np.ndarray, dict[str, float]]]:
+        return {k: v for part in self._call("example_features", ids, m) for k, v in part.items()}
+
+    def vectors_by_id(self, ids: list[str]) -> dict[str, np.ndarray]:
+        return {k: v for part in self._call("vectors_by_id", ids) for k, v in part.items()}
+
+    def matched_terms(self, terms: dict[str, float], ids: list[str]) -> dict[str, list[tuple[str, float]]]:
+        return {k: v for part in self._call("matched_terms", terms, ids) for k, v in part.items()}
 
     def holder(self, ids: Sequence[str]) -> list[int | None]:
         """The shard holding each id (None: no shard)."""

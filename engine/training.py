@@ -180,7 +180,7 @@ def train_reranker_on(data: str | Path | BeirDataset, split: str, base: str, out
     corpus = ds.corpus
     queries, dev_queries = hold_out(list(sp.queries), dev_fraction, config.seed)
     bm25 = BM25Retriever.build(corpus)
-    scorers = {"bm25": bm25.scores}
+    scorers: dict[str, Any] = {"bm25": bm25.scores}
     bi_encoder = str(retriever) if retriever is not None else base
     if "dense" in config.mine_from:
         if retriever is None:

@@ -124,6 +124,21 @@ class IdMap:
         return sorted(rows)
 
     def live_rows(self, ids: Sequence[str], deleted: np.ndarray) -> list[int | None]:
-        """The live row of each id (None: no live row), with the ids hashed in one call."""
-        hashes = hash_ids(list(ids)) if len(ids) else []
-        return [next((r for r in self.rows_of(doc_id, h) if not deleted[r]), None) for doc_id, h in zip(ids, hashes)]
+        """The live row of each id (None: no live row; the first, should an id have several), with the ids hashed
+        and looked up in one call each."""
+        if not len(ids):
+            return []
+        hashes = hash_ids(list(ids))
+        order, sorted_hashes = self._lookup()
+        starts = np.searchsorted(sorted_hashes, hashes, side="left").tolist()
+        n = len(sorted_hashes)
+        out: list[int | None] = []
+        for doc_id, h, at in zip(ids, hashes.tolist(), starts):
+            found = None
+            while at < n and int(sorted_hashes[at]) == h:  # one row, unless an id was upserted (or collided)
+                row = int(order[at])
+                if not deleted[row] and (found is None or row < found) and self._id_at(row) == doc_id:
+                    found = row
+                at += 1
+            out.append(found)
+        return out

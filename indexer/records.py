@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from twostage.indexer.errors import DataError
+from twostage.indexer.explanation import Explanation
 
 
 def _check_id(kind: str, value: object) -> None:
@@ -112,6 +113,8 @@ class Hit:
     ``stage_scores`` holds each stage's own score of the document (``bm25``, ``dense``, ``first_stage`` (the
     fused score when the first stage is hybrid), ``rerank``); a stage that did not find the document is absent.
     ``passage`` is the best-scoring part of the document with the query's terms marked (the engine's hits).
+    ``group``: the hit's value of the field a grouped search groups by; ``explanation``: how its score was made
+    (:mod:`twostage.indexer.explanation`), when asked for.
     """
 
     doc_id: str
@@ -123,16 +126,24 @@ class Hit:
     metadata: Mapping[str, Any] = field(default_factory=dict)
     stage_scores: Mapping[str, float] = field(default_factory=dict)
     passage: Passage | None = None
+    group: Any = None
+    explanation: Explanation | None = None
 
     @property
     def id(self) -> str:
         return self.doc_id
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: id, score, rank, title, text, metadata, stage_scores, passage (or None)."""
-        return {"id": self.doc_id, "score": self.score, "rank": self.rank, "title": self.title, "text": self.text,
-                "metadata": dict(self.metadata), "stage_scores": dict(self.stage_scores),
-                "passage": self.passage.to_dict() if self.passage is not None else None}
+        """JSON-ready: id, score, rank, title, text, metadata, stage_scores, passage (or None); ``group`` (a grouped
+        search) and ``explanation`` (an explained one) when present."""
+        out = {"id": self.doc_id, "score": self.score, "rank": self.rank, "title": self.title, "text": self.text,
+               "metadata": dict(self.metadata), "stage_scores": dict(self.stage_scores),
+               "passage": self.passage.to_dict() if self.passage is not None else None}
+        if self.group is not None:
+            out["group"] = self.group
+        if self.explanation is not None:
+            out["explanation"] = self.explanation.to_dict()
+        return out
 
 
 @dataclass(frozen=True)

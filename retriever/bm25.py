@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Sequence
+from bisect import bisect_left
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -56,6 +58,10 @@ class BM25Config:
 class _Engine(Protocol):
     def score(self, terms: list[str]) -> np.ndarray: ...
 
+    def add_weighted(self, out: np.ndarray, weights: Mapping[str, float]) -> None: ...
+
+    def weights_at(self, terms: Sequence[str], rows: np.ndarray) -> np.ndarray: ...
+
 
 class Bm25sEngine:
     """bm25s's eager scoring: term x document BM25 weights precomputed into a CSC matrix; a query sums a few columns.
@@ -70,6 +76,7 @@ class Bm25sEngine:
         self.scores: dict[str, Any] = {**arrays, "num_docs": num_docs}
         self._data, self._indices, self._indptr = arrays["data"], arrays["indices"], arrays["indptr"]
         self._num_docs = num_docs
+        self._rows_view: memoryview | None = None  # the postings' rows for bisection, on first use (weights_at)
 
     @classmethod
     def from_arrays(cls, config: BM25Config, vocab: dict[str, int], arrays: dict[str, np.ndarray],
@@ -85,6 +92,35 @@ class Bm25sEngine:
                 continue
             a, z = int(self._indptr[column]), int(self._indptr[column + 1])
             out[self._indices[a:z]] += self._data[a:z]  # a column's rows are distinct: one float32 addition each
+        return out
+
+    def add_weighted(self, out: np.ndarray, weights: Mapping[str, float]) -> None:
+        """Add ``weight x`` each term's column to ``out`` (float32; terms the corpus lacks add nothing)."""
+        for term, weight in weights.items():
+            column = self.vocab_dict.get(term)
+            if column is None or column >= len(self._indptr) - 1:
+                continue
+            a, z = int(self._indptr[column]), int(self._indptr[column + 1])
+            out[self._indices[a:z]] += np.float32(weight) * self._data[a:z]
+
+    def weights_at(self, terms: Sequence[str], rows: np.ndarray) -> np.ndarray:
+        """Each term's BM25 weight in each of the documents ``rows`` (terms x rows, float64; 0.0 where it does not
+        occur): its posting, found by bisection in the term's column (its rows are ascending). A few terms and rows
+        at a time (a document's terms): bisected in Python, which costs less than NumPy's calls on such sizes."""
+        if self._rows_view is None:
+            self._rows_view = memoryview(np.ascontiguousarray(self._indices))
+        view, indptr, data = self._rows_view, self._indptr, self._data
+        wanted = [int(r) for r in np.asarray(rows).tolist()]
+        out = np.zeros((len(terms), len(wanted)))
+        for i, term in enumerate(terms):
+            column = self.vocab_dict.get(term)
+            if column is None or column >= len(indptr) - 1:
+                continue
+            a, z = int(indptr[column]), int(indptr[column + 1])
+            for j, row in enumerate(wanted):
+                at = bisect_left(view, row, a, z)
+                if at < z and view[at] == row:
+                    out[i, j] = data[at]
         return out
 
 
@@ -106,6 +142,13 @@ class RankBm25Engine:
     def score(self, terms: list[str]) -> np.ndarray:
         return (np.asarray(self.model.get_scores(terms)) * self._scale).astype(np.float32)
 
+    def add_weighted(self, out: np.ndarray, weights: Mapping[str, float]) -> None:
+        for term, weight in weights.items():
+            out += np.float32(weight) * self.score([term])
+
+    def weights_at(self, terms: Sequence[str], rows: np.ndarray) -> np.ndarray:
+        return np.array([self.score([t])[np.asarray(rows, dtype=np.int64)] for t in terms], dtype=np.float64)
+
 
 class BM25Retriever:
     """A BM25 index over a corpus. Build it with :meth:`build`, keep it with :meth:`save` / :meth:`load`.
@@ -126,6 +169,7 @@ class BM25Retriever:
         self._engine = engine
         self.postings = postings  # the term counts the weights came from (bm25s engine; None in older saved indexes)
         self._where = where
+        self._avgdl: float | None = None  # the postings' average length, on first use (strongest_terms)
 
     @classmethod
     def build(
@@ -227,12 +271,72 @@ class BM25Retriever:
             raise ConfigError("the query is empty; give it some words")
         return self.analyzer(query)
 
-    def scores(self, query: str) -> np.ndarray:
-        """BM25 score of every document for ``query`` (float32, corpus order)."""
+    def scores(self, query: str, extra: Mapping[str, float] | None = None) -> np.ndarray:
+        """BM25 score of every document for ``query`` (float32, corpus order), plus ``extra``: analysed terms with a
+        weight each (a query expanded by relevance feedback)."""
         terms = self._terms(query)
-        if not terms:
-            return np.zeros(len(self), dtype=np.float32)
-        return self._engine.score(terms)
+        out = self._engine.score(terms) if terms else np.zeros(len(self), dtype=np.float32)
+        if extra:
+            self._engine.add_weighted(out, extra)
+        return out
+
+    def term_scores(self, weights: Mapping[str, float]) -> np.ndarray:
+        """BM25 score of every document for analysed terms with a weight each (a document as the query)."""
+        out = np.zeros(len(self), dtype=np.float32)
+        self._engine.add_weighted(out, weights)
+        return out
+
+    def query_terms(self, query: str) -> list[str]:
+        """The analysed terms of ``query`` (a repeated term counts each time it occurs)."""
+        return self._terms(query)
+
+    def term_weights(self, terms: Sequence[str], row: int) -> list[float]:
+        """The BM25 weight of each term in the document at ``row`` (0.0 where it does not occur): a document's score
+        for a query is the sum over the query's terms."""
+        if not 0 <= row < len(self):
+            raise IndexError(f"BM25 row {row} is outside the index of {len(self)} documents")
+        return self._engine.weights_at(terms, np.array([row]))[:, 0].tolist() if len(terms) else []
+
+    def strongest_terms(self, texts: str | Sequence[str], m: int, rows: Sequence[int] = ()) -> dict[str, float]:
+        """The ``m`` terms of a document (``texts``: its text, or its passages' texts) with the highest BM25 weight
+        in it. With ``rows`` (its rows here: the document's, or its passages'), each term's weight is its highest
+        posting weight in them, exact, among the ``2 m`` terms ranked first by the weight this index would give a
+        document of that text (each term's document frequency here, the text's length against the average); without,
+        that weight itself. An index saved without its postings knows no document frequencies: its terms are then
+        ranked by their count."""
+        terms, weights = self._text_weights([texts] if isinstance(texts, str) else texts)
+        keep = np.argsort(-weights, kind="stable")[:2 * m if len(rows) else m]  # ties: the first to occur
+        names, values = [terms[i] for i in keep.tolist()], weights[keep]
+        if len(rows) and names:
+            values = self._engine.weights_at(names, np.asarray(rows, dtype=np.int64)).max(axis=1)
+            keep = np.argsort(-values, kind="stable")[:m]
+            names, values = [names[i] for i in keep.tolist()], values[keep]
+        return {t: float(w) for t, w in zip(names, values.tolist()) if w > 0}
+
+    def _text_weights(self, texts: Sequence[str]) -> tuple[list[str], np.ndarray]:
+        counts: Counter[str] = Counter()
+        for text in texts:
+            counts.update(self.analyzer(text))
+        vocab = getattr(self._engine, "vocab_dict", None)
+        p = self.postings
+        if not counts:
+            return [], np.zeros(0)
+        terms = list(counts)
+        tf = np.array([counts[t] for t in terms], dtype=np.float64)
+        if p is None or vocab is None:
+            weights = tf
+        else:
+            cols = np.array([vocab.get(t, -1) for t in terms], dtype=np.int64)
+            known = (cols >= 0) & (cols < len(p.indptr) - 1)
+            safe = np.where(known, cols, 0)
+            df = (np.asarray(p.indptr)[safe + 1] - np.asarray(p.indptr)[safe]).astype(np.float64)
+            n = max(p.num_docs, 1)
+            idf = np.log(1.0 + (n - df + 0.5) / (df + 0.5))
+            if self._avgdl is None:
+                self._avgdl = max(float(np.asarray(p.lengths).sum(dtype=np.int64)) / n, 1e-9)
+            k1, b = self.config.k1, self.config.b
+            weights = np.where(known, idf * tf / (tf + k1 * (1 - b + b * sum(counts.values()) / self._avgdl)), 0.0)
+        return terms, weights
 
     def search(self, query: str, k: int = 10) -> RankedList:
         """The ``k`` best documents for ``query``; equal scores keep corpus order."""

@@ -54,6 +54,12 @@ def test_langchain_chain(engine, split):
         assert [d.id for d in kept] == reranked_ids(engine, q.text, [(h.text, h.id) for h in expected.hits], 3)
         assert [d.metadata["rerank_score"] for d in kept] == sorted((d.metadata["rerank_score"] for d in kept),
                                                                     reverse=True)
+    mmr = TwostageRetriever(engine=engine, k=5, search_type="mmr", lambda_mult=0.6, fetch_k=40)
+    q = split.queries[1].text
+    assert [d.id for d in mmr.invoke(q)] == [h.id for h in engine.search(q, 5, diversity=0.4,
+                                                                          first_stage_depth=40).hits]
+    default_mmr = TwostageRetriever(engine=engine, k=5, search_type="mmr")
+    assert [d.id for d in default_mmr.invoke(q)] == [h.id for h in engine.search(q, 5, diversity=True).hits]
     filtered = TwostageRetriever(engine=engine, k=3, search_options={"first_stage": "bm25", "rerank": False})
     q = split.queries[0].text
     assert [d.id for d in filtered.invoke(q)] == [h.id for h in engine.search(q, 3, first_stage="bm25",
@@ -80,6 +86,9 @@ def test_llamaindex_query_engine(engine, split, monkeypatch):
         response = query_engine.query(q.text)
         assert [n.node.node_id for n in response.source_nodes] == reranked_ids(
             engine, q.text, [(h.text, h.id) for h in expected.hits], 3)
+    mmr = TwostageLlamaRetriever(engine, k=5, vector_store_query_mode="mmr", mmr_threshold=0.7)
+    q = split.queries[2].text
+    assert [n.node.node_id for n in mmr.retrieve(q)] == [h.id for h in engine.search(q, 5, diversity=0.3).hits]
 
 
 def test_pyterrier_experiment(engine, split):

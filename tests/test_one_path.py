@@ -123,6 +123,17 @@ def test_old_names_still_work_with_a_warning(engine):
     assert (view.settings.rerank_depth, view.settings.rerank_blend) == (9, 0.3)
     with pytest.raises(ConfigError, match="rerank_depth only"):
         engine.with_settings(k_retrieve=9, rerank_depth=9)
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from twostage.app.server import create_app
+
+    client = TestClient(create_app(engine))  # HTTP's old field names: the same one rename table
+    body = {"query": "why do cats purr", "k": 5}
+    got = client.post("/search", json={**body, "k_retrieve": 7, "depth": 50}).json()
+    assert [h["id"] for h in got["hits"]] == [h.doc_id for h in new.hits]
+    both = client.post("/search", json={**body, "k_retrieve": 7, "rerank_depth": 7})
+    assert both.status_code == 400 and "rerank_depth only" in both.json()["error"]
 
 
 def test_training_calls_the_rerank_depth_by_its_one_name(tmp_path, capsys):

@@ -1,0 +1,146 @@
+"""Explanations of a search's hits (``explain=True``), made from what the search path computed for one query:
+each stage's candidates, the fused first stage, the reranker's scores and blend, the diversity step. The records
+and their arithmetic are :mod:`twostage.indexer.explanation`; the formulas are :mod:`twostage.engine.fusion`'s and
+:mod:`twostage.engine.steer`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from twostage.engine.fusion import dense_weights
+from twostage.engine.knobs import blend_of
+from twostage.engine.rerank import Reranked
+from twostage.engine.steer import Diversified, Expansion, Steering
+from twostage.indexer.engine_dir import EngineSettings
+from twostage.indexer.explanation import DiversityPart, Explanation, RerankPart, StagePart
+from twostage.indexer.passages import split_id
+from twostage.indexer.records import RankedList
+
+
+@dataclass(frozen=True)
+class Trace:
+    """What one query's search computed, as the explanations need it. ``fusion``: rrf, blend, or the stage that ranked
+    alone; ``weights``: each stage's weight in a blend; ``depth``: how many of ``first`` the reranker read;
+    ``reranked`` None: no reranker ran."""
+
+    fusion: str
+    lists: Mapping[str, RankedList]
+    weights: Mapping[str, float]
+    k_rrf: float
+    first: RankedList
+    reranked: Reranked | None
+    depth: int
+    blend: float | None
+    probability: Mapping[str, float]
+    diversified: Diversified | None
+    diversity: float
+    terms: Mapping[str, Sequence[tuple[str, float]]]
+
+
+def explain(trace: Trace, ids: Sequence[str], scores: Sequence[float]) -> dict[str, Explanation]:
+    """The explanation of each hit (by id) of one query's page."""
+    stages = {name: _stage_table(ranked) for name, ranked in trace.lists.items()}
+    rerank = _rerank_context(trace)
+    out = {}
+    for d, score in zip(ids, scores):
+        parts = []
+        for name in sorted(stages):
+            table, low, high = stages[name]
+            found = table.get(d)
+            value, rank = (found if found is not None else (None, None))
+            weight = trace.weights.get(name, 1.0)
+            if value is None or rank is None:
+                contribution = 0.0
+            elif trace.fusion == "rrf":
+                contribution = 1.0 / (trace.k_rrf + rank)
+            elif trace.fusion == "blend":
+                contribution = weight * float((value - low) / (high - low)) if high != low else 0.0
+            else:
+                contribution = value if name == trace.fusion else 0.0
+            terms = tuple(trace.terms.get(d, ())) if name == "bm25" else ()
+            parts.append(StagePart(name, value, rank, weight, low, high, contribution, terms))
+        out[d] = Explanation(float(score), trace.fusion, tuple(parts), trace.k_rrf, rerank(d),
+                             _diversity(trace, d), trace.probability.get(d))
+    return out
+
+
+def _stage_table(ranked: RankedList) -> tuple[dict[str, tuple[float, int]], float, float]:
+    scores = np.asarray(ranked.scores, dtype=np.float64)
+    table = {str(d): (float(s), rank) for rank, (d, s) in enumerate(zip(ranked.ids, scores), start=1)}
+    if not len(scores):
+        return table, 0.0, 0.0
+    return table, float(scores.min()), float(scores.max())
+
+
+def _rerank_context(trace: Trace) -> Callable[[str], RerankPart | None]:
+    """A function: document id -> its RerankPart (None when the reranker did not run or did not move it)."""
+    r = trace.reranked
+    if r is None or not r.rerank_scores:
+        return lambda d: None
+    head = trace.first.truncate(trace.depth)
+    head_first = np.asarray(head.scores, dtype=np.float64)
+    first_range = (float(head_first.min()), float(head_first.max())) if len(head_first) else (0.0, 0.0)
+    ce = np.array(list(r.rerank_scores.values()), dtype=np.float64)
+    rerank_range = (float(ce.min()), float(ce.max()))
+    final = dict(zip(map(str, r.ranked.ids), np.asarray(r.ranked.scores, dtype=np.float64).tolist()))
+    floor = min((final[d] for d in r.rerank_scores if d in final), default=0.0)
+    below_at = {str(d): i for i, d in enumerate(trace.first.ids[len(head):])}
+
+    def part(d: str) -> RerankPart | None:
+        if d in r.rerank_scores:
+            return RerankPart(float(r.rerank_scores[d]), trace.blend, rerank_range, first_range)
+        if d in below_at:
+            return RerankPart(None, trace.blend, rerank_range, first_range, below_at[d], floor)
+        return None
+
+    return part
+
+
+def _diversity(trace: Trace, d: str) -> DiversityPart | None:
+    if trace.diversified is None:
+        return None
+    relevance, low, high, redundancy, like = trace.diversified.parts[d]
+    return DiversityPart(trace.diversity, relevance, low, high, redundancy, like)
+
+
+def explanations(engine: Any, queries: list[str], pages: list[RankedList], lists: Mapping[str, list[RankedList]],
+                 lexical: list[RankedList] | None, firsts: list[RankedList], reranked: list[Reranked],
+                 relevance: list[dict[str, float]], diversified: list[Diversified] | None, s: EngineSettings,
+                 stage: str, dense_off: list[bool], skip_rerank: list[bool], reranker: Any,
+                 lexical_expansion: Expansion | None, steer: Steering) -> list[dict[str, Explanation]]:
+    """Each query's explanations of its page's hits, from what ``engine``'s search path computed: each stage's lists
+    (``lexical``: BM25's as it found them, passages in a passage engine), the fused first stage, the reranked lists
+    and probabilities, the diversified lists."""
+    alpha = blend_of(s, reranker, stage) if reranker is not None else None
+    bm25_w, dense_w = dense_weights(s.dense_weight)
+    analyzer = engine.analyzer() if "bm25" in lists else None
+    out = []
+    for q, page in enumerate(pages):
+        alone = dense_off[q] if dense_off else False
+        fusion = ("bm25" if alone else s.fusion) if stage == "hybrid" else stage
+        mine = {name: ls[q] for name, ls in lists.items() if not (alone and name == "dense")}
+        terms: dict[str, Sequence[tuple[str, float]]] = {}
+        if analyzer is not None and lexical is not None:
+            weights: dict[str, float] = {}
+            if lexical_expansion is None or lexical_expansion.query_text:
+                for t in analyzer(queries[q]):
+                    weights[t] = weights.get(t, 0.0) + 1.0
+            for t, w in (lexical_expansion.terms.items() if lexical_expansion is not None else ()):
+                weights[t] = weights.get(t, 0.0) + w
+            row_of: dict[str, str] = {}  # each hit's BM25 row id: itself, or in a passage engine its best passage
+            for pid in map(str, lexical[q].ids):
+                row_of.setdefault(split_id(pid)[0] if s.passages.enabled else pid, pid)
+            wanted = {str(d): row_of[str(d)] for d in page.ids if str(d) in row_of}
+            matched = engine.matched_terms(weights, sorted(set(wanted.values())))
+            terms = {d: matched.get(r, []) for d, r in wanted.items()}
+        depth = 0 if (skip_rerank and skip_rerank[q]) else s.rerank_depth
+        trace = Trace(fusion, mine, {"bm25": bm25_w, "dense": dense_w}, s.k_rrf, firsts[q],
+                      reranked[q] if reranker is not None else None, depth, alpha, relevance[q],
+                      diversified[q] if diversified is not None else None, steer.diversity, terms)
+        out.append(explain(trace, [str(d) for d in page.ids], page.scores.astype(float).tolist()))
+    return out
