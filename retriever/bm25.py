@@ -108,7 +108,7 @@ class Bm25sEngine:
         occur): its posting, found by bisection in the term's column (its rows are ascending). A few terms and rows
         at a time (a document's terms): bisected in Python, which costs less than NumPy's calls on such sizes."""
         if self._rows_view is None:
-            self._rows_view = memoryview(np.ascontiguousarray(self._indices))
+            self._rows_view = np.ascontiguousarray(self._indices).data
         view, indptr, data = self._rows_view, self._indptr, self._data
         wanted = [int(r) for r in np.asarray(rows).tolist()]
         out = np.zeros((len(terms), len(wanted)))
@@ -297,7 +297,8 @@ class BM25Retriever:
             raise IndexError(f"BM25 row {row} is outside the index of {len(self)} documents")
         return self._engine.weights_at(terms, np.array([row]))[:, 0].tolist() if len(terms) else []
 
-    def strongest_terms(self, texts: str | Sequence[str], m: int, rows: Sequence[int] = ()) -> dict[str, float]:
+    def strongest_terms(self, texts: str | Sequence[str], m: int,
+                        rows: Sequence[int] | np.ndarray = ()) -> dict[str, float]:
         """The ``m`` terms of a document (``texts``: its text, or its passages' texts) with the highest BM25 weight
         in it. With ``rows`` (its rows here: the document's, or its passages'), each term's weight is its highest
         posting weight in them, exact, among the ``2 m`` terms ranked first by the weight this index would give a
