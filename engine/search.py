@@ -386,8 +386,8 @@ class TwoStageSearch(ABC):
         if excluded:
             lists = {name: [without(r, excluded).truncate(n) for r in ls] for name, ls in lists.items()}
         t = time.perf_counter()
-        weights = dense_weights(s.dense_weight)
         if stage == "hybrid":
+            weights = dense_weights(s.dense_weight)
             firsts = [b.truncate(n) if skip else fuse([b, d], s.fusion, k_rrf=s.k_rrf, weights=weights).truncate(n)
                       for b, d, skip in zip(lists["bm25"], lists["dense"], dense_off or [False] * len(queries))]
         else:

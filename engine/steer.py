@@ -93,8 +93,9 @@ class Steering:
 
 def split_steering(knobs: Mapping[str, Any]) -> tuple[Steering, dict[str, Any]]:
     """One call's options as its :class:`Steering` and the stage knobs left."""
-    rest = {k: v for k, v in knobs.items() if k not in STEERING and k != "similar"}
-    given = {k: v for k, v in knobs.items() if (k in STEERING or k == "similar") and v is not None}
+    names = (*STEERING, "similar")  # similar: set by TwoStageSearch.similar, not a user's option
+    rest = {k: v for k, v in knobs.items() if k not in names}
+    given = {k: v for k, v in knobs.items() if k in names and v is not None}
     like, unlike = _ids(given.get("like"), "like"), _ids(given.get("unlike"), "unlike")
     if len(like) + len(unlike) > MAX_EXAMPLES:
         raise ConfigError(f"like and unlike name {len(like) + len(unlike)} documents; at most {MAX_EXAMPLES}")

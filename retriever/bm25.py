@@ -84,24 +84,29 @@ class Bm25sEngine:
         """Scoring over CSC weight arrays (data, indices, indptr) computed here (:class:`Postings`)."""
         return cls(vocab, arrays, num_docs)
 
+    def _postings(self, term: str) -> tuple[int, int] | None:
+        """Where ``term``'s column lies in the postings (None: unknown, or bm25s's empty term, which has none)."""
+        column = self.vocab_dict.get(term)
+        if column is None or column >= len(self._indptr) - 1:
+            return None
+        return int(self._indptr[column]), int(self._indptr[column + 1])
+
     def score(self, terms: list[str]) -> np.ndarray:
         out = np.zeros(self._num_docs, dtype=np.float32)
         for term in terms:  # a repeated query term counts again, as in bm25s
-            column = self.vocab_dict.get(term)
-            if column is None or column >= len(self._indptr) - 1:  # unknown, or bm25s's empty term (no column)
-                continue
-            a, z = int(self._indptr[column]), int(self._indptr[column + 1])
-            out[self._indices[a:z]] += self._data[a:z]  # a column's rows are distinct: one float32 addition each
+            span = self._postings(term)
+            if span is not None:
+                a, z = span
+                out[self._indices[a:z]] += self._data[a:z]  # a column's rows are distinct: one float32 addition each
         return out
 
     def add_weighted(self, out: np.ndarray, weights: Mapping[str, float]) -> None:
         """Add ``weight x`` each term's column to ``out`` (float32; terms the corpus lacks add nothing)."""
         for term, weight in weights.items():
-            column = self.vocab_dict.get(term)
-            if column is None or column >= len(self._indptr) - 1:
-                continue
-            a, z = int(self._indptr[column]), int(self._indptr[column + 1])
-            out[self._indices[a:z]] += np.float32(weight) * self._data[a:z]
+            span = self._postings(term)
+            if span is not None:
+                a, z = span
+                out[self._indices[a:z]] += np.float32(weight) * self._data[a:z]
 
     def weights_at(self, terms: Sequence[str], rows: np.ndarray) -> np.ndarray:
         """Each term's BM25 weight in each of the documents ``rows`` (terms x rows, float64; 0.0 where it does not
@@ -109,14 +114,14 @@ class Bm25sEngine:
         at a time (a document's terms): bisected in Python, which costs less than NumPy's calls on such sizes."""
         if self._rows_view is None:
             self._rows_view = np.ascontiguousarray(self._indices).data
-        view, indptr, data = self._rows_view, self._indptr, self._data
+        view, data = self._rows_view, self._data
         wanted = [int(r) for r in np.asarray(rows).tolist()]
         out = np.zeros((len(terms), len(wanted)))
         for i, term in enumerate(terms):
-            column = self.vocab_dict.get(term)
-            if column is None or column >= len(indptr) - 1:
+            span = self._postings(term)
+            if span is None:
                 continue
-            a, z = int(indptr[column]), int(indptr[column + 1])
+            a, z = span
             for j, row in enumerate(wanted):
                 at = bisect_left(view, row, a, z)
                 if at < z and view[at] == row:
