@@ -105,6 +105,16 @@ def blend_setting(value: str) -> float | str | None:
     return None if blend == "none" else blend
 
 
+def maxsim_blend(value: str | None, default: float | None) -> float | None:
+    """A build's --maxsim-blend: none (MaxSim alone) or a number in [0, 1] (None: not given, the default)."""
+    if value is None:
+        return default
+    blend = parse_blend(value, "--maxsim-blend")
+    if blend == "auto":
+        raise ConfigError("--maxsim-blend must be none or a number in [0, 1], got 'auto'")
+    return None if blend == "none" else float(blend)  # type: ignore[arg-type]  # a number: checked above
+
+
 def add_device_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="where the models run: cpu, cuda, cuda:N or auto (default: "
                         "a CUDA GPU when torch sees one, else the CPU)")
@@ -152,7 +162,8 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
                           rerank_whole_up_to=args.rerank_whole_up_to, rerank_blend=blend_setting(args.rerank_blend),
                           fusion=args.fusion if args.fusion is not None else defaults.fusion,
                           dense_weight=args.dense_weight if args.dense_weight is not None else defaults.dense_weight,
-                          language=args.language)
+                          language=args.language, maxsim_depth=args.maxsim_depth,
+                          maxsim_blend=maxsim_blend(args.maxsim_blend, defaults.maxsim_blend))
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -178,6 +189,11 @@ def _build(args: argparse.Namespace) -> int:
             settings = replace(settings, fusion=adapted.settings.fusion, dense_weight=adapted.settings.dense_weight)
     common = {"retriever": retriever, "reranker": reranker, "settings": settings,
               "chunk_size": args.chunk_size, "show_progress": not args.quiet}
+    if args.late_interaction is not None:
+        if args.shards:
+            raise ConfigError("--late-interaction: a sharded engine is built without token vectors for now; leave "
+                              "out --shards")
+        common["late_interaction"] = args.late_interaction
     if args.shards and args.device not in ("auto", "cpu"):
         raise ConfigError(f"--device {args.device}: a sharded engine encodes on the CPU; leave out --device")
     if not args.shards:
@@ -304,7 +320,9 @@ def _search(args: argparse.Namespace) -> int:
           "k_rrf": args.k_rrf, "first_stage_depth": args.first_stage_depth,
           "rerank_blend": parse_blend(args.rerank_blend), "min_relevance": args.min_relevance,
           "like": args.like, "unlike": args.unlike, "diversity": args.diversity, "group_by": args.group_by,
-          "group_size": args.group_size, "explain": args.explain or None}
+          "group_size": args.group_size, "explain": args.explain or None,
+          "maxsim": False if args.no_maxsim else None, "maxsim_depth": args.maxsim_depth,
+          "maxsim_blend": parse_blend(args.maxsim_blend, "--maxsim-blend")}
     if args.similar is not None:
         kw.pop("rerank")
         result = engine.similar(args.similar, args.k, page_token=args.page_token, offset=args.offset, **kw)
@@ -389,6 +407,19 @@ def _compact(args: argparse.Namespace) -> int:
 
     new = open_engine(args.engine, verify=False).compact()
     print(f"compacted: {len(new)} documents, version {new.version}")
+    return 0
+
+
+def _late(args: argparse.Namespace) -> int:
+    from twostage.engine.search_engine import SearchEngine
+
+    engine = SearchEngine.load(args.engine, verify=False, device=args.device)
+    new = engine.late_interaction(args.model, dim=args.dim, bits=args.bits, show_progress=not args.quiet,
+                                  trust_remote_code=args.trust_remote_code)
+    assert new.tokens is not None
+    tokens = sum(s.tokens for s in new.tokens.segments)
+    print(f"token vectors of {new.manifest.late.name if new.manifest.late else args.model}: {new.tokens.dim}-d, "
+          f"{tokens:,} tokens, {new.tokens.bytes / 1e6:.1f} MB; version {new.version}")
     return 0
 
 
@@ -479,6 +510,14 @@ def add_commands(sub: Any, only: str | None = None) -> None:
     b.add_argument("--retriever", default="all-MiniLM-L6-v2",
                    help="bi-encoder name or directory; none: a BM25-only engine (first stage bm25, nothing encoded)")
     b.add_argument("--reranker", default=None, help="cross-encoder directory (trained by twostage train-reranker)")
+    b.add_argument("--late-interaction", default=None, metavar="MODEL",
+                   help="store every passage's token vectors for a MaxSim stage between the first stage and the "
+                        "reranker: a ColBERT model (PyLate or Stanford layout) or a bi-encoder read token by token")
+    b.add_argument("--maxsim-depth", type=int, default=d.maxsim_depth,
+                   help=f"candidates MaxSim reads (default {d.maxsim_depth})")
+    b.add_argument("--maxsim-blend", default=None,
+                   help=f"MaxSim's weight against the first stage: none (MaxSim alone) or a number in [0, 1] "
+                        f"(default {d.maxsim_blend})")
     b.add_argument("--adapt", type=Path, default=None, metavar="MODELS_DIR",
                    help="first adapt --retriever and a reranker to this corpus without labels (as twostage adapt "
                    "--out MODELS_DIR; resumed if interrupted), then build with them")
@@ -545,6 +584,10 @@ def add_commands(sub: Any, only: str | None = None) -> None:
                    "search: none (the reranker alone) or a number in [0, 1] (default: the engine's)")
     s.add_argument("--first-stage", default=None, choices=FIRST_STAGES, help="default: the engine's")
     s.add_argument("--no-rerank", action="store_true", help="the first stage only")
+    s.add_argument("--no-maxsim", action="store_true", help="skip the MaxSim stage (an engine with token vectors)")
+    s.add_argument("--maxsim-depth", type=int, default=None, help="candidates MaxSim reads (default: the engine's)")
+    s.add_argument("--maxsim-blend", default=None, help="MaxSim's weight against the first stage for this search: "
+                   "none (MaxSim alone) or a number in [0, 1] (default: the engine's)")
     s.add_argument("--where", action="append", metavar="FILTER",
                    help="metadata filter: KEY=VALUE, KEY!=VALUE, KEY>=VALUE (> < <= too) or a JSON filter such as "
                         "'{\"tags\": {\"$in\": [\"a\", \"b\"]}}' (repeatable: all must hold; docs/filters.md)")
@@ -594,6 +637,16 @@ def add_commands(sub: Any, only: str | None = None) -> None:
     c = sub.add_parser("compact", help=help_of("compact"))
     c.add_argument("engine", type=Path)
     c.set_defaults(func=_compact)
+    la = sub.add_parser("late", help=help_of("late"))
+    la.add_argument("engine", type=Path)
+    la.add_argument("--model", required=True, help="a ColBERT model (PyLate or Stanford layout) or a bi-encoder, by "
+                    "name or directory")
+    la.add_argument("--dim", type=int, default=0, help="store the token vectors projected to this many dimensions "
+                    "(fitted on the corpus; default 0: the model's own)")
+    la.add_argument("--bits", type=int, default=8, choices=(8, 4), help="bits a dimension (default 8)")
+    la.add_argument("--trust-remote-code", action="store_true", help="let the model run Python code shipped with it")
+    add_device_flag(la)
+    la.set_defaults(func=_late)
     sw = sub.add_parser("swap", help=help_of("swap"))
     sw.add_argument("engine", type=Path)
     sw.add_argument("--retriever", default=None, help="the new bi-encoder (name or directory)")

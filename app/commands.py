@@ -20,6 +20,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "upsert": ("cli_engine", "upsert documents from a corpus file (replacing same ids)"),
     "delete": ("cli_engine", "delete documents by id"),
     "compact": ("cli_engine", "rewrite the dense index without deleted documents"),
+    "late": ("cli_engine", ("store every passage's token vectors by a late-interaction model (a ColBERT checkpoint, "
+                            "or a bi-encoder token by token): MaxSim then reorders the first stage's candidates")),
     "swap": ("cli_engine", ("rebuild an engine with new model(s) and promote it only if it is not worse (exit 0 "
                             "promoted, 1 refused, 2 bad input or the engine changed meanwhile)")),
     "calibrate": ("cli_engine", ("fit the reranker's score to a probability of relevance on judged queries (not "

@@ -102,6 +102,11 @@ class SearchOptions(_Strict):
                                  "of this metadata field; k and offset count groups")
     group_size: int | None = Field(None, ge=1, le=1000, description="hits per group (default 1)")
     explain: bool | None = Field(None, description="each hit carries how its score was made")
+    maxsim: bool | None = Field(None, description="false: skip the MaxSim stage (an engine with token vectors)")
+    maxsim_depth: int | None = Field(None, ge=1, le=MAX_K, description="candidates MaxSim reads (default: the "
+                                                                      "engine's)")
+    maxsim_blend: Annotated[float, Field(ge=0, le=1)] | Literal["none"] | None = Field(
+        None, description="MaxSim's weight against the first stage; \"none\": MaxSim alone (default: the engine's)")
 
     def knobs(self) -> dict[str, Any]:
         """The search options given (None: the engine's); old field names pass as they are, mapped by the engine's
@@ -111,7 +116,8 @@ class SearchOptions(_Strict):
                  "dense_weight": self.dense_weight, "k_rrf": self.k_rrf, "first_stage_depth": self.first_stage_depth,
                  "depth": self.depth, "min_relevance": self.min_relevance, "like": self.like, "unlike": self.unlike,
                  "include_feedback": self.include_feedback, "diversity": self.diversity, "group_by": self.group_by,
-                 "group_size": self.group_size, "explain": self.explain}
+                 "group_size": self.group_size, "explain": self.explain, "maxsim": self.maxsim,
+                 "maxsim_depth": self.maxsim_depth, "maxsim_blend": self.maxsim_blend}
         return {name: value for name, value in given.items() if value is not None}
 
 

@@ -2,6 +2,7 @@
 harness: tests/harness/engine_crash.py, which the tests run small).
 
 Usage (from the repository root): python benchmarks/engine_crash.py [--rounds 24] [--seed 0] [--passages WORDS]
+[--late] (token vectors for MaxSim too)
 
 Writes benchmarks/results/engine_crash.md.
 """
@@ -25,12 +26,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=24)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--passages", type=int, default=0, help="words per passage (0: whole documents)")
+    parser.add_argument("--late", action="store_true", help="store token vectors (late interaction) too")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "engine_crash.md")
     args = parser.parse_args()
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        result = run(args.rounds, args.seed, Path(tmp), args.passages)
-    text = (f"# Engine crash test\n\nCommand: `python benchmarks/engine_crash.py --rounds {args.rounds} --seed {args.seed} --passages {args.passages}` "
+        result = run(args.rounds, args.seed, Path(tmp), args.passages, args.late)
+    text = (f"# Engine crash test\n\nCommand: `python benchmarks/engine_crash.py --rounds {args.rounds} --seed {args.seed} --passages {args.passages}{' --late' if args.late else ''}` "
             f"({time.perf_counter() - t0:.0f} s)\n\n"
             f"{result['rounds']} engine updates killed with SIGKILL at a random moment "
             f"({', '.join(f'{k}: {v}' for k, v in sorted(result['operations'].items()))}). After every kill the engine "

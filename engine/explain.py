@@ -40,12 +40,18 @@ class Trace:
     diversified: Diversified | None
     diversity: float
     terms: Mapping[str, Sequence[tuple[str, float]]]
+    late: Reranked | None = None  # MaxSim's reordering of ``fused`` (then ``first`` is its result)
+    fused: RankedList | None = None
+    late_depth: int = 0
+    late_blend: float | None = None
 
 
 def explain(trace: Trace, ids: Sequence[str], scores: Sequence[float]) -> dict[str, Explanation]:
     """The explanation of each hit (by id) of one query's page."""
     stages = {name: _stage_table(ranked) for name, ranked in trace.lists.items()}
-    rerank = _rerank_context(trace)
+    rerank = _blend_context(trace.reranked, trace.first, trace.depth, trace.blend)
+    late = _blend_context(trace.late, trace.fused, trace.late_depth, trace.late_blend) \
+        if trace.late is not None and trace.fused is not None else (lambda d: None)
     out = {}
     for d, score in zip(ids, scores):
         parts = []
@@ -65,7 +71,7 @@ def explain(trace: Trace, ids: Sequence[str], scores: Sequence[float]) -> dict[s
             terms = tuple(trace.terms.get(d, ())) if name == "bm25" else ()
             parts.append(StagePart(name, value, rank, weight, low, high, contribution, terms))
         out[d] = Explanation(float(score), trace.fusion, tuple(parts), trace.k_rrf, rerank(d),
-                             _diversity(trace, d), trace.probability.get(d))
+                             _diversity(trace, d), trace.probability.get(d), late(d))
     return out
 
 
@@ -77,25 +83,26 @@ def _stage_table(ranked: RankedList) -> tuple[dict[str, tuple[float, int]], floa
     return table, float(scores.min()), float(scores.max())
 
 
-def _rerank_context(trace: Trace) -> Callable[[str], RerankPart | None]:
-    """A function: document id -> its RerankPart (None when the reranker did not run or did not move it)."""
-    r = trace.reranked
+def _blend_context(r: Reranked | None, first: RankedList, depth: int,
+                   blend: float | None) -> Callable[[str], RerankPart | None]:
+    """A function: document id -> its part in a stage that rescored the top ``depth`` of ``first`` and blended
+    (the reranker, or MaxSim; None when the stage did not run or did not move it)."""
     if r is None or not r.rerank_scores:
         return lambda d: None
-    head = trace.first.truncate(trace.depth)
+    head = first.truncate(depth)
     head_first = np.asarray(head.scores, dtype=np.float64)
     first_range = (float(head_first.min()), float(head_first.max())) if len(head_first) else (0.0, 0.0)
     ce = np.array(list(r.rerank_scores.values()), dtype=np.float64)
     rerank_range = (float(ce.min()), float(ce.max()))
     final = dict(zip(map(str, r.ranked.ids), np.asarray(r.ranked.scores, dtype=np.float64).tolist()))
     floor = min((final[d] for d in r.rerank_scores if d in final), default=0.0)
-    below_at = {str(d): i for i, d in enumerate(trace.first.ids[len(head):])}
+    below_at = {str(d): i for i, d in enumerate(first.ids[len(head):])}
 
     def part(d: str) -> RerankPart | None:
         if d in r.rerank_scores:
-            return RerankPart(float(r.rerank_scores[d]), trace.blend, rerank_range, first_range)
+            return RerankPart(float(r.rerank_scores[d]), blend, rerank_range, first_range)
         if d in below_at:
-            return RerankPart(None, trace.blend, rerank_range, first_range, below_at[d], floor)
+            return RerankPart(None, blend, rerank_range, first_range, below_at[d], floor)
         return None
 
     return part
@@ -112,7 +119,8 @@ def explanations(engine: Any, queries: list[str], pages: list[RankedList], lists
                  lexical: list[RankedList] | None, firsts: list[RankedList], reranked: list[Reranked],
                  relevance: list[dict[str, float]], diversified: list[Diversified] | None, s: EngineSettings,
                  stage: str, dense_off: list[bool], skip_rerank: list[bool], reranker: Any,
-                 lexical_expansion: Expansion | None, steer: Steering) -> list[dict[str, Explanation]]:
+                 lexical_expansion: Expansion | None, steer: Steering, late: list[Reranked] | None = None,
+                 fused: list[RankedList] | None = None) -> list[dict[str, Explanation]]:
     """Each query's explanations of its page's hits, from what ``engine``'s search path computed: each stage's lists
     (``lexical``: BM25's as it found them, passages in a passage engine), the fused first stage, the reranked lists
     and probabilities, the diversified lists."""
@@ -141,6 +149,8 @@ def explanations(engine: Any, queries: list[str], pages: list[RankedList], lists
         depth = 0 if (skip_rerank and skip_rerank[q]) else s.rerank_depth
         trace = Trace(fusion, mine, {"bm25": bm25_w, "dense": dense_w}, s.k_rrf, firsts[q],
                       reranked[q] if reranker is not None else None, depth, alpha, relevance[q],
-                      diversified[q] if diversified is not None else None, steer.diversity, terms)
+                      diversified[q] if diversified is not None else None, steer.diversity, terms,
+                      late[q] if late is not None else None, fused[q] if fused is not None else None,
+                      s.maxsim_depth, s.maxsim_blend)
         out.append(explain(trace, [str(d) for d in page.ids], page.scores.astype(float).tolist()))
     return out

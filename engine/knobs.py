@@ -22,7 +22,7 @@ from twostage.indexer.errors import ConfigError
 from twostage.indexer.topk import check_k
 
 KNOBS = ("first_stage", "rerank_depth", "rerank", "rerank_blend", "fusion", "dense_weight", "k_rrf",
-         "first_stage_depth", "min_relevance")
+         "first_stage_depth", "min_relevance", "maxsim", "maxsim_depth", "maxsim_blend")
 
 
 @dataclass(frozen=True)
@@ -159,14 +159,15 @@ def settings_for(settings: EngineSettings, knobs: Mapping[str, Any]) -> tuple[En
     if unknown:
         raise ConfigError(f"unknown search option(s) {', '.join(unknown)}; known: {', '.join(KNOBS)}")
     given = {name: value for name, value in knobs.items() if value is not None}
-    if given.get("rerank_blend") == "none":  # the reranker alone (None means "the engine's" in a call)
-        given["rerank_blend"] = None
+    for name in ("rerank_blend", "maxsim_blend"):
+        if given.get(name) == "none":  # the stage's score alone (None means "the engine's" in a call)
+            given[name] = None
     rerank = given.pop("rerank", settings.rerank)
     if not isinstance(rerank, bool):
         raise ConfigError(f"rerank must be true or false, got {rerank!r}")
     if "first_stage" in given and given["first_stage"] not in ("hybrid", "dense", "bm25"):
         raise ConfigError(f"first_stage must be hybrid, dense or bm25, got {given['first_stage']!r}")
-    for name in ("rerank_depth", "first_stage_depth"):
+    for name in ("rerank_depth", "first_stage_depth", "maxsim_depth"):
         if name in given:
             given[name] = check_k(given[name])
     return with_changes(settings, given, "search"), rerank

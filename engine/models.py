@@ -35,9 +35,11 @@ class Models:
 
     encoder: Any = None
     reranker: Any = None
+    late: Any = None  # the late-interaction encoder (MaxSim's query token vectors)
     lock: threading.Lock = field(default_factory=threading.Lock)
     requested_device: str = "cpu"  # where they run: cpu, cuda[:N], or auto (resolved on first use, with torch)
-    weights: tuple[str, str | None] | None = None  # the sha256 of the retriever's and reranker's weights they are
+    weights: tuple[str, str | None, str | None] | None = None  # the sha256 of the retriever's, reranker's and
+    # late-interaction model's weights they are
     _device: str | None = field(default=None, repr=False)
 
     @property
@@ -57,7 +59,8 @@ class Models:
         """These models for a version naming ``manifest``'s models (the first version they serve claims them), or
         fresh ones on the same device when it names other weights (a version written by a model swap)."""
         weights = (manifest.retriever.sha256 if manifest.retriever else NO_RETRIEVER,
-                   manifest.reranker.sha256 if manifest.reranker else None)
+                   manifest.reranker.sha256 if manifest.reranker else None,
+                   manifest.late.sha256 if manifest.late else None)
         with self.lock:
             if self.weights is None:
                 self.weights = weights
@@ -66,9 +69,9 @@ class Models:
         return Models(requested_device=self.device_as_known, weights=weights)
 
     def loaded(self, slot: str, ref: ModelRef, role: str, loader: Callable[..., Any], precision: str) -> Any:
-        """The model in ``slot`` (``encoder`` or ``reranker``; ``role`` retriever or reranker), loaded on first use
-        (once, across threads) from the directory ``ref`` names, after its weights are checked against ``ref``'s
-        sha256, in ``precision`` (an engine setting, ``auto`` resolved for the role and device)."""
+        """The model in ``slot`` (``encoder``, ``reranker`` or ``late``; ``role`` retriever or reranker), loaded on
+        first use (once, across threads) from the directory ``ref`` names, after its weights are checked against
+        ``ref``'s sha256, in ``precision`` (an engine setting, ``auto`` resolved for the role and device)."""
         if getattr(self, slot) is None:
             with self.lock:
                 if getattr(self, slot) is None:

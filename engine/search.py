@@ -74,8 +74,8 @@ class TwoStageSearch(ABC):
         """A read-only view of this engine that reranks with ``reranker`` (any object with ``predict(pairs,
         batch_size=)`` or ``score(query, texts)``), e.g. a model being trained, scored through the engine's path."""
         view = copy.copy(self)
-        view._models = Models(encoder=self.encoder, reranker=reranker, requested_device=self._models.device_as_known,
-                              weights=self._models.weights)
+        view._models = Models(encoder=self.encoder, reranker=reranker, late=self._models.late,
+                              requested_device=self._models.device_as_known, weights=self._models.weights)
         view.read_only = True
         return view
 
@@ -154,6 +154,21 @@ class TwoStageSearch(ABC):
 
         return self._models.loaded("reranker", self.manifest.reranker, "reranker", CrossEncoder.load,
                                    self.settings.precision)
+
+    @property
+    def late(self) -> Any:
+        """The late-interaction encoder (None when the engine has none), loaded and verified on first use, in the
+        retriever's precision."""
+        if self._models.late is not None:
+            return self._models.late
+        if self.manifest.late is None:
+            return None
+        return self._models.loaded("late", self.manifest.late, "retriever", load_late, self.settings.precision)
+
+    @abstractmethod
+    def token_scores(self, query: np.ndarray, ids: list[str]) -> np.ndarray:
+        """MaxSim of the query's token vectors (q, dim) against each of ``ids`` (documents, or a passage engine's
+        passages) stored in the engine's late-interaction part."""
 
     @abstractmethod
     def documents(self, ids: Iterable[str]) -> list[Document]:
@@ -339,6 +354,9 @@ class TwoStageSearch(ABC):
         if knobs.get("rerank") is True and self.manifest.reranker is None:
             raise ConfigError("rerank: this engine has no reranker, so there is nothing to rerank with; search "
                               "without rerank, or build the engine with --reranker")
+        if knobs.get("maxsim") is True and self.manifest.late is None:
+            raise ConfigError("maxsim: this engine holds no token vectors, so there is no MaxSim stage; search without "
+                              "maxsim, or build the engine with --late-interaction MODEL")
         self.check_steering(steer)
         t = time.perf_counter()
         reranker = self.reranker if rerank else None  # loaded (and exported) on first use
@@ -374,8 +392,6 @@ class TwoStageSearch(ABC):
             if feedback is not None:
                 vectors = rocchio(vectors, feedback.liked, feedback.unliked, len(queries))
             timings["encode_s"] = time.perf_counter() - t
-        if loading > 0.005:  # a model loaded by this search: its own line, not the encoding's
-            timings["load_s"] = loading
         excluded = steer.excluded
         expansion = feedback.expansion if feedback is not None else None
         lists = self.candidates(queries, vectors, stage, n + len(excluded), where, timings, expansion)
@@ -393,14 +409,27 @@ class TwoStageSearch(ABC):
         else:
             firsts = [f.truncate(n) for f in lists[stage]]
         timings["fuse_s"] = time.perf_counter() - t
+        late, fused = None, firsts
+        if s.maxsim and self.manifest.late is not None and not steer.similar:
+            t = time.perf_counter()
+            encoder = self.late  # loaded on first use
+            loading += time.perf_counter() - t
+            t = time.perf_counter()
+            late = self._maxsim(queries, firsts, reads, s, encoder, dense_off)
+            firsts = [r.ranked for r in late]
+            timings["maxsim_s"] = time.perf_counter() - t
+        if loading > 0.005:  # a model loaded by this search: its own line, not the encoding's
+            timings["load_s"] = loading
         skip_rerank = outside(s.rerank_languages, languages) if reranker is not None else []
         cut = max(n, end) if steer.reorders else end  # diversity and grouping reorder the whole window
         reranked, relevance = self._rerank(queries, firsts, reads, s, reranker, cut, timings, skip_rerank)
         stage_scores = []
-        for i, (first, res) in enumerate(zip(firsts, reranked)):
+        for i, (first, res) in enumerate(zip(fused, reranked)):
             scores = {name: dict(zip(map(str, ls[i].ids), ls[i].scores.astype(float).tolist()))
                       for name, ls in lists.items()}
             scores["first_stage"] = dict(zip(map(str, first.ids), first.scores.astype(float).tolist()))
+            if late is not None and late[i].rerank_scores:
+                scores["maxsim"] = dict(late[i].rerank_scores)
             if res.rerank_scores:
                 scores["rerank"] = dict(res.rerank_scores)
             if relevance[i]:
@@ -425,8 +454,22 @@ class TwoStageSearch(ABC):
             from twostage.engine.explain import explanations as explain_pages
 
             explanations = explain_pages(self, queries, pages, lists, lexical, firsts, reranked, relevance,
-                                         diversified, s, stage, dense_off, skip_rerank, reranker, expansion, steer)
+                                         diversified, s, stage, dense_off, skip_rerank, reranker, expansion, steer,
+                                         late, fused)
         return Ranking(pages, stage_scores, timings, reads, more, groups, explanations)
+
+    def _maxsim(self, queries: list[str], firsts: list[RankedList], reads: list[dict[str, tuple[str, ...]]] | None,
+                s: EngineSettings, encoder: Any, skip: Sequence[bool] = ()) -> list[Reranked]:
+        """Each first-stage list with its top ``maxsim_depth`` reordered by MaxSim (blended with the first stage by
+        ``maxsim_blend``; in a passage engine a document scores its best passage among those it was found by), the
+        rest following in order; the lists keep their length. ``skip``: queries left as they are (a language the
+        dense model does not know, whose tokens it reads no better)."""
+        vectors = encoder.encode_tokens(queries, kind="query", batch_size=s.batch_size)
+        scorer = MaxSimScorer(self, dict(zip(queries, vectors)))
+        per_query = [lambda d, r=r: list(dict.fromkeys(r[d])) for r in reads] if reads is not None else None
+        depths = [0 if skip and skip[i] else s.maxsim_depth for i in range(len(queries))]
+        return rerank_lists(scorer, queries, firsts, str, k=max([len(f) for f in firsts] + [1]),
+                            rerank_depth=depths, blend=s.maxsim_blend, per_query=per_query)
 
     def check_steering(self, steer: Steering) -> None:
         """The steering options against this engine: a field to group by some document has, vectors to diversify
@@ -529,6 +572,26 @@ class Ranking:
     more: list[bool]
     groups: list[dict[str, Any]] | None = None
     explanations: list[dict[str, Explanation]] | None = None
+
+
+class MaxSimScorer:
+    """MaxSim as :func:`~twostage.engine.rerank.rerank_lists` calls a scorer: ``score(query, ids)``, the query's
+    token vectors computed once for the batch."""
+
+    def __init__(self, engine: TwoStageSearch, vectors: Mapping[str, np.ndarray]) -> None:
+        self.engine, self.vectors = engine, vectors
+
+    def score(self, query: str, ids: Sequence[str]) -> np.ndarray:
+        return self.engine.token_scores(self.vectors[query], list(ids))
+
+
+def load_late(path: Path, *, precision: str, **kwargs: Any) -> Any:
+    """The late-interaction encoder in ``path`` (:class:`~twostage.retriever.late.LateEncoder`) in ``precision``;
+    an int8 precision reads as its fp32 one (token vectors are not calibrated)."""
+    from twostage.retriever.late import LateEncoder
+
+    precision = {"openvino-int8": "openvino-fp32", "int8": "fp32"}.get(precision, precision)
+    return LateEncoder.load(path, precision=precision, **kwargs)
 
 
 def without(ranked: RankedList, ids: frozenset[str]) -> RankedList:

@@ -36,7 +36,7 @@ from twostage.engine.search import TwoStageSearch
 from twostage.engine.steer import Expansion
 from twostage.indexer.codec import to_json_dict
 from twostage.indexer.engine_dir import EngineManifest, EngineSettings, read_engine_manifest
-from twostage.indexer.errors import DataError, IndexFormatError, PageExpiredError
+from twostage.indexer.errors import ConfigError, DataError, IndexFormatError, PageExpiredError
 from twostage.indexer.filters import Where
 from twostage.indexer.index import Index, IndexChange
 from twostage.indexer.manifest import verify_files
@@ -49,6 +49,7 @@ from twostage.retriever.bm25 import BM25Retriever
 
 if TYPE_CHECKING:
     from twostage.indexer.corpus import CorpusSource
+    from twostage.indexer.tokens import TokenPart
 
 logger = logging.getLogger(__name__)
 WHAT = "a search engine directory (build one with `twostage build`)"
@@ -59,9 +60,9 @@ class SearchEngine(TwoStageSearch):
     """A saved two-stage search engine. Build with :meth:`build`, open with :meth:`load`."""
 
     def __init__(self, root: Path, version_dir: Path, manifest: EngineManifest, index: Index, bm25: BM25Retriever,
-                 lease: Lease | None = None, models: Models | None = None) -> None:
+                 lease: Lease | None = None, models: Models | None = None, tokens: TokenPart | None = None) -> None:
         self.root, self.version_dir, self.manifest = root, version_dir, manifest
-        self.index, self.bm25 = index, bm25
+        self.index, self.bm25, self.tokens = index, bm25, tokens
         self._lease = lease
         self._models = (models or Models()).for_manifest(manifest)
         live_rows = np.flatnonzero(~index.deleted)
@@ -113,7 +114,16 @@ class SearchEngine(TwoStageSearch):
                                    f"{'no retriever' if manifest.retriever is None else 'a retriever'} but the dense "
                                    f"part holds {index.manifest.encoder.dim}-d vectors; restore or rebuild the engine")
         bm25 = BM25Retriever.load(version_dir / "bm25")
-        return cls(root, version_dir, manifest, index, bm25, lease, models)
+        tokens = None
+        if manifest.late is not None:  # token vectors aligned with the dense part's segments
+            from twostage.indexer.tokens import TokenPart
+
+            tokens = TokenPart.open(version_dir / "late", [(seg.name, seg.start, seg.rows)
+                                                           for seg in index.manifest.segments], verify=verify)
+        elif (version_dir / "late").exists():
+            raise IndexFormatError(f"{version_dir / 'late'}: token vectors, but the manifest names no late-interaction "
+                                   "model; restore or rebuild the engine")
+        return cls(root, version_dir, manifest, index, bm25, lease, models, tokens)
 
     def refresh(self, *, verify: bool = False) -> SearchEngine:
         """This engine at the newest committed version (``self`` when nothing changed); models are kept."""
@@ -212,6 +222,9 @@ class SearchEngine(TwoStageSearch):
                 "settings": {**to_json_dict(m.settings), "rerank": self.reranks},
                 "retriever": asdict(m.retriever) if m.retriever else None,
                 "reranker": asdict(m.reranker) if m.reranker else None, "dense": self.index.info(),
+                "late_interaction": None if m.late is None or self.tokens is None else {
+                    **asdict(m.late), "dim": self.tokens.dim, "tokens": sum(s.tokens for s in self.tokens.segments),
+                    "bytes": self.tokens.bytes},
                 "bm25": {"documents": len(self.bm25), "config": to_json_dict(self.bm25.config)},
                 "metadata_fields": sorted(self.index.metadata_fields()), "metadata_kinds": self.index.metadata_kinds(),
                 "versions": m.versions}
@@ -374,6 +387,24 @@ class SearchEngine(TwoStageSearch):
             at += len(group)
         return out
 
+    def holds_row(self, row_id: str) -> bool:
+        """Whether ``row_id`` (a document's id, or a passage's in a passage engine) is a live row here."""
+        return self._rows_of([row_id])[0] is not None
+
+    def token_scores(self, query: np.ndarray, ids: list[str]) -> np.ndarray:
+        """MaxSim of ``query`` (q, dim) against each id's stored token vectors (a live row's; an id without one: a
+        ConfigError naming it)."""
+        if self.tokens is None:
+            raise ConfigError("this engine holds no token vectors; build it with --late-interaction MODEL")
+        if query.shape[1:] != (self.tokens.model_dim,):
+            raise ConfigError(f"the late-interaction model gives {query.shape[1:]}-d token vectors, the engine's were "
+                              f"made by a {self.tokens.model_dim}-d model; use the model the engine was built with")
+        rows = self._rows_of(ids)
+        missing = [i for i, r in zip(ids, rows) if r is None]
+        if missing:
+            raise ConfigError(f"no token vectors for {missing[0]!r}: not a live row of this engine")
+        return self.tokens.scores(query, [int(r) for r in rows if r is not None])
+
     def vectors_by_id(self, ids: list[str]) -> dict[str, np.ndarray]:
         """The dense vector of each held id (a document's, or a passage's in a passage engine)."""
         pairs = [(i, r) for i, r in zip(ids, self._rows_of(ids)) if r is not None]
@@ -400,7 +431,8 @@ class SearchEngine(TwoStageSearch):
     def build(cls, corpus: CorpusSource, path: str | Path, *, retriever: str | Path | None = "all-MiniLM-L6-v2",
               reranker: str | Path | None = None, settings: EngineSettings | None = None, chunk_size: int = 4096,
               resume: bool = True, show_progress: bool = False, device: str = "auto",
-              trust_remote_code: bool = False, **overrides: Any) -> SearchEngine:
+              trust_remote_code: bool = False, late_interaction: str | Path | None = None,
+              **overrides: Any) -> SearchEngine:
         """Read ``corpus`` (BEIR dir, jsonl, parquet, CSV, DataFrame or Documents), encode it, index it for BM25
         and dense search, and save the engine at ``path`` (a new version when an engine is already there).
 
@@ -412,12 +444,16 @@ class SearchEngine(TwoStageSearch):
 
         ``retriever=None`` builds a BM25-only engine (no dense index, nothing encoded; with a reranker, BM25's
         candidates reranked): its first stage is bm25, and dense or hybrid searches are refused.
+
+        ``late_interaction``: a ColBERT model (PyLate or Stanford layout), or a bi-encoder read token by token (the
+        zero-shot baseline), by name or directory: every row's token vectors are stored (``late/``) and MaxSim
+        reorders the first stage's top ``maxsim_depth`` before the reranker (docs/late-interaction.md).
         """
         from twostage.engine import writes
 
         return writes.build(cls, corpus, path, retriever=retriever, reranker=reranker, settings=settings,
                             chunk_size=chunk_size, resume=resume, show_progress=show_progress, device=device,
-                            trust_remote_code=trust_remote_code, **overrides)
+                            trust_remote_code=trust_remote_code, late_interaction=late_interaction, **overrides)
 
     def add(self, documents: CorpusSource, *, show_progress: bool = False) -> SearchEngine:
         """Add documents (new ids only) to documents, BM25 and the dense index in one version; returns it. A
@@ -445,6 +481,16 @@ class SearchEngine(TwoStageSearch):
         from twostage.engine import writes
 
         return writes.compact(self)
+
+    def late_interaction(self, model: str | Path, *, dim: int = 0, bits: int = 8, show_progress: bool = False,
+                         trust_remote_code: bool = False) -> SearchEngine:
+        """A new version with every row's token vectors by ``model`` (a ColBERT checkpoint, or a bi-encoder read
+        token by token), so that MaxSim reorders the first stage's top ``maxsim_depth``; returns it. ``dim``: store
+        them projected to this many dimensions (0: the model's); ``bits``: 8 or 4 a dimension."""
+        from twostage.engine import writes
+
+        return writes.late_interaction(self, model, dim=dim, bits=bits, show_progress=show_progress,
+                                       trust_remote_code=trust_remote_code)
 
     def configure(self, settings: EngineSettings | None = None, **changes: Any) -> SearchEngine:
         """A new version with other search settings (first stage, depths, blend, rerank, precision); the documents

@@ -108,6 +108,10 @@ class _Shard:
     def matched_terms(self, terms: dict[str, float], ids: list[str]) -> dict[str, list[tuple[str, float]]]:
         return self.engine.matched_terms(terms, ids)
 
+    def token_scores(self, query: np.ndarray, ids: list[str]) -> dict[str, float]:
+        held = [i for i in ids if self.engine.holds_row(i)]
+        return dict(zip(held, self.engine.token_scores(query, held).tolist())) if held else {}
+
     def holds(self, ids: list[str]) -> list[bool]:
         return [i in self.engine for i in ids]
 
@@ -318,6 +322,10 @@ class ShardedEngine(TwoStageSearch):
 
     def matched_terms(self, terms: dict[str, float], ids: list[str]) -> dict[str, list[tuple[str, float]]]:
         return {k: v for part in self._call("matched_terms", terms, ids) for k, v in part.items()}
+
+    def token_scores(self, query: np.ndarray, ids: list[str]) -> np.ndarray:
+        found = {k: v for part in self._call("token_scores", query, ids) for k, v in part.items()}
+        return np.array([found.get(i, 0.0) for i in ids], dtype=np.float32)
 
     def holder(self, ids: Sequence[str]) -> list[int | None]:
         """The shard holding each id (None: no shard)."""

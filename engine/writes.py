@@ -52,7 +52,7 @@ def model_ref(name: str | Path, trust_remote_code: bool = False) -> ModelRef:
 def build(cls: Any, corpus: CorpusSource, path: str | Path, *, retriever: str | Path | None = "all-MiniLM-L6-v2",
           reranker: str | Path | None = None, settings: EngineSettings | None = None, chunk_size: int = 4096,
           resume: bool = True, show_progress: bool = False, device: str = "auto",
-          trust_remote_code: bool = False, **overrides: Any) -> Any:
+          trust_remote_code: bool = False, late_interaction: str | Path | None = None, **overrides: Any) -> Any:
     """:meth:`SearchEngine.build` (its docstring says what each argument does); ``cls``: the engine class."""
     settings = with_changes(settings or EngineSettings(), overrides, "build")
     bm25_settings(settings)  # an unknown language: one line, before any work
@@ -66,7 +66,7 @@ def build(cls: Any, corpus: CorpusSource, path: str | Path, *, retriever: str | 
     if (out / "CURRENT").is_file() and format_of(current_version(out, WHAT)) != "twostage.engine":
         raise ConfigError(f"{out}: holds something other than a search engine; choose another --out")
     prepared = encode_corpus(corpus, out, settings, retriever, reranker, chunk_size, resume, show_progress,
-                             device, trust_remote_code)
+                             device, trust_remote_code, late_interaction)
     settings = with_model_languages(resolved_blends(settings, prepared.models.reranker), prepared.retriever,
                                     prepared.reranker)
     write_streamed(out, prepared, settings)
@@ -79,6 +79,7 @@ def add(self: SearchEngine, documents: CorpusSource, *, show_progress: bool = Fa
     docs = list(iter_documents(documents))
     rows = split_all(docs, self.shape) if self.shape.enabled else docs
     vectors, truncated = encode_rows(self, rows, show_progress)
+    tokens = token_rows(self, rows, show_progress)
 
     def make(base: SearchEngine) -> tuple[IndexChange, list[Document]]:
         if base.shape.enabled:
@@ -87,7 +88,7 @@ def add(self: SearchEngine, documents: CorpusSource, *, show_progress: bool = Fa
                 raise DataError(f"document id {present!r} is already in the engine; use upsert to replace it")
         return base.index.change_add(rows, vectors), rows
 
-    return commit_change(self, make, truncated=truncated)
+    return commit_change(self, make, truncated=truncated, tokens=tokens)
 
 def upsert(self: SearchEngine, documents: CorpusSource, *, show_progress: bool = False) -> SearchEngine:
     """Replace the documents with these ids and add the new ones, in one version (a passage engine replaces
@@ -95,12 +96,13 @@ def upsert(self: SearchEngine, documents: CorpusSource, *, show_progress: bool =
     docs = list(iter_documents(documents))
     rows = split_all(docs, self.shape) if self.shape.enabled else docs
     vectors, truncated = encode_rows(self, rows, show_progress)
+    tokens = token_rows(self, rows, show_progress)
 
     def make(base: SearchEngine) -> tuple[IndexChange, list[Document]]:
         old = base.passage_ids([d.id for d in docs if d.id in base]) if base.shape.enabled else []
         return base.index.change_add(rows, vectors, replace=True, drop=old), rows
 
-    return commit_change(self, make, truncated=truncated)
+    return commit_change(self, make, truncated=truncated, tokens=tokens)
 
 def delete(self: SearchEngine, ids: Iterable[str]) -> SearchEngine:
     """Delete documents by id (an unknown id is an error naming it), in one version; a passage engine deletes
@@ -115,6 +117,75 @@ def delete(self: SearchEngine, ids: Iterable[str]) -> SearchEngine:
 def compact(self: SearchEngine) -> SearchEngine:
     """Rewrite the dense part without deleted rows (BM25 already holds only live documents)."""
     return commit_change(self, lambda base: (base.index.change_compact(), None))
+
+def late_interaction(self: SearchEngine, model: str | Path, *, dim: int = 0, bits: int = 8,
+                     show_progress: bool = False, trust_remote_code: bool = False) -> SearchEngine:
+    """A new version with every row's token vectors by ``model`` (replacing those of another model), so that MaxSim
+    reorders the first stage's candidates; documents and indexes are carried over as they are. ``dim``: store them
+    projected to this many dimensions (0: the model's), the projection fitted on the corpus's first 64k tokens;
+    ``bits``: 8 or 4 a dimension (:mod:`twostage.indexer.tokens`). The rows are encoded before the writer lock is
+    taken, and again under it only if a write committed meanwhile."""
+    import shutil
+    import tempfile
+
+    from twostage.engine.search import load_late
+    from twostage.indexer.tokens import BITS, TokenCodec, fit_projection, write_manifest, write_segment
+
+    self.check_writable()
+    if bits not in BITS:
+        raise ConfigError(f"bits must be 8 or 4, got {bits!r}")
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
+        raise ConfigError(f"dim must be 0 (the model's) or a positive number of dimensions, got {dim!r}")
+    if self.manifest.retriever is None:
+        raise ConfigError("late interaction reorders the dense or hybrid first stage's candidates, and this engine "
+                          "has no retriever (BM25 only); rebuild it with --retriever")
+    ref = model_ref(model, trust_remote_code)
+    late = load_late(Path(ref.path), precision=resolve_precisions(self.settings.precision)["retriever"],
+                     device=self._models.device, trust_remote_code=trust_remote_code)
+    if dim >= late.dim:
+        raise ConfigError(f"dim {dim}: the model's token vectors have {late.dim} dimensions; give fewer, or 0")
+
+    def encode(base: SearchEngine, out: Path) -> None:
+        from tqdm.auto import tqdm
+
+        index = base.index
+        segments = []
+        codec: TokenCodec | None = None if dim else TokenCodec(bits)
+        with tqdm(total=index.manifest.rows, desc="token vectors", unit="row", disable=not show_progress) as bar:
+            for seg in index.manifest.segments:
+                rows = np.arange(seg.start, seg.start + seg.rows)
+                live = rows[~index.deleted[rows]]
+                vectors = [np.zeros((0, late.dim), dtype=np.float32)] * seg.rows  # a deleted row keeps none
+                for at, docs in index.store.document_chunks(live):
+                    encoded = late.encode_tokens([d.full_text for d in docs], kind="document",
+                                                 batch_size=base.settings.batch_size, allow_empty=True)
+                    for row, v in zip(at, encoded):
+                        vectors[int(row) - seg.start] = v
+                    if codec is None:  # the projection, fitted on the first tokens encoded
+                        sample = np.concatenate(encoded)
+                        pick = np.random.default_rng(0).permutation(len(sample))[:65536]
+                        codec = TokenCodec(bits, fit_projection(sample[pick], dim))
+                    bar.update(len(docs))
+                segments.append(write_segment(out, seg.name, vectors, late.dim, codec or TokenCodec(bits)))
+        write_manifest(out, late.dim, segments, codec or TokenCodec(bits))
+
+    work = Path(tempfile.mkdtemp(prefix=".late-", dir=self.root))
+    try:
+        encode(self, work / "late")
+        state = {"version": self.version_dir}
+
+        def make(base: SearchEngine) -> tuple[IndexChange, None]:
+            if base.version_dir != state["version"]:  # a write committed meanwhile: its rows, encoded again
+                shutil.rmtree(work / "late")
+                encode(base, work / "late")
+            return base.index.change_unchanged(), None
+
+        engine = commit_change(self, make, late=(ref, work / "late"))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    engine._models.late = late
+    return engine
+
 
 def configure(self: SearchEngine, settings: EngineSettings | None = None, **changes: Any) -> SearchEngine:
     """A new version with other search settings (first stage, depths, blend, rerank, precision); the documents
@@ -141,15 +212,48 @@ def encode_rows(self: SearchEngine, docs: list[Document], show_progress: bool = 
     vectors = self.index.encode_documents(docs, batch_size=self.settings.batch_size)
     return vectors, int(getattr(encoder, "truncated", 0) or 0)
 
+def token_rows(self: SearchEngine, docs: list[Document], show_progress: bool = False) -> list[np.ndarray] | None:
+    """The token vectors of these rows when the engine has a late-interaction part (None otherwise)."""
+    if self.manifest.late is None:
+        return None
+    return self.late.encode_tokens([d.full_text for d in docs], kind="document", batch_size=self.settings.batch_size,
+                                   show_progress=show_progress, allow_empty=True)
+
+
+def write_late(directory: Path, base: SearchEngine, change: IndexChange, tokens: list[np.ndarray] | None) -> None:
+    """The late-interaction part of the version ``change`` makes: kept segments linked, an added segment from
+    ``tokens`` (its rows' token vectors), a compacted one copied from ``base``'s live rows."""
+    from twostage.indexer.tokens import copy_rows, write_part, write_segment
+
+    part = base.tokens
+    assert part is not None
+    starts = {seg.name: seg for seg in change.segments}
+
+    def make(name: str) -> Any:
+        data = change.new_segments[name]
+        if not callable(data):  # an add or upsert: the new rows, encoded with their dense vectors
+            if tokens is None or len(tokens) != len(data[1]):
+                raise DataError(f"{len(data[1])} new rows but {0 if tokens is None else len(tokens)} token vectors")
+            return write_segment(directory, name, tokens, part.model_dim, part.codec)
+        live = np.flatnonzero(~base.index.deleted)  # a compaction: the live rows from the segment's start
+        seg = starts[name]
+        return copy_rows(directory, name, part, live[seg.start:seg.start + seg.rows])
+
+    write_part(directory, part, [(seg.name, seg.rows) for seg in change.segments], make, link_or_copy)
+
+
 def commit_change(self: SearchEngine, make: Callable[[SearchEngine], tuple[IndexChange, list[Document] | None]],
                   settings: EngineSettings | None = None, *, bm25: BM25Retriever | None = None,
-                  pinned: bool = False, truncated: int = 0) -> SearchEngine:
+                  pinned: bool = False, truncated: int = 0, tokens: list[np.ndarray] | None = None,
+                  late: tuple[ModelRef, Path] | None = None) -> SearchEngine:
     """Lock, re-open the version current now, apply ``make`` to it, write every part, commit, return it.
 
     ``pinned``: start from this object's version, not CURRENT's (a shard, whose committed version is the one
     its sharded engine names); ``bm25``: the BM25 index over the live documents after the change, built by the
     caller (a shard's, with the whole corpus's statistics); by default it is built here. ``truncated``: how many
-    of the new rows were longer than the retriever reads (a whole-document engine counts them).
+    of the new rows were longer than the retriever reads (a whole-document engine counts them); ``tokens``: the
+    new rows' token vectors, when the engine has a late-interaction part; ``late``: a new late-interaction model and
+    its part, written for ``make``'s rows (which are unchanged).
     """
     self.check_writable()
     with writer_lock(self.root):
@@ -157,6 +261,12 @@ def commit_change(self: SearchEngine, make: Callable[[SearchEngine], tuple[Index
         change, new_docs = make(base)
         with commit(self.root) as version:
             base.index.write(version.tmp / "dense", change)
+            if late is not None:
+                (version.tmp / "late").mkdir()
+                for f in late[1].iterdir():
+                    link_or_copy(f, version.tmp / "late" / f.name)
+            elif base.tokens is not None:
+                write_late(version.tmp / "late", base, change, tokens)
             if new_docs is None:  # compact or configure: the same live documents in the same order
                 (version.tmp / "bm25").mkdir()
                 for f in (base.version_dir / "bm25").iterdir():
@@ -172,7 +282,8 @@ def commit_change(self: SearchEngine, make: Callable[[SearchEngine], tuple[Index
             _write_engine(version.tmp, bm25, replace(base.manifest, documents=count, passages=rows,
                                                      truncated=base.manifest.truncated + (
                                                          0 if base.shape.enabled else truncated),
-                                                     settings=settings or base.manifest.settings))
+                                                     settings=settings or base.manifest.settings,
+                                                     late=late[0] if late is not None else base.manifest.late))
         return open_current(self.root, lambda v, lease: type(self)._open(self.root, v, lease, False, self._models),
                         WHAT)
 
@@ -226,6 +337,7 @@ class _Encoded:
     retriever: ModelRef | None
     reranker: ModelRef | None
     models: Models
+    late: ModelRef | None = None
 
     def discard(self) -> None:
         import shutil
@@ -235,9 +347,10 @@ class _Encoded:
 
 def encode_corpus(corpus: CorpusSource, out: Path, settings: EngineSettings, retriever: str | Path | None,
                    reranker: str | Path | None, chunk_size: int, resume: bool, show_progress: bool,
-                   device: str = "cpu", trust_remote_code: bool = False) -> _Encoded:
+                   device: str = "cpu", trust_remote_code: bool = False,
+                   late_interaction: str | Path | None = None) -> _Encoded:
     """Load (and check) the models on ``device`` (resolved), then encode the corpus in resumable chunks next to
-    ``out``."""
+    ``out`` (and each chunk's token vectors, with a late-interaction model)."""
     from twostage.retriever.biencoder import BiEncoder
 
     BackendConfig(settings.backend, settings.metric)  # a bad backend or metric fails before any encoding
@@ -257,6 +370,16 @@ def encode_corpus(corpus: CorpusSource, out: Path, settings: EngineSettings, ret
         if not models.reranker.head_trained:
             raise ConfigError(f"reranker {str(reranker)!r}: its classification head was never trained; train one "
                               "with `twostage train-reranker` or build without --reranker")
+    late_ref = None
+    if late_interaction is not None:
+        from twostage.engine.search import load_late
+
+        if retriever_ref is None:
+            raise ConfigError("--late-interaction reranks the dense or hybrid first stage's candidates; build with a "
+                              "retriever too")
+        late_ref = model_ref(late_interaction, trust_remote_code)
+        models.late = load_late(Path(late_ref.path), precision=precision["retriever"], device=device,
+                                trust_remote_code=trust_remote_code)
     info = models.encoder.info()
     plan = {"encoder": asdict(info), "metric": settings.metric, "chunk_size": chunk_size,
             "passages": asdict(settings.passages)}
@@ -265,7 +388,29 @@ def encode_corpus(corpus: CorpusSource, out: Path, settings: EngineSettings, ret
     encode_chunks(rows, models.encoder, work, plan, done, metric=settings.metric, dim=info.dim,
                   chunk_size=chunk_size, batch_size=settings.batch_size, show_progress=show_progress,
                   unit="passage" if settings.passages.enabled else "doc")
-    return _Encoded(work, done, info, retriever_ref, reranker_ref, models)
+    if late_ref is not None:
+        encode_token_chunks(work, done, models.late, settings.batch_size, show_progress)
+    return _Encoded(work, done, info, retriever_ref, reranker_ref, models, late_ref)
+
+
+def encode_token_chunks(work: Path, done: list[dict[str, Any]], late: Any, batch_size: int,
+                        show_progress: bool) -> None:
+    """Each encoded chunk's token vectors into ``work/late`` (a chunk already there is kept: a build resumes)."""
+    from tqdm.auto import tqdm
+
+    from twostage.indexer.tokens import write_segment
+
+    total = sum(int(c["rows"]) for c in done)
+    with tqdm(total=total, desc="token vectors", unit="row", disable=not show_progress) as bar:
+        for c, docs in zip(done, chunk_documents(work, done)):
+            if not (work / "late" / f"{c['name']}.offsets.npy").is_file():
+                vectors = late.encode_tokens([d.full_text for d in docs], kind="document", batch_size=batch_size,
+                                             allow_empty=True)
+                tmp = f"{c['name']}.tmp"
+                write_segment(work / "late", tmp, vectors, late.dim)
+                for kind in ("codes", "scales", "offsets"):  # the offsets last: they mark the chunk done
+                    (work / "late" / f"{tmp}.{kind}.npy").replace(work / "late" / f"{c['name']}.{kind}.npy")
+            bar.update(len(docs))
 
 
 def bm25_only(settings: EngineSettings, overrides: dict[str, Any]) -> EngineSettings:
@@ -324,5 +469,18 @@ def write_streamed(out: Path, enc: _Encoded, settings: EngineSettings, stats: Co
     truncated = 0 if settings.passages.enabled else sum(int(c.get("truncated", 0)) for c in enc.done)
     with writer_lock(out), commit(out) as version:
         write_index_files(version.tmp / "dense", enc.work, change, enc.info, backend.metric, backend.name, params)
+        if enc.late is not None:
+            from twostage.indexer.atomic import load_npy
+            from twostage.indexer.tokens import TokenSegment, write_manifest
+
+            (version.tmp / "late").mkdir()
+            segments = []
+            for c in enc.done:
+                for kind in ("codes", "scales", "offsets"):
+                    link_or_copy(enc.work / "late" / f"{c['name']}.{kind}.npy",
+                                 version.tmp / "late" / f"{c['name']}.{kind}.npy")
+                offsets = load_npy(version.tmp / "late" / f"{c['name']}.offsets.npy")
+                segments.append(TokenSegment(c["name"], int(c["rows"]), int(offsets[-1])))
+            write_manifest(version.tmp / "late", enc.models.late.dim, segments)
         _write_engine(version.tmp, bm25, EngineManifest(settings, enc.retriever, enc.reranker, documents,
-                                                        passages=passages, truncated=truncated))
+                                                        passages=passages, truncated=truncated, late=enc.late))

@@ -81,6 +81,13 @@ class EngineSettings:
     rerank_whole_up_to: int = 300  # the reranker reads a document of at most this many words whole, a longer one by
     # its best passage in each first stage, the higher score counting (0: every document so); a search-time choice
     # (benchmarks/results/rerank_reads, rerank_long)
+    # late interaction (an engine built with a late-interaction model: token vectors in late/): MaxSim reads the
+    # first stage's top maxsim_depth (the passages each document was found by) and blends its score with the first
+    # stage's by maxsim_blend (None: MaxSim alone); the reranker then reads the top rerank_depth of that order.
+    # Depth 50, blend 0.7: chosen on SciFact train (benchmarks/results/late-scifact.md)
+    maxsim: bool = True
+    maxsim_depth: int = 50
+    maxsim_blend: float | None = 0.7
 
     def blend_for(self, first_stage: str) -> float | None:
         """The resolved blend with ``first_stage`` (its own when the manifest has one, else ``rerank_blend``); call
@@ -104,7 +111,7 @@ class EngineSettings:
             raise ConfigError(f"first_stage must be one of {', '.join(FIRST_STAGES)}, got {self.first_stage!r}")
         if self.fusion not in FUSIONS:
             raise ConfigError(f"fusion must be one of {', '.join(FUSIONS)}, got {self.fusion!r}")
-        for name in ("first_stage_depth", "rerank_depth", "batch_size"):
+        for name in ("first_stage_depth", "rerank_depth", "batch_size", "maxsim_depth"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
@@ -125,8 +132,11 @@ class EngineSettings:
             raise ConfigError(f"rerank_calibration must be None or two finite numbers (a, b), got {cal!r}")
         if not is_blend(self.min_relevance) or self.min_relevance is None:
             raise ConfigError(f"min_relevance must be a number in [0, 1], got {self.min_relevance!r}")
-        if not isinstance(self.rerank, bool):
-            raise ConfigError(f"rerank must be true or false, got {self.rerank!r}")
+        for name in ("rerank", "maxsim"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if not is_blend(self.maxsim_blend):
+            raise ConfigError(f"maxsim_blend must be None or a number in [0, 1], got {self.maxsim_blend!r}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if isinstance(self.rerank_whole_up_to, bool) or not isinstance(self.rerank_whole_up_to, int) \
@@ -173,7 +183,7 @@ def with_changes(settings: EngineSettings, changes: dict[str, Any], where: str =
     """``settings`` with ``changes`` (old names mapped; None values ignored, except ``rerank_blend=None``, the
     reranker alone, and ``rerank_calibration=None``, none). A new ``rerank_blend`` applies to every first stage
     unless ``rerank_blend_by_first_stage`` is given too."""
-    nullable = ("rerank_blend", "rerank_calibration")
+    nullable = ("rerank_blend", "rerank_calibration", "maxsim_blend")
     changes = {k: v for k, v in renamed(changes, where).items() if v is not None or k in nullable}
     unknown = sorted(set(changes) - set(EngineSettings.__dataclass_fields__))
     if unknown:
@@ -216,13 +226,15 @@ class EngineManifest:
     versions: dict[str, str] = field(default_factory=dict)
     passages: int = 0  # rows of the dense index and BM25: the documents' passages (0: whole documents, one row each)
     truncated: int = 0  # whole-document engines: documents added that were longer than the retriever reads
+    late: ModelRef | None = None  # the late-interaction model whose token vectors late/ holds (None: none)
 
     def to_json(self) -> str:
         counts = {"documents": self.documents, "passages": self.passages, "truncated": self.truncated}
         return manifest_text(
             FORMAT, FORMAT_VERSION, self.files, self.versions, settings=to_json_dict(self.settings),
             retriever=asdict(self.retriever) if self.retriever else None,
-            reranker=asdict(self.reranker) if self.reranker else None, counts=counts)
+            reranker=asdict(self.reranker) if self.reranker else None, counts=counts,
+            **({"late_interaction": asdict(self.late)} if self.late else {}))
 
 
 def read_engine_manifest(version_dir: Path) -> EngineManifest:
@@ -263,12 +275,16 @@ def read_engine_manifest(version_dir: Path) -> EngineManifest:
     return EngineManifest(settings, None if retriever is None else ModelRef.from_dict(retriever, f"{path}: retriever"),
                           None if reranker is None else ModelRef.from_dict(reranker, f"{path}: reranker"),
                           counts["documents"], dict(files or {}), dict(versions), counts.get("passages", 0),
-                          counts.get("truncated", 0))
+                          counts.get("truncated", 0),
+                          None if data.get("late_interaction") is None
+                          else ModelRef.from_dict(data["late_interaction"], f"{path}: late_interaction"))
 
 
 def engine_files(version_dir: Path) -> dict[str, dict[str, Any]]:
-    """Size and sha256 of the two part manifests (dense/ and bm25/); each of them checksums its own files."""
-    return describe_files(version_dir, ["dense/manifest.json", "bm25/manifest.json"])
+    """Size and sha256 of the part manifests (dense/, bm25/, and late/ when the engine has token vectors); each of
+    them checksums its own files."""
+    late = ["late/manifest.json"] if (version_dir / "late" / "manifest.json").is_file() else []
+    return describe_files(version_dir, ["dense/manifest.json", "bm25/manifest.json", *late])
 
 
 def check_replicas(replicas: object) -> int:

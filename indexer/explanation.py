@@ -82,6 +82,7 @@ class Explanation:
     rerank: RerankPart | None = None
     diversity: DiversityPart | None = None
     probability: float | None = None
+    maxsim: RerankPart | None = None  # late interaction's part, between the first stage and the reranker
 
     @property
     def first_stage(self) -> float:
@@ -93,8 +94,9 @@ class Explanation:
     def recomposed(self) -> float:
         """The score computed again from the parts (equal to :attr:`score` up to float32 rounding)."""
         value = self.first_stage
-        r = self.rerank
-        if r is not None:
+        for r in (self.maxsim, self.rerank):
+            if r is None:
+                continue
             if r.below is not None:
                 value = r.floor - 1.0 - r.below
             elif r.blend is None:
@@ -123,15 +125,17 @@ class Explanation:
                 out.append("  terms: " + ", ".join(f"{t} {w:.3f}" for t, w in s.terms))
         fused = {"rrf": "rrf sum", "blend": "blend sum"}.get(self.fusion, f"{self.fusion} alone")
         out.append(f"first stage ({fused}): {self.first_stage:.5f}")
-        r = self.rerank
-        if r is not None:
+        for name, r, before in (("maxsim", self.maxsim, "first stage"),
+                                ("reranker", self.rerank, "maxsim" if self.maxsim is not None else "first stage")):
+            if r is None:
+                continue
             if r.below is not None:
-                out.append(f"below the rerank depth: lowest reranked {r.floor:.4f} - 1 - {r.below}")
+                out.append(f"below the {name} depth: lowest {name} score {r.floor:.4f} - 1 - {r.below}")
             elif r.blend is None:
-                out.append(f"reranker: {r.score:.4f} (its score alone)")
+                out.append(f"{name}: {r.score:.4f} (its score alone)")
             else:
-                out.append(f"reranker: {r.score:.4f} -> {r.blend:g} x minmax(rerank in [{r.rerank_range[0]:.4f}, "
-                           f"{r.rerank_range[1]:.4f}]) + {1 - r.blend:g} x minmax(first stage in "
+                out.append(f"{name}: {r.score:.4f} -> {r.blend:g} x minmax({name} in [{r.rerank_range[0]:.4f}, "
+                           f"{r.rerank_range[1]:.4f}]) + {1 - r.blend:g} x minmax({before} in "
                            f"[{r.first_range[0]:.5f}, {r.first_range[1]:.5f}])")
         if self.probability is not None:
             out.append(f"probability of relevance: {self.probability:.3f}")

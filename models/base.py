@@ -33,6 +33,8 @@ class HFModel(torch.nn.Module, ABC):
     ``path``: the directory it was loaded from.
     """
 
+    export_kind = ""  # what sets this model's OpenVINO exports apart from others of the same weights
+
     def __init__(self, model: Any, tokenizer: Any, name: str = "") -> None:
         super().__init__()
         self.model, self.tokenizer, self.name = model, tokenizer, name
@@ -86,7 +88,7 @@ class HFModel(torch.nn.Module, ABC):
         int8 scales measured on ``calibration``, texts or pairs of the user's corpus, default the bundled sample)."""
         self.model = with_precision(self.model, precision)
         self.runtime = openvino_runner(self, self.trace_example(), self.path, precision,
-                                       lambda: self.calibration_batches(calibration)) \
+                                       lambda: self.calibration_batches(calibration), kind=self.export_kind) \
             if is_openvino(precision) else None
         self.precision = precision
         return self

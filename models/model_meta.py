@@ -1,7 +1,7 @@
 """``twostage.json``: what twostage records beside a saved model's weights, one schema for both model types.
 
     {"format": "twostage.model", "format_version": 1,
-     "kind": "bi-encoder" | "cross-encoder",
+     "kind": "bi-encoder" | "cross-encoder" | "late-interaction",
      "base": the model it started from,
      "languages": the languages its base model's card lists (absent when the card says none),
      "settings": how the model runs (the bi-encoder's pooling, normalisation, length and prefixes; the
@@ -25,7 +25,7 @@ from twostage.indexer.manifest import library_versions
 
 FILE = "twostage.json"
 FORMAT, FORMAT_VERSION = "twostage.model", 1
-KINDS = ("bi-encoder", "cross-encoder")
+KINDS = ("bi-encoder", "cross-encoder", "late-interaction")
 _LEGACY_CROSS = ("max_length", "head_trained", "interpolation")
 
 
@@ -43,17 +43,23 @@ def write_model_meta(directory: Path, kind: str, base: str, settings: dict[str, 
     (directory / FILE).write_text(json.dumps(meta, indent=2, default=str) + "\n", encoding="utf-8")
 
 
+def read_json_object(path: Path, remedy: str = "restore the model directory") -> dict[str, Any]:
+    """A model directory's JSON file as an object; unreadable or not an object: one ConfigError ending in ``remedy``."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path}: unreadable ({exc}); {remedy}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: not a JSON object; {remedy}")
+    return data
+
+
 def read_model_meta(directory: Path) -> tuple[str, dict[str, Any], dict[str, Any]] | None:
     """(kind, settings, training) of a model directory, or None when it has no ``twostage.json``."""
     f = Path(directory) / FILE
     if not f.is_file():
         return None
-    try:
-        meta = json.loads(f.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{f}: unreadable ({exc}); restore the model directory or train it again") from None
-    if not isinstance(meta, dict):
-        raise ConfigError(f"{f}: not a JSON object; restore the model directory or train it again")
+    meta = read_json_object(f, "restore the model directory or train it again")
     kind = meta.get("kind", "bi-encoder")
     if kind not in KINDS:
         raise ConfigError(f"{f}: unknown model kind {kind!r} (expected {' or '.join(KINDS)})")

@@ -239,11 +239,12 @@ def _export(module: torch.nn.Module, example: Mapping[str, torch.Tensor], where:
 
 def openvino_runner(model: torch.nn.Module, example: Mapping[str, torch.Tensor], model_dir: Path | None,
                     precision: str, calibration: Calibration | None = None,
-                    threads: int | None = None, streams: int | None = None) -> OpenVINORunner:
+                    threads: int | None = None, streams: int | None = None, kind: str = "") -> OpenVINORunner:
     """The OpenVINO model of ``model`` (a module whose forward takes the tokenizer's features as a dict; traced with
     ``example``), exported (or read from the cache if it was made from the same weights in ``model_dir``), compiled
     for this CPU: ``threads`` (default: torch's) shared by ``streams`` (default 2: what was measured on 2 cores; a
-    single query then keeps half the threads on larger machines)."""
+    single query then keeps half the threads on larger machines). ``kind`` names exports of other heads on the same
+    weights (the token vectors of a bi-encoder read token by token: ``tokens``), kept apart from the model's own."""
     if model_dir is None:
         raise ConfigError(f"{precision} needs a model loaded from a directory (BiEncoder.load / CrossEncoder.load)")
     if not is_openvino(precision):
@@ -255,7 +256,7 @@ def openvino_runner(model: torch.nn.Module, example: Mapping[str, torch.Tensor],
 
     digest = sha256_of_weights(model_dir)
     root = export_root(model_dir, digest)
-    where = root / precision
+    where = root / (f"{kind}-{precision}" if kind else precision)
     names = list(example)
     with writer_lock(root):  # one process exports at a time; the others then read its export
         if _fresh_export(where, digest, precision, names) is None:

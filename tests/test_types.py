@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-ERROR_BUDGET = 11  # `python -m mypy -p twostage` errors when this was last lowered; 0 is the goal
+ERROR_BUDGET = 10  # `python -m mypy -p twostage` errors when this was last lowered; 0 is the goal
 
 
 @pytest.fixture(scope="module")

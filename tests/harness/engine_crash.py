@@ -10,6 +10,8 @@ queries exactly as the old state or exactly as the new state: never a mix. The e
 built on the spot (no download); the parts are what is tested, not the model. ``--passages WORDS`` builds a
 passage engine that cuts documents into passages of that many words (a new one every half of it), so that an
 update writes several rows per document and an upsert changes how many (0: whole documents, one row each).
+``late``: the engine also stores token vectors (the tiny BERT read token by token), and the dense answers are
+reordered by MaxSim over them, so a token part out of step with the rows shows.
 """
 
 from __future__ import annotations
@@ -73,23 +75,24 @@ def random_op(rng: random.Random, n: int) -> dict:
     return {"kind": kind, "texts": texts, "tag": f"r{n}", "seed": n, "n": rng.randint(1, 5)}
 
 
-def make_engine(workdir: Path, passages: int = 0) -> Path:
+def make_engine(workdir: Path, passages: int = 0, late: bool = False) -> Path:
     sys.path.insert(0, str(ROOT))
     from tests.conftest import build_tiny_bert
     from twostage.engine.search_engine import SearchEngine
 
     model = build_tiny_bert(workdir / "tiny-bert")
     SearchEngine.build(ROOT / "data" / "sample", workdir / "engine", retriever=model, precision="fp32",
-                       passage_words=passages, passage_stride=max(1, passages // 2)).close()
+                       passage_words=passages, passage_stride=max(1, passages // 2),
+                       late_interaction=model if late else None, maxsim_blend=None).close()
     return workdir / "engine"
 
 
-def run(rounds: int, seed: int, workdir: Path, passages: int = 0) -> dict:
+def run(rounds: int, seed: int, workdir: Path, passages: int = 0, late: bool = False) -> dict:
     sys.path.insert(0, str(ROOT))
     from tests.harness.crash import crash_rounds
 
     rng = random.Random(seed)
-    engine = make_engine(workdir, passages)
+    engine = make_engine(workdir, passages, late)
     # answers() raises if the engine does not load, a checksum fails or the parts disagree
     return crash_rounds(engine, workdir, rounds, rng, __file__, random_op, answers)
 
@@ -102,6 +105,7 @@ def worker_entry() -> None:
 
     import twostage.engine.search_engine
     import twostage.retriever.biencoder  # noqa: F401
+    import twostage.retriever.late  # noqa: F401
 
     sys.path.insert(0, str(ROOT))
     from tests.harness.crash import worker_main

@@ -1,0 +1,335 @@
+"""Late interaction (#66): the MaxSim stage's frontier of quality and latency, its storage, and its settings.
+
+    python benchmarks/experiments/late.py --collection scifact [--data ../shared/data] [--model all-MiniLM-L6-v2]
+        [--retriever all-MiniLM-L6-v2] [--reranker DIR] [--work runs/late] [--choose] [--out PATH]
+
+An engine of the collection is built with the default settings (``--retriever``, no reranker) under ``--work``
+(reused when there; the steering study's engines are found there too), and a copy gets token vectors by ``--model``
+(``SearchEngine.late_interaction``: every passage encoded again; its seconds and bytes are reported against the
+dense part's).
+
+1. **choice** (``--choose``, on dev: SciFact train, NFCorpus dev): MaxSim's blend with the first stage (MaxSim alone,
+   0.3, 0.5, 0.7) and depth (50, 100), nDCG@10 of hybrid -> MaxSim; the best is then measured on test. Without it the
+   engine's defaults are measured.
+2. **frontier** (test): hybrid; hybrid -> MaxSim; with ``--reranker`` hybrid -> cross-encoder and hybrid -> MaxSim ->
+   cross-encoder (the reranker's blend as it chose on dev); nDCG@10, Recall@100 of the list, and one query at a time
+   p50 / p95, the systems interleaved query by query in random order (a warm-up pass first). Paired t-test of each
+   system against hybrid.
+
+Writes ``--out``.md and .json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+DEV = {"scifact": "train", "nfcorpus": "dev"}
+BLENDS: tuple[float | str, ...] = ("none", 0.3, 0.5, 0.7)
+DEPTHS = (50, 100)
+IGNORE_IDENTICAL = [False]
+
+
+def engine_dir(name: str, data: Path, work: Path, retriever: str) -> Path:
+    """The collection's plain engine (built once; the steering study's when it is there)."""
+    from twostage import SearchEngine
+
+    for path in (work / f"{name}-zeroshot", ROOT / "runs" / "steering" / f"{name}-zeroshot"):
+        if (path / "CURRENT").exists():
+            return path
+    path = work / f"{name}-zeroshot"
+    t = time.perf_counter()
+    SearchEngine.build(data, path, retriever=retriever, show_progress=True).close()
+    print(f"built {name} in {time.perf_counter() - t:.0f} s", file=sys.stderr)
+    return path
+
+
+def with_tokens(plain: Path, work: Path, name: str, model: str) -> tuple[Any, float | None]:
+    """A copy of the plain engine with token vectors by ``model`` (made once), and the seconds they took."""
+    from twostage import SearchEngine
+
+    path = work / f"{name}-late-{Path(model).name}"
+    if (path / "CURRENT").exists():
+        engine = SearchEngine.load(path, verify=False)
+        if engine.manifest.late is not None:
+            meta = path / "late-seconds.json"
+            return engine, json.loads(meta.read_text())["seconds"] if meta.is_file() else None
+    shutil.rmtree(path, ignore_errors=True)
+    shutil.copytree(plain, path)
+    t = time.perf_counter()
+    engine = SearchEngine.load(path, verify=False).late_interaction(model, show_progress=True)
+    seconds = time.perf_counter() - t
+    (path / "late-seconds.json").write_text(json.dumps({"seconds": seconds}))
+    return engine, seconds
+
+
+def recoded(engine: Any, dim: int, bits: int, work: Path) -> Any:
+    """A copy of ``engine`` (hard links) whose token vectors are stored projected to ``dim`` dimensions (0: as they
+    are) in ``bits`` a dimension, made from its int8 codes (what encoding again would give, up to int8's rounding;
+    the library makes them from the model: ``late_interaction(model, dim=, bits=)``)."""
+    import os
+    from dataclasses import replace
+
+    from twostage import SearchEngine
+    from twostage.indexer.engine_dir import engine_files, read_engine_manifest
+    from twostage.indexer.tokens import TokenCodec, TokenSegment, dequantise, fit_projection, quantise, write_manifest
+
+    path = work / f"{engine.root.name}-{dim or engine.tokens.model_dim}d-{bits}bit"
+    if (path / "CURRENT").exists():
+        return SearchEngine.load(path, verify=False)
+    shutil.rmtree(path, ignore_errors=True)
+    shutil.copytree(engine.root, path, copy_function=os.link, ignore=shutil.ignore_patterns("late"))
+    part = engine.tokens
+    version = path / engine.version_dir.name
+    out = version / "late"
+    out.mkdir()
+    codec = TokenCodec(bits)
+    segments = []
+    for i, seg in enumerate(part.segments):
+        codes, scales, offsets = part.segment_data(i)
+        vectors = dequantise(codes, scales)
+        if dim and codec.projection is None:
+            pick = np.random.default_rng(0).permutation(len(vectors))[:65536]
+            codec = TokenCodec(bits, fit_projection(vectors[pick], dim))
+        new_codes, new_scales = quantise(codec.project(vectors), bits)
+        np.save(out / f"{seg.name}.codes.npy", new_codes, allow_pickle=False)
+        np.save(out / f"{seg.name}.scales.npy", new_scales, allow_pickle=False)
+        np.save(out / f"{seg.name}.offsets.npy", np.asarray(offsets), allow_pickle=False)
+        segments.append(TokenSegment(seg.name, seg.rows, seg.tokens))
+    write_manifest(out, part.model_dim, segments, codec)
+    manifest = read_engine_manifest(version)
+    (version / "manifest.json").unlink()  # a hard link to the original's: replaced, not written through
+    (version / "manifest.json").write_text(replace(manifest, files=engine_files(version)).to_json())
+    return SearchEngine.load(path, verify=True)
+
+
+def storage(engine: Any) -> dict[str, Any]:
+    """Bytes on disk of the dense part (vectors and ANN structure, documents excluded) and of the token part."""
+    dense = sum(f.stat().st_size for f in (engine.version_dir / "dense").rglob("*")
+                if f.is_file() and not f.name.endswith(".parquet"))
+    late = sum(f.stat().st_size for f in (engine.version_dir / "late").rglob("*") if f.is_file())
+    tokens = sum(s.tokens for s in engine.tokens.segments)
+    rows = engine.index.manifest.rows
+    return {"documents": len(engine), "rows": rows, "tokens": tokens, "tokens_per_row": tokens / max(rows, 1),
+            "dense_bytes": dense, "late_bytes": late, "late_over_dense": late / max(dense, 1),
+            "dense_bytes_per_document": dense / max(len(engine), 1),
+            "late_bytes_per_document": late / max(len(engine), 1), "dim": engine.tokens.dim}
+
+
+def lists(engine: Any, queries: list[str], k: int = 100, **knobs: Any) -> list[Any]:
+    from twostage.indexer.records import RankedList
+
+    out = []
+    for r in engine.search_batch(queries, k, **knobs):
+        out.append(RankedList(np.array([h.id for h in r.hits], dtype=object),
+                              np.array([h.score for h in r.hits], dtype=np.float64)))
+    return out
+
+
+def per_query(qrels: Any, ids: list[str], runs: list[Any], metric: str) -> np.ndarray:
+    from twostage.eval.metrics import evaluate
+
+    # ArguAna's queries are documents of its corpus: the query's own document is not counted (BEIR's protocol)
+    table = evaluate(qrels, dict(zip(ids, runs)), [metric], ignore_identical_ids=IGNORE_IDENTICAL[0])
+    return table[metric].to_numpy(dtype=np.float64)
+
+
+def choose(engine: Any, split: Any) -> dict[str, Any]:
+    queries, ids = [q.text for q in split.queries], [q.id for q in split.queries]
+    grid = {"hybrid": float(per_query(split.qrels, ids, lists(engine, queries, 10, maxsim=False), "ndcg@10").mean())}
+    for depth in DEPTHS:
+        for blend in BLENDS:
+            runs = lists(engine, queries, 10, maxsim_depth=depth, maxsim_blend=blend)
+            grid[f"blend {blend}, depth {depth}"] = float(per_query(split.qrels, ids, runs, "ndcg@10").mean())
+            print(f"dev blend {blend} depth {depth}: {grid[f'blend {blend}, depth {depth}']:.4f}", file=sys.stderr)
+    best = max((k for k in grid if k != "hybrid"), key=grid.__getitem__)
+    blend_text, depth_text = best.split(", ")
+    blend = blend_text.split()[1]
+    return {"grid": grid, "best": best, "maxsim_blend": blend if blend == "none" else float(blend),
+            "maxsim_depth": int(depth_text.split()[1])}
+
+
+def frontier(engine: Any, split: Any, reranker: Any, knobs: dict[str, Any]) -> dict[str, Any]:
+    from twostage.eval.significance import p_value
+
+    systems: list[tuple[str, Any, dict[str, Any]]] = [("hybrid", engine, {"maxsim": False, "rerank": False}),
+                                                      ("hybrid -> MaxSim", engine, {**knobs, "rerank": False})]
+    if reranker is not None or engine.has_reranker:
+        ce = engine.with_reranker(reranker) if reranker is not None else engine
+        systems += [("hybrid -> cross-encoder", ce, {"maxsim": False}),
+                    ("hybrid -> MaxSim -> cross-encoder", ce, dict(knobs))]
+    queries, ids = [q.text for q in split.queries], [q.id for q in split.queries]
+    quality: dict[str, dict[str, Any]] = {}
+    for name, system, kw in systems:
+        runs = lists(system, queries, 100, **kw)
+        quality[name] = {"ndcg@10": per_query(split.qrels, ids, runs, "ndcg@10"),
+                         "recall@100": per_query(split.qrels, ids, runs, "recall@100")}
+    for q in queries[:20]:  # warm-up: every model loaded, caches filled
+        for _, system, kw in systems:
+            system.search(q, 10, **kw)
+    times: dict[str, list[float]] = {name: [] for name, _, _ in systems}
+    stages: dict[str, list[float]] = {name: [] for name, _, _ in systems}
+    order = random.Random(0)
+    for q in queries:
+        runs = list(systems)
+        order.shuffle(runs)
+        for name, system, kw in runs:
+            t = time.perf_counter()
+            result = system.search(q, 10, **kw)
+            times[name].append(time.perf_counter() - t)
+            stages[name].append(result.timings.get("maxsim_s", 0.0))
+    base = quality["hybrid"]["ndcg@10"]
+    out = {}
+    for name, _, _ in systems:
+        nd = quality[name]["ndcg@10"]
+        test = p_value(nd, base, "t") if name != "hybrid" else None
+        out[name] = {"ndcg@10": float(nd.mean()), "recall@100": float(quality[name]["recall@100"].mean()),
+                     "p50_ms": 1000 * float(np.percentile(times[name], 50)),
+                     "p95_ms": 1000 * float(np.percentile(times[name], 95)),
+                     "maxsim_p50_ms": 1000 * float(np.percentile(stages[name], 50)),
+                     "delta": float(nd.mean() - base.mean()), "p": None if test is None else float(test)}
+    return out
+
+
+def report(result: dict[str, Any], command: str) -> str:
+    name = result["collection"]
+    s = result["storage"]
+    lines = [f"# Late interaction (MaxSim) on {name}", "", f"Command: `{command}`", "",
+             f"Token vectors by `{result['model']}` ({s['dim']}-d, int8 codes + a float16 scale per token) over the "
+             f"engine's {s['rows']:,} rows ({s['documents']:,} documents), {s['tokens_per_row']:.0f} tokens a row; "
+             f"retriever `{result['retriever']}`, reranker `{result['reranker'] or 'none'}`. Machine: "
+             f"{result['machine']}.", "",
+             "## Storage", "",
+             "| part | bytes | bytes per document | vs the dense part |", "|---|---|---|---|",
+             f"| dense (vectors + ANN) | {s['dense_bytes']:,} | {s['dense_bytes_per_document']:,.0f} | 1.00x |",
+             f"| token vectors | {s['late_bytes']:,} | {s['late_bytes_per_document']:,.0f} | "
+             f"**{s['late_over_dense']:.2f}x** |", "",
+             f"Token vectors written in {result['late_seconds']:.0f} s (every row encoded again)."
+             if result.get("late_seconds") else "", ""]
+    if result.get("choice"):
+        c = result["choice"]
+        lines += [f"## Choice on dev ({result['dev_split']} split)", "", "| setting | nDCG@10 |", "|---|---|"]
+        lines += [f"| {k} | {v:.4f}{' (chosen)' if k == c['best'] else ''} |" for k, v in c["grid"].items()]
+        lines += [""]
+    lines += [f"## The frontier on {result['split']} ({result['queries']} queries, one query at a time)", "",
+              f"MaxSim settings: {result['knobs']}.", "",
+              "| system | nDCG@10 | vs hybrid | p (paired t) | Recall@100 | p50 ms | p95 ms | MaxSim p50 ms |",
+              "|---|---|---|---|---|---|---|---|"]
+    for sname, r in result["frontier"].items():
+        p = "" if r["p"] is None else f"{r['p']:.3g}"
+        lines.append(f"| {sname} | {r['ndcg@10']:.4f} | {r['delta']:+.4f} | {p} | {r['recall@100']:.4f} | "
+                     f"{r['p50_ms']:.1f} | {r['p95_ms']:.1f} | {r['maxsim_p50_ms']:.1f} |")
+    if result.get("codecs"):
+        lines += ["", "## Compact token vectors (hybrid -> MaxSim, the same settings)", "",
+                  "| stored as | bytes vs the dense part | bytes per document | dev nDCG@10 | test nDCG@10 | p50 ms | "
+                  "p95 ms | MaxSim p50 ms |", "|---|---|---|---|---|---|---|---|"]
+        full = result["frontier"]["hybrid -> MaxSim"]
+        choice = result.get("choice", {})
+        dev = choice.get("grid", {}).get(choice.get("best", ""), float("nan"))
+        lines.append(f"| {s['dim']} dims, 8 bits (above) | {s['late_over_dense']:.2f}x | "
+                     f"{s['late_bytes_per_document']:,.0f} | {dev:.4f} | {full['ndcg@10']:.4f} | "
+                     f"{full['p50_ms']:.1f} | {full['p95_ms']:.1f} | {full['maxsim_p50_ms']:.1f} |")
+        for name, row in result["codecs"].items():
+            t = row["test"]
+            st = row["storage"]
+            lines.append(f"| {name} | {st['late_over_dense']:.2f}x | {st['late_bytes_per_document']:,.0f} | "
+                         f"{row.get('dev_ndcg@10', float('nan')):.4f} | {t['ndcg@10']:.4f} | {t['p50_ms']:.1f} | "
+                         f"{t['p95_ms']:.1f} | {t['maxsim_p50_ms']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--collection", required=True, help="scifact, nfcorpus, arguana (a folder of --data)")
+    ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    ap.add_argument("--model", default="all-MiniLM-L6-v2", help="the late-interaction model")
+    ap.add_argument("--retriever", default="all-MiniLM-L6-v2")
+    ap.add_argument("--engine", type=Path, default=None, help="an engine of the collection to copy (default: one "
+                    "built with --retriever under --work)")
+    ap.add_argument("--reranker", default=None)
+    ap.add_argument("--split", default="test")
+    ap.add_argument("--choose", action="store_true", help="choose MaxSim's blend and depth on the dev split first")
+    ap.add_argument("--codecs", default=None, metavar="DIM:BITS,...",
+                    help="also store the token vectors projected to DIM dimensions (0: the model's) in BITS (8 or 4) "
+                         "and measure each: storage, dev and test nDCG@10, latency")
+    ap.add_argument("--no-frontier", action="store_true", help="build and choose only (the timed part needs the "
+                    "machine to itself)")
+    ap.add_argument("--work", type=Path, default=ROOT / "runs" / "late")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    import platform
+
+    from twostage import BeirDataset
+    from twostage.engine.knobs import settings_for
+
+    args.work.mkdir(parents=True, exist_ok=True)
+    IGNORE_IDENTICAL[0] = args.collection == "arguana"
+    data = args.data / args.collection
+    ds = BeirDataset(data)
+    plain = args.engine or engine_dir(args.collection, data, args.work, args.retriever)
+    engine, seconds = with_tokens(plain, args.work, args.collection if args.engine is None else plain.name,
+                                  args.model)
+    reranker = None
+    if args.reranker:
+        from twostage.models.device import resolve_precision
+        from twostage.reranker.cross_encoder import CrossEncoder
+
+        reranker = CrossEncoder.load(args.reranker, precision=resolve_precision("auto", "reranker"))
+    result: dict[str, Any] = {"collection": args.collection, "model": args.model,
+                              "retriever": engine.manifest.retriever.name if engine.manifest.retriever else None,
+                              "reranker": args.reranker or (engine.manifest.reranker.name if engine.manifest.reranker
+                                                            else None), "split": args.split, "late_seconds": seconds,
+                              "storage": storage(engine), "machine": f"{platform.machine()}, "
+                              f"{__import__('os').cpu_count()} cores"}
+    knobs: dict[str, Any] = {}
+    if args.choose:
+        dev = DEV.get(args.collection)
+        if dev is None:
+            raise SystemExit(f"{args.collection} has no dev split to choose on; leave out --choose")
+        result["dev_split"] = dev
+        cached = engine.root.parent / f"{engine.root.name}-choice.json"  # the dev choice, made once
+        if not cached.is_file():
+            cached.write_text(json.dumps(choose(engine, ds.split(dev)), indent=2))
+        result["choice"] = json.loads(cached.read_text())
+        knobs = {"maxsim_blend": result["choice"]["maxsim_blend"], "maxsim_depth": result["choice"]["maxsim_depth"]}
+    s, _ = settings_for(engine.settings, knobs)
+    result["knobs"] = f"depth {s.maxsim_depth}, blend {s.maxsim_blend if s.maxsim_blend is not None else 'none'}"
+    if args.no_frontier:
+        print(json.dumps(result, indent=2, default=str))
+        return 0
+    split = ds.split(args.split)
+    result["queries"] = len(split.queries)
+    result["frontier"] = frontier(engine, split, reranker, knobs)
+    if args.codecs:
+        result["codecs"] = {}
+        dev = ds.split(DEV[args.collection]) if args.collection in DEV else None
+        for spec in args.codecs.split(","):
+            dim, bits = map(int, spec.split(":"))
+            variant = recoded(engine, dim, bits, args.work)
+            row = {"storage": storage(variant), "test": frontier(variant, split, None, knobs)["hybrid -> MaxSim"]}
+            if dev is not None:
+                queries, ids = [q.text for q in dev.queries], [q.id for q in dev.queries]
+                row["dev_ndcg@10"] = float(per_query(dev.qrels, ids, lists(variant, queries, 10, **knobs),
+                                                     "ndcg@10").mean())
+            result["codecs"][f"{dim or variant.tokens.model_dim} dims, {bits} bits"] = row
+            print(f"codec {spec}: {row['test']['ndcg@10']:.4f}, {row['storage']['late_over_dense']:.2f}x",
+                  file=sys.stderr)
+    out = args.out or ROOT / "benchmarks" / "results" / f"late-{args.collection}"
+    command = "python benchmarks/experiments/late.py " + " ".join(sys.argv[1:])
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    out.with_suffix(".md").write_text(report(result, command))
+    print(report(result, command))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

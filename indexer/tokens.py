@@ -1,0 +1,318 @@
+"""Token vectors on disk, and MaxSim over them: the late-interaction part of an engine version (``late/``).
+
+Each row (a document, or a passage) keeps its tokens' vectors as codes with one float16 scale a token: ``bits`` 8,
+int8 codes (``v ~ codes * scale``, scale = max |v_i| / 127: ``dim + 2`` bytes a token), or 4, two signed 4-bit codes a
+byte (levels -7..7: ``dim / 2 + 2`` bytes). A part may first project the model's vectors to fewer dimensions
+(``projection.npy``, (model dim, dim): the top principal directions of a sample of the corpus's tokens, uncentred,
+which keep inner products best); a query's token vectors are then projected the same way. The rows of a segment of
+the dense part (:mod:`twostage.indexer.index`) are stored in three ``.npy`` files named after it, memory-mapped
+when read::
+
+    late/manifest.json          format, dim, bits, model_dim, segments (name, rows, tokens), files' sizes and sha256
+    late/projection.npy         float32 (model dim, dim), when the part projects
+    late/<segment>.codes.npy    int8 (tokens, dim) or uint8 (tokens, ceil(dim / 2))
+    late/<segment>.scales.npy   float16 (tokens,)
+    late/<segment>.offsets.npy  int64 (rows + 1,): row r's tokens are codes[offsets[r]:offsets[r + 1]]
+
+A new version hard-links the segments it keeps; files are untrusted input: shapes, dtypes and offsets are checked
+when a version is opened, sizes always and checksums when asked.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from twostage.indexer.atomic import load_npy
+from twostage.indexer.errors import IndexFormatError
+from twostage.indexer.manifest import check_file_entries, describe_files, verify_files
+
+FORMAT, FORMAT_VERSION = "twostage.tokens", 1
+PART = "late"
+
+
+BITS = (8, 4)
+
+
+def code_width(dim: int, bits: int) -> int:
+    return dim if bits == 8 else (dim + 1) // 2
+
+
+def quantise(vectors: np.ndarray, bits: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, float16 scales) of float vectors (tokens, dim): each token's largest component maps to the highest
+    level (127 in int8; 7 in 4 bits, two codes a byte, the even dimension in the low half)."""
+    v = np.asarray(vectors, dtype=np.float32)
+    top = 127.0 if bits == 8 else 7.0
+    peak = np.abs(v).max(axis=1) if v.size else np.zeros(len(v), dtype=np.float32)
+    scales = (np.maximum(peak, 1e-12) / top).astype(np.float16).astype(np.float32)
+    codes = np.clip(np.rint(v / scales[:, None]), -top, top).astype(np.int8) if len(v) else \
+        np.zeros((0, v.shape[1] if v.ndim == 2 else 0), dtype=np.int8)
+    if bits == 4:
+        if codes.shape[1] % 2:
+            codes = np.concatenate([codes, np.zeros((len(codes), 1), dtype=np.int8)], axis=1)
+        low, high = (codes[:, 0::2] + 8).astype(np.uint8), (codes[:, 1::2] + 8).astype(np.uint8)
+        codes = (low | (high << 4)).astype(np.uint8)
+    return codes, scales.astype(np.float16)
+
+
+def dequantise(codes: np.ndarray, scales: np.ndarray, bits: int = 8, dim: int | None = None) -> np.ndarray:
+    """Float32 vectors (tokens, dim) from :func:`quantise`'s codes and scales."""
+    if bits == 4:
+        packed = np.asarray(codes, dtype=np.uint8)
+        values = np.empty((len(packed), 2 * packed.shape[1]), dtype=np.float32)
+        values[:, 0::2] = (packed & 0x0F).astype(np.float32) - 8.0
+        values[:, 1::2] = (packed >> 4).astype(np.float32) - 8.0
+        values = values[:, :dim] if dim is not None else values
+    else:
+        values = np.asarray(codes, dtype=np.float32)
+    return values * np.asarray(scales, dtype=np.float32)[:, None]
+
+
+def fit_projection(sample: np.ndarray, dim: int) -> np.ndarray:
+    """(model dim, dim): the ``dim`` directions that keep most of the sample's inner products (the top eigenvectors
+    of its uncentred second moment)."""
+    x = np.asarray(sample, dtype=np.float64)
+    values, vectors = np.linalg.eigh(x.T @ x)
+    return np.ascontiguousarray(vectors[:, np.argsort(values)[::-1][:dim]], dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class TokenCodec:
+    """How a part stores token vectors: ``bits`` a dimension (8 or 4), and the projection applied first (None: the
+    model's own dimensions)."""
+
+    bits: int = 8
+    projection: np.ndarray | None = None
+
+    def stored_dim(self, model_dim: int) -> int:
+        return model_dim if self.projection is None else int(self.projection.shape[1])
+
+    def project(self, vectors: np.ndarray) -> np.ndarray:
+        v = np.asarray(vectors, dtype=np.float32)
+        return v if self.projection is None else v @ self.projection
+
+
+def maxsim(query: np.ndarray, tokens: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """MaxSim of one query against many documents: for each document, the sum over the query's token vectors of
+    their highest inner product with the document's token vectors, ``sum_i max_j q_i . d_j``.
+
+    ``query``: (q, dim); ``tokens``: the documents' token vectors one after another (T, dim); ``bounds``: (n + 1,)
+    where each document's tokens start, then T. A document without tokens scores 0."""
+    n = len(bounds) - 1
+    out = np.zeros(n, dtype=np.float32)
+    lengths = np.diff(bounds)
+    full = np.flatnonzero(lengths > 0)
+    if len(full) == 0 or len(query) == 0:
+        return out
+    sims = np.asarray(query, dtype=np.float32) @ np.asarray(tokens, dtype=np.float32).T  # (q, T)
+    out[full] = np.maximum.reduceat(sims, np.asarray(bounds[:-1])[full], axis=1).sum(axis=0)
+    return out
+
+
+@dataclass(frozen=True)
+class TokenSegment:
+    name: str
+    rows: int
+    tokens: int
+
+
+class TokenPart:
+    """The token vectors of one engine version, memory-mapped, by global row number (the dense part's rows)."""
+
+    def __init__(self, directory: Path, model_dim: int, segments: Sequence[TokenSegment], starts: Sequence[int],
+                 codec: TokenCodec = TokenCodec()) -> None:
+        self.directory, self.model_dim, self.segments, self.codec = directory, model_dim, tuple(segments), codec
+        self.dim = codec.stored_dim(model_dim)  # the width MaxSim runs at
+        self.starts = list(starts)
+        self._arrays: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        dtype, width = (np.int8 if codec.bits == 8 else np.uint8), code_width(self.dim, codec.bits)
+        for seg in self.segments:
+            codes = load_npy(directory / f"{seg.name}.codes.npy", mmap=True)
+            scales = load_npy(directory / f"{seg.name}.scales.npy", mmap=True)
+            offsets = np.asarray(load_npy(directory / f"{seg.name}.offsets.npy"))
+            where = directory / seg.name
+            if codes.dtype != dtype or codes.ndim != 2 or codes.shape != (seg.tokens, width):
+                raise IndexFormatError(f"{where}.codes.npy: {codes.dtype} {codes.shape}, expected "
+                                       f"{np.dtype(dtype).name} ({seg.tokens}, {width}); restore or rebuild the engine")
+            if scales.dtype != np.float16 or scales.shape != (seg.tokens,):
+                raise IndexFormatError(f"{where}.scales.npy: {scales.dtype} {scales.shape}, expected float16 "
+                                       f"({seg.tokens},); restore or rebuild the engine")
+            if offsets.dtype != np.int64 or offsets.shape != (seg.rows + 1,) or offsets[0] != 0 \
+                    or offsets[-1] != seg.tokens or (np.diff(offsets) < 0).any():
+                raise IndexFormatError(f"{where}.offsets.npy: not {seg.rows + 1} rising offsets from 0 to "
+                                       f"{seg.tokens}; restore or rebuild the engine")
+            self._arrays.append((codes, scales, offsets))
+
+    @classmethod
+    def open(cls, directory: Path, segment_rows: Sequence[tuple[str, int, int]], *, verify: bool = False) -> TokenPart:
+        """The part in ``directory`` for the dense part's segments ``(name, start, rows)``, checked against them."""
+        manifest = read_manifest(directory)
+        verify_files(directory, manifest["files"], checksums=verify)
+        segments = manifest["segments"]
+        expected = [(name, rows) for name, _, rows in segment_rows]
+        if [(s.name, s.rows) for s in segments] != expected:
+            raise IndexFormatError(f"{directory / 'manifest.json'}: its segments do not match the dense part's; "
+                                   "restore or rebuild the engine")
+        projection = None
+        if manifest["projected"]:
+            projection = np.asarray(load_npy(directory / "projection.npy"))
+            if projection.dtype != np.float32 or projection.shape != (manifest["model_dim"], manifest["dim"]) \
+                    or not np.isfinite(projection).all():
+                raise IndexFormatError(f"{directory / 'projection.npy'}: {projection.dtype} {projection.shape}, "
+                                       f"expected finite float32 ({manifest['model_dim']}, {manifest['dim']}); "
+                                       "restore or rebuild the engine")
+        return cls(directory, manifest["model_dim"], segments, [start for _, start, _ in segment_rows],
+                   TokenCodec(manifest["bits"], projection))
+
+    def _locate(self, row: int) -> tuple[int, int]:
+        s = bisect.bisect_right(self.starts, row) - 1
+        if s < 0 or row - self.starts[s] >= self.segments[s].rows:
+            raise IndexError(f"row {row} is not in the token vectors")
+        return s, row - self.starts[s]
+
+    def gather(self, rows: Iterable[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The token vectors of ``rows``, float32, one after another, and where each row's start (n + 1 bounds)."""
+        pieces, bounds = [], [0]
+        for row in rows:
+            s, local = self._locate(int(row))
+            codes, scales, offsets = self._arrays[s]
+            a, b = int(offsets[local]), int(offsets[local + 1])
+            pieces.append(dequantise(codes[a:b], scales[a:b], self.codec.bits, self.dim))
+            bounds.append(bounds[-1] + b - a)
+        tokens = np.concatenate(pieces) if pieces else np.zeros((0, self.dim), dtype=np.float32)
+        return tokens, np.asarray(bounds, dtype=np.int64)
+
+    def scores(self, query: np.ndarray, rows: Sequence[int]) -> np.ndarray:
+        """MaxSim of ``query`` (q, the model's dim; projected as the part projects) against each of ``rows``: the
+        rows of each segment read with one gather from its memory map and decoded at once."""
+        q = self.codec.project(query)
+        out = np.zeros(len(rows), dtype=np.float32)
+        spans: dict[int, list[tuple[int, int, int]]] = {}  # segment -> (position in rows, first token, end)
+        for at, row in enumerate(rows):
+            s, local = self._locate(int(row))
+            offsets = self._arrays[s][2]
+            spans.setdefault(s, []).append((at, int(offsets[local]), int(offsets[local + 1])))
+        for s, group in spans.items():
+            codes, scales, _ = self._arrays[s]
+            lengths = np.array([b - a for _, a, b in group], dtype=np.int64)
+            idx = np.concatenate([np.arange(a, b) for _, a, b in group]) if lengths.sum() else \
+                np.zeros(0, dtype=np.int64)
+            tokens = dequantise(codes[idx], scales[idx], self.codec.bits, self.dim)
+            bounds = np.concatenate([[0], np.cumsum(lengths)])
+            out[[at for at, _, _ in group]] = maxsim(q, tokens, bounds)
+        return out
+
+    def segment_data(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self._arrays[index]
+
+    @property
+    def bytes(self) -> int:
+        return sum(int(meta["bytes"]) for meta in read_manifest(self.directory)["files"].values())
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    """``late/manifest.json``, checked (format, dim, segments, files)."""
+    path = directory / "manifest.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise IndexFormatError(f"{path}: unreadable ({exc}); restore or rebuild the engine") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("format_version"), int):
+        raise IndexFormatError(f"{path}: not a token-vector manifest; restore or rebuild the engine")
+    if data["format_version"] > FORMAT_VERSION:
+        raise IndexFormatError(f"{path}: format version {data['format_version']} is newer than this library reads "
+                               f"({FORMAT_VERSION}); upgrade twostage")
+    dim, segments = data.get("dim"), data.get("segments")
+    model_dim, bits, projected = data.get("model_dim", dim), data.get("bits", 8), bool(data.get("projected", False))
+    if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in (dim, model_dim)) \
+            or not isinstance(segments, list) or bits not in BITS:
+        raise IndexFormatError(f"{path}: dim and model_dim must be positive integers, bits 8 or 4 and segments a "
+                               "list; restore or rebuild the engine")
+    parsed = []
+    for s in segments:
+        if not isinstance(s, dict) or not isinstance(s.get("name"), str) or not all(
+                isinstance(s.get(k), int) and not isinstance(s.get(k), bool) and s[k] >= 0 for k in ("rows", "tokens")):
+            raise IndexFormatError(f"{path}: each segment needs a name and integer rows and tokens; restore or "
+                                   "rebuild")
+        parsed.append(TokenSegment(s["name"], s["rows"], s["tokens"]))
+    files = check_file_entries(path, data.get("files"))
+    names = {f"{s.name}.{kind}.npy" for s in parsed for kind in ("codes", "scales", "offsets")}
+    if set(files) != names | ({"projection.npy"} if projected else set()):
+        raise IndexFormatError(f"{path}: its files do not match its segments; restore or rebuild the engine")
+    return {"dim": dim, "model_dim": model_dim, "bits": bits, "projected": projected, "segments": parsed,
+            "files": files}
+
+
+def write_segment(directory: Path, name: str, vectors: Sequence[np.ndarray], dim: int,
+                  codec: TokenCodec = TokenCodec()) -> TokenSegment:
+    """Write one segment's rows (each a (tokens, dim) float array, ``dim`` the model's) as codes, scales and
+    offsets, projected and quantised by ``codec``."""
+    allv = np.concatenate([np.asarray(v, dtype=np.float32).reshape(-1, dim) for v in vectors]) if vectors else \
+        np.zeros((0, dim), dtype=np.float32)
+    codes, scales = quantise(codec.project(allv), codec.bits)
+    return _save(directory, name, codes, scales, [len(v) for v in vectors])
+
+
+def copy_rows(directory: Path, name: str, part: TokenPart, rows: Sequence[int] | np.ndarray) -> TokenSegment:
+    """Write a segment holding ``rows`` of ``part`` (a compaction), their codes copied as they are."""
+    codes, scales, lengths = [], [], []
+    for row in rows:
+        s, local = part._locate(int(row))
+        c, sc, off = part.segment_data(s)
+        a, b = int(off[local]), int(off[local + 1])
+        codes.append(np.asarray(c[a:b]))
+        scales.append(np.asarray(sc[a:b]))
+        lengths.append(b - a)
+    empty = np.zeros((0, code_width(part.dim, part.codec.bits)), dtype=np.int8 if part.codec.bits == 8 else np.uint8)
+    return _save(directory, name, np.concatenate(codes) if codes else empty,
+                 np.concatenate(scales) if scales else np.zeros(0, dtype=np.float16), lengths)
+
+
+def _save(directory: Path, name: str, codes: np.ndarray, scales: np.ndarray, lengths: Sequence[int]) -> TokenSegment:
+    directory.mkdir(parents=True, exist_ok=True)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    np.save(directory / f"{name}.codes.npy", codes, allow_pickle=False)
+    np.save(directory / f"{name}.scales.npy", scales, allow_pickle=False)
+    np.save(directory / f"{name}.offsets.npy", offsets, allow_pickle=False)
+    return TokenSegment(name, len(lengths), int(offsets[-1]))
+
+
+def write_manifest(directory: Path, dim: int, segments: Sequence[TokenSegment],
+                   codec: TokenCodec = TokenCodec()) -> None:
+    """``late/manifest.json`` (``dim``: the model's; the projection, when the codec has one, written beside)."""
+    names = [f"{s.name}.{kind}.npy" for s in segments for kind in ("codes", "scales", "offsets")]
+    if codec.projection is not None:
+        if not (directory / "projection.npy").is_file():
+            np.save(directory / "projection.npy", np.asarray(codec.projection, dtype=np.float32), allow_pickle=False)
+        names.append("projection.npy")
+    data = {"format": FORMAT, "format_version": FORMAT_VERSION, "dim": codec.stored_dim(dim), "model_dim": dim,
+            "bits": codec.bits, "projected": codec.projection is not None,
+            "segments": [{"name": s.name, "rows": s.rows, "tokens": s.tokens} for s in segments],
+            "files": describe_files(directory, names)}
+    (directory / "manifest.json").write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+
+
+def write_part(directory: Path, previous: TokenPart, segments: Sequence[tuple[str, int]],
+               make: Callable[[str], TokenSegment], link: Callable[[Path, Path], None]) -> None:
+    """Write a version's ``late/`` in ``previous``'s codec: each segment ``(name, rows)`` ``previous`` has, hard-linked;
+    any other made by ``make(name)`` (which writes its files into ``directory``)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    kept = {s.name: s for s in previous.segments}
+    if previous.codec.projection is not None:
+        link(previous.directory / "projection.npy", directory / "projection.npy")
+    written = []
+    for name, rows in segments:
+        if name in kept and kept[name].rows == rows:
+            for kind in ("codes", "scales", "offsets"):
+                link(previous.directory / f"{name}.{kind}.npy", directory / f"{name}.{kind}.npy")
+            written.append(kept[name])
+        else:
+            written.append(make(name))
+    write_manifest(directory, previous.model_dim, written, previous.codec)

@@ -1,0 +1,503 @@
+"""Late interaction: the token encoder in its three layouts, MaxSim, and the token-vector files."""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from twostage.indexer.errors import ConfigError, IndexFormatError
+from twostage.indexer.tokens import (
+    TokenPart,
+    dequantise,
+    maxsim,
+    quantise,
+    read_manifest,
+    write_manifest,
+    write_segment,
+)
+from twostage.models.weights import ModelNotFoundError
+from twostage.retriever.late import LateEncoder, layout_of
+
+WORDS = "the cat sat on a mat why do cats purr rain forms when water vapour condenses into droplets dogs pant".split()
+
+
+def _tiny(path: Path, extra: list[str], seed: int) -> tuple[object, object]:
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    vocab = ["[PAD]", "[unused0]", "[unused1]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *string.punctuation,
+             *(chr(c) for c in range(ord("a"), ord("z") + 1)), *(f"##{chr(c)}" for c in range(ord("a"), ord("z") + 1)),
+             *WORDS, *extra]
+    tokenizer = BertTokenizerFast(vocab={w: i for i, w in enumerate(dict.fromkeys(vocab))}, do_lower_case=True)
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=len(tokenizer) + 2, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128)
+    path.mkdir(parents=True, exist_ok=True)
+    return BertModel(config).eval(), tokenizer
+
+
+@pytest.fixture(scope="module")
+def stanford_dir(tmp_path_factory) -> Path:
+    """A tiny random checkpoint in Stanford ColBERT's layout: BERT under ``bert.`` and ``linear`` in one file."""
+    from safetensors.torch import save_file
+
+    path = tmp_path_factory.mktemp("stanford")
+    bert, tokenizer = _tiny(path, [], 1)
+    torch.manual_seed(2)
+    tensors = {f"bert.{k}": v.contiguous() for k, v in bert.state_dict().items()}
+    tensors["linear.weight"] = torch.randn(16, 32)
+    save_file(tensors, str(path / "model.safetensors"))
+    config = bert.config.to_dict()
+    config["architectures"] = ["HF_ColBERT"]
+    (path / "config.json").write_text(json.dumps(config))
+    tokenizer.save_pretrained(path)
+    (path / "artifact.metadata").write_text(json.dumps({
+        "query_token_id": "[unused0]", "doc_token_id": "[unused1]", "query_maxlen": 12, "doc_maxlen": 20,
+        "dim": 16, "similarity": "cosine", "attend_to_mask_tokens": False, "mask_punctuation": True}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def pylate_dir(tmp_path_factory) -> Path:
+    """A tiny random checkpoint in PyLate's layout: a transformer, then a Dense projection module."""
+    from safetensors.torch import save_file
+
+    path = tmp_path_factory.mktemp("pylate")
+    bert, tokenizer = _tiny(path, [], 3)
+    tokenizer.add_tokens(["[Q] ", "[D] "])
+    bert.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    (path / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"}]))
+    (path / "1_Dense").mkdir()
+    (path / "1_Dense" / "config.json").write_text(json.dumps({
+        "in_features": 32, "out_features": 8, "bias": False,
+        "activation_function": "torch.nn.modules.linear.Identity", "use_residual": False}))
+    torch.manual_seed(4)
+    save_file({"linear.weight": torch.randn(8, 32)}, str(path / "1_Dense" / "model.safetensors"))
+    (path / "config_sentence_transformers.json").write_text(json.dumps({
+        "query_prefix": "[Q] ", "document_prefix": "[D] ", "query_length": 10, "document_length": 16,
+        "attend_to_expansion_tokens": False, "skiplist_words": list(string.punctuation), "do_query_expansion": True}))
+    return path
+
+
+def reference(path: Path, weight_key: str, texts: list[str], kind: str, marker: str, length: int,
+              dense: Path | None = None) -> list[np.ndarray]:
+    """Token vectors computed the way the ColBERT libraries describe it, step by step, from the raw files."""
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer, BertModel
+
+    tok = AutoTokenizer.from_pretrained(path)
+    bert = BertModel.from_pretrained(path).eval()
+    weight = load_file(str(dense or path / "model.safetensors"))[weight_key]
+    marker_id = tok.convert_tokens_to_ids(marker)
+    punct = {tok.convert_tokens_to_ids(p) for p in string.punctuation}
+    out = []
+    for text in texts:
+        ids = tok(text, truncation=True, max_length=length - 1)["input_ids"]
+        ids = ids[:1] + [marker_id] + ids[1:]
+        attention = [1] * len(ids)
+        if kind == "query":  # padded with [MASK], not attended to, kept
+            attention += [0] * (length - len(ids))
+            ids += [tok.mask_token_id] * (length - len(ids))
+        with torch.no_grad():
+            h = bert(input_ids=torch.tensor([ids]), attention_mask=torch.tensor([attention])).last_hidden_state[0]
+            v = torch.nn.functional.normalize(h @ weight.T, dim=-1).numpy()
+        keep = [True] * len(ids) if kind == "query" else [i not in punct for i in ids]
+        out.append(v[np.array(keep)])
+    return out
+
+
+TEXTS = ["Why do cats purr?", "rain forms when water vapour condenses into droplets, on a mat.", "dogs pant"]
+
+
+def test_layouts_are_told_apart(stanford_dir, pylate_dir, tiny_bert_dir):
+    assert layout_of(stanford_dir) == "stanford"
+    assert layout_of(pylate_dir) == "pylate"
+    assert layout_of(tiny_bert_dir) == "plain"
+
+
+@pytest.mark.parametrize("kind", ["query", "document"])
+def test_stanford_checkpoint_scores_as_colbert_does(stanford_dir, kind):
+    enc = LateEncoder.load(stanford_dir)
+    assert enc.dim == 16 and enc.config.query_length == 12 and enc.config.document_length == 20
+    got = enc.encode_tokens(TEXTS, kind=kind)
+    marker = "[unused0]" if kind == "query" else "[unused1]"
+    want = reference(stanford_dir, "linear.weight", TEXTS, kind, marker, 12 if kind == "query" else 20)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, atol=1e-5)
+    if kind == "query":
+        assert all(len(g) == 12 for g in got)  # padded with mask tokens to the query length
+
+
+@pytest.mark.parametrize("kind", ["query", "document"])
+def test_pylate_checkpoint_scores_as_pylate_does(pylate_dir, kind):
+    enc = LateEncoder.load(pylate_dir)
+    assert enc.dim == 8
+    got = enc.encode_tokens(TEXTS, kind=kind)
+    marker = "[Q] " if kind == "query" else "[D] "
+    want = reference(pylate_dir, "linear.weight", TEXTS, kind, marker, 10 if kind == "query" else 16,
+                     dense=pylate_dir / "1_Dense" / "model.safetensors")
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, atol=1e-5)
+
+
+def test_saved_model_reloads_with_the_same_vectors(pylate_dir, tmp_path):
+    enc = LateEncoder.load(pylate_dir)
+    enc.save(tmp_path / "saved")
+    again = LateEncoder.load(tmp_path / "saved")
+    assert layout_of(tmp_path / "saved") == "pylate" and again.config == enc.config
+    for a, b in zip(enc.encode_tokens(TEXTS), again.encode_tokens(TEXTS)):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    modules = json.loads((tmp_path / "saved" / "modules.json").read_text())
+    assert modules[1]["type"] == "pylate.models.Dense.Dense"
+
+
+def test_zero_shot_bi_encoder_gives_its_token_states(tiny_bert_dir):
+    enc = LateEncoder.load(tiny_bert_dir)
+    assert enc.projection is None and enc.config.layout == "plain" and enc.dim == 32
+    q = enc.encode_tokens(["why do cats purr"], kind="query")[0]
+    assert len(q) == 6  # [CLS] 4 words [SEP]: no markers, no augmentation
+    np.testing.assert_allclose(np.linalg.norm(q, axis=1), 1.0, atol=1e-5)
+
+
+def test_broken_projection_is_one_clear_error(pylate_dir, tmp_path):
+    import shutil
+
+    from safetensors.torch import save_file
+
+    bad = tmp_path / "bad"
+    shutil.copytree(pylate_dir, bad)
+    save_file({"linear.weight": torch.randn(8, 31)}, str(bad / "1_Dense" / "model.safetensors"))
+    with pytest.raises(ModelNotFoundError, match="expected \\(dim, 32\\)"):
+        LateEncoder.load(bad)
+    (bad / "1_Dense" / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(ModelNotFoundError, match="unreadable"):
+        LateEncoder.load(bad)
+    (bad / "config_sentence_transformers.json").write_text(json.dumps({"query_length": "long"}))
+    with pytest.raises(ConfigError, match="query_length must be an integer"):
+        LateEncoder.load(bad)
+
+
+def test_maxsim_is_the_sum_of_best_matches():
+    rng = np.random.default_rng(0)
+    q = rng.normal(size=(5, 8)).astype(np.float32)
+    docs = [rng.normal(size=(n, 8)).astype(np.float32) for n in (3, 0, 7, 1)]
+    bounds = np.concatenate([[0], np.cumsum([len(d) for d in docs])])
+    got = maxsim(q, np.concatenate(docs), bounds)
+    want = [0.0 if len(d) == 0 else float((q @ d.T).max(axis=1).sum()) for d in docs]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_int8_codes_keep_scores_close():
+    rng = np.random.default_rng(1)
+    v = rng.normal(size=(200, 32)).astype(np.float32)
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    codes, scales = quantise(v)
+    assert codes.dtype == np.int8 and scales.dtype == np.float16
+    assert np.abs(dequantise(codes, scales) - v).max() < 0.01
+
+
+def test_token_part_round_trip_and_hostile_files(tmp_path):
+    rng = np.random.default_rng(2)
+    rows = [rng.normal(size=(n, 4)).astype(np.float32) for n in (2, 5, 0, 3)]
+    d = tmp_path / "late"
+    segs = [write_segment(d, "a", rows[:3], 4), write_segment(d, "b", rows[3:], 4)]
+    write_manifest(d, 4, segs)
+    part = TokenPart.open(d, [("a", 0, 3), ("b", 3, 1)], verify=True)
+    tokens, bounds = part.gather([3, 1])
+    assert list(np.diff(bounds)) == [3, 5]
+    q = rng.normal(size=(2, 4)).astype(np.float32)
+    np.testing.assert_allclose(part.scores(q, [1, 2]), [maxsim(q, rows[1], np.array([0, 5]))[0], 0.0], atol=0.05)
+    with pytest.raises(IndexFormatError, match="do not match"):
+        TokenPart.open(d, [("a", 0, 4)])
+    np.save(d / "a.offsets.npy", np.array([0, 9, 7, 7], dtype=np.int64))
+    with pytest.raises(IndexFormatError):
+        TokenPart.open(d, [("a", 0, 3), ("b", 3, 1)])  # sizes differ from the manifest's, or bad offsets
+    write_manifest(d, 4, segs)  # the manifest agrees with the hostile file now: the offsets are checked
+    with pytest.raises(IndexFormatError, match="rising offsets"):
+        TokenPart.open(d, [("a", 0, 3), ("b", 3, 1)])
+    (d / "manifest.json").write_text("{")
+    with pytest.raises(IndexFormatError, match="unreadable"):
+        read_manifest(d)
+
+
+# ---- the MaxSim stage in an engine ---------------------------------------------------------------------------------
+
+SAMPLE = Path(__file__).resolve().parent.parent / "data" / "sample"
+
+
+def sample_queries() -> list[str]:
+    from twostage.indexer.beir import BeirDataset
+
+    return [q.text for q in BeirDataset(SAMPLE).split("test").queries]
+
+
+@pytest.fixture(scope="module")
+def late_engines(tmp_path_factory, models):
+    """A whole-document engine and a passage engine with token vectors (the tiny BERT read token by token)."""
+    from twostage import SearchEngine
+
+    retriever, reranker = models
+    root = tmp_path_factory.mktemp("late")
+    whole = SearchEngine.build(SAMPLE, root / "whole", retriever=retriever, reranker=reranker, passage_words=0,
+                               backend="flat", late_interaction=retriever, device="cpu")
+    passages = SearchEngine.build(SAMPLE, root / "passages", retriever=retriever, reranker=reranker,
+                                  passage_words=24, passage_stride=12, late_interaction=retriever, device="cpu")
+    yield whole, passages
+    whole.close()
+    passages.close()
+
+
+def direct(engine, query: str, texts: list[str]) -> np.ndarray:
+    late = engine.late
+    q = late.encode_tokens([query], kind="query")[0]
+    docs = late.encode_tokens(texts, kind="document", allow_empty=True)
+    return np.array([maxsim(q, d, np.array([0, len(d)]))[0] for d in docs])
+
+
+def test_the_stage_scores_are_maxsim_over_the_stored_tokens(late_engines):
+    whole = late_engines[0]
+    for query in sample_queries()[:4]:
+        result = whole.search(query, 10, rerank=False, maxsim_blend="none")
+        got = np.array([h.stage_scores["maxsim"] for h in result.hits])
+        want = direct(whole, query, [whole.documents([h.id])[0].full_text for h in result.hits])
+        np.testing.assert_allclose(got, want, atol=0.03)  # int8 codes
+        assert list(got) == sorted(got, reverse=True)  # MaxSim alone orders its depth
+        assert [h.score for h in result.hits] == pytest.approx(list(got), abs=1e-5)
+
+
+def test_updates_keep_the_token_vectors_in_step(late_engines, tmp_path):
+    import shutil
+
+    from twostage import Document, SearchEngine
+
+    shutil.copytree(late_engines[0].root, tmp_path / "e")
+    engine = SearchEngine.load(tmp_path / "e")
+    query = "rain and snow"
+    engine = engine.add([Document("x-1", "snow falls on the mountains in winter"), Document("x-2", "rice is cooked")])
+    engine = engine.upsert([Document("cook-01", "rain and snow all day")]).delete(["home-05"])
+    for step in ("updated", "compacted"):
+        ids = [str(i) for i in engine.index.doc_ids[~engine.index.deleted]]
+        texts = [d.full_text for d in engine.documents(ids)]
+        np.testing.assert_allclose(engine.token_scores(engine.late.encode_tokens([query], kind="query")[0], ids),
+                                   direct(engine, query, texts), atol=0.03, err_msg=step)
+        engine = engine.compact()
+    assert len(engine.tokens.segments) == 1
+    reopened = SearchEngine.load(tmp_path / "e", verify=True)
+    assert [h.id for h in reopened.search(query, 5).hits] == [h.id for h in engine.search(query, 5).hits]
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_explanations_recompose_with_the_maxsim_stage(late_engines, which):
+    engine = late_engines[which]
+    checked = 0
+    for options in ({"first_stage": "hybrid"}, {"first_stage": "dense"}, {"first_stage": "bm25"},
+                    {"maxsim_blend": "none"}, {"maxsim_depth": 5}):
+        for rerank in (False, True):
+            for extra in ({}, {"diversity": 0.3}):
+                for result in engine.search_batch(sample_queries(), 10, rerank=rerank, explain=True, **options,
+                                                  **extra):
+                    for hit in result.hits:
+                        e = hit.explanation
+                        assert abs(e.recomposed() - hit.score) <= 1e-6, (options, rerank, extra, hit.id, e)
+                        assert (e.maxsim is not None and e.maxsim.score is not None) == ("maxsim" in hit.stage_scores)
+                        checked += 1
+    assert checked > 500
+    lines = engine.search(sample_queries()[0], 1, explain=True).hits[0].explanation.lines()
+    assert any(line.startswith("maxsim: ") for line in lines) and any("minmax(maxsim" in line for line in lines)
+
+
+def test_maxsim_knobs(late_engines, models):
+    whole = late_engines[0]
+    query = sample_queries()[0]
+    assert "maxsim" not in whole.search(query, 3, maxsim=False).hits[0].stage_scores
+    assert "maxsim_s" in whole.search(query, 3).timings
+    for bad in ({"maxsim_depth": 0}, {"maxsim_blend": 1.5}, {"maxsim": "yes"}):
+        with pytest.raises(ConfigError):
+            whole.search(query, 3, **bad)
+    plain = whole.with_settings()  # a view keeps the stage
+    assert "maxsim" in plain.search(query, 3).hits[0].stage_scores
+
+
+def test_an_engine_without_token_vectors_refuses_maxsim(tmp_path, models):
+    from twostage import SearchEngine
+
+    engine = SearchEngine.build(SAMPLE, tmp_path / "e", retriever=models[0], passage_words=0, backend="flat",
+                                device="cpu")
+    with pytest.raises(ConfigError, match="no token vectors"):
+        engine.search("rain", 3, maxsim=True)
+    assert engine.search("rain", 3).hits  # the default: no stage, nothing asked
+    with pytest.raises(ConfigError, match="retriever too"):
+        SearchEngine.build(SAMPLE, tmp_path / "b", retriever=None, late_interaction=models[0], device="cpu")
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "remove", "offsets"])
+def test_damaged_token_files_are_one_clear_error(late_engines, tmp_path, damage):
+    import shutil
+
+    from twostage import SearchEngine
+
+    shutil.copytree(late_engines[1].root, tmp_path / "e")
+    version = SearchEngine.load(tmp_path / "e").version_dir
+    late = version / "late"
+    codes = next(late.glob("*.codes.npy"))
+    if damage == "flip":
+        data = bytearray(codes.read_bytes())
+        data[len(data) // 2] ^= 0x40
+        codes.write_bytes(bytes(data))
+    elif damage == "truncate":
+        codes.write_bytes(codes.read_bytes()[:200])
+    elif damage == "remove":
+        shutil.rmtree(late)
+    else:  # offsets rewritten and the part's manifest made to agree: the offsets themselves are checked
+        offsets = next(late.glob("*.offsets.npy"))
+        values = np.load(offsets)
+        values[1] = values[-1] + 5
+        np.save(offsets, values)
+        manifest = read_manifest(late)
+        write_manifest(late, manifest["dim"], manifest["segments"])
+        from dataclasses import replace
+
+        from twostage.indexer.engine_dir import engine_files, read_engine_manifest
+        m = read_engine_manifest(version)
+        (version / "manifest.json").write_text(replace(m, files=engine_files(version)).to_json())
+    with pytest.raises(IndexFormatError):
+        SearchEngine.load(tmp_path / "e", verify=True)
+
+
+def test_a_colbert_checkpoint_serves_in_an_engine_and_the_cli(tmp_path, models, stanford_dir, capsys):
+    from twostage.app.cli import main
+
+    rc = main(["-q", "build", "--corpus", str(SAMPLE), "--out", str(tmp_path / "e"), "--retriever", str(models[0]),
+               "--late-interaction", str(stanford_dir), "--passage-words", "0", "--device", "cpu",
+               "--maxsim-depth", "30"])
+    assert rc == 0
+    capsys.readouterr()
+    assert main(["search", str(tmp_path / "e"), "rain and snow", "--k", "3", "--json"]) == 0
+    hits = json.loads(capsys.readouterr().out)
+    rows = hits if isinstance(hits, list) else hits["hits"]
+    assert len(rows) == 3
+    assert main(["search", str(tmp_path / "e"), "rain", "--maxsim-blend", "2"]) == 2
+    assert "--maxsim-blend" in capsys.readouterr().err
+    assert main(["search", str(tmp_path / "e"), "rain", "--no-maxsim", "--k", "2"]) == 0
+
+
+def test_token_vectors_added_to_a_built_engine(tmp_path, models, late_engines, capsys):
+    from twostage import SearchEngine
+    from twostage.app.cli import main
+
+    SearchEngine.build(SAMPLE, tmp_path / "e", retriever=models[0], reranker=models[1], passage_words=24,
+                       passage_stride=12, device="cpu").delete(["home-05"])
+    assert main(["-q", "late", str(tmp_path / "e"), "--model", str(models[0]), "--device", "cpu"]) == 0
+    assert "token vectors of" in capsys.readouterr().out
+    late = SearchEngine.load(tmp_path / "e", verify=True)
+    built = late_engines[1]  # built with the same models and passages from the start
+    rows = [str(i) for i in late.index.doc_ids[~late.index.deleted]]
+    assert not any(r.startswith("home-05") for r in rows)
+    q = late.late.encode_tokens(["rain and snow"], kind="query")[0]
+    np.testing.assert_allclose(late.token_scores(q, rows), built.token_scores(q, rows), atol=1e-5)
+    assert "maxsim" in late.search("rain and snow", 5).hits[0].stage_scores
+    assert main(["late", str(tmp_path / "nope"), "--model", str(models[0])]) == 2
+
+
+def test_http_carries_the_maxsim_knobs(late_engines):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from twostage.app.server import create_app
+
+    whole = late_engines[0]
+    client = TestClient(create_app(whole.root), raise_server_exceptions=False)
+    body = client.post("/search", json={"query": "rain and snow", "k": 3, "maxsim_blend": "none", "rerank": False})
+    assert body.status_code == 200, body.text
+    hits = body.json()["hits"]
+    assert "maxsim" in hits[0]["stage_scores"] and hits[0]["score"] == pytest.approx(hits[0]["stage_scores"]["maxsim"])
+    off = client.post("/search", json={"query": "rain and snow", "k": 3, "maxsim": False}).json()["hits"]
+    assert "maxsim" not in off[0]["stage_scores"]
+    assert client.post("/search", json={"query": "rain", "maxsim_depth": 0}).status_code == 422
+    info = whole.info()["late_interaction"]
+    assert info["dim"] == 32 and info["tokens"] > 0 and info["bytes"] > 0
+
+
+PYLATE_SCRIPT = """
+import json, sys
+import numpy as np
+from pylate import models
+model = models.ColBERT(sys.argv[1], device="cpu")
+texts = json.loads(sys.argv[2])
+out = {}
+for kind in ("query", "document"):
+    vectors = model.encode(texts, is_query=kind == "query", convert_to_numpy=True)
+    out[kind] = [np.asarray(v, dtype=np.float32).tolist() for v in vectors]
+print(json.dumps(out))
+"""
+
+
+def test_equal_to_pylate_where_it_installs(pylate_dir, stanford_dir, tmp_path):
+    """PyLate pins its own transformers and sentence-transformers, so it lives in another environment:
+    TWOSTAGE_PYLATE_PYTHON names that environment's python (skipped without it)."""
+    import os
+    import subprocess
+
+    python = os.environ.get("TWOSTAGE_PYLATE_PYTHON")
+    if not python:
+        pytest.skip("TWOSTAGE_PYLATE_PYTHON (a python with pylate installed) is not set")
+    for path in (pylate_dir, stanford_dir):
+        done = subprocess.run([python, "-c", PYLATE_SCRIPT, str(path), json.dumps(TEXTS)], capture_output=True,
+                              text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        theirs = json.loads(done.stdout.strip().splitlines()[-1])
+        enc = LateEncoder.load(path)
+        for kind in ("query", "document"):
+            for ours, want in zip(enc.encode_tokens(TEXTS, kind=kind), theirs[kind]):
+                np.testing.assert_allclose(ours, np.array(want, dtype=np.float32), atol=1e-5, err_msg=f"{path} {kind}")
+
+
+def test_four_bit_codes_and_the_projection():
+    from twostage.indexer.tokens import TokenCodec, fit_projection
+
+    rng = np.random.default_rng(3)
+    v = rng.normal(size=(300, 33)).astype(np.float32)
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    codes, scales = quantise(v, 4)
+    assert codes.dtype == np.uint8 and codes.shape == (300, 17)
+    back = dequantise(codes, scales, 4, 33)
+    assert back.shape == v.shape and np.abs(back - v).max() <= float(scales.astype(np.float32).max()) / 2 + 1e-6
+    low_rank = rng.normal(size=(400, 4)) @ rng.normal(size=(4, 12))  # vectors in a 4-d subspace of 12
+    p = fit_projection(low_rank, 4)
+    np.testing.assert_allclose((low_rank @ p) @ (low_rank @ p).T, low_rank @ low_rank.T, atol=1e-6 * 400)
+    assert TokenCodec(4, p).stored_dim(12) == 4
+
+
+@pytest.mark.parametrize("dim, bits", [(16, 4), (0, 4), (12, 8)])
+def test_compact_token_vectors_keep_maxsim_and_their_codec_through_updates(tmp_path, models, dim, bits):
+    from twostage import Document, SearchEngine
+
+    engine = SearchEngine.build(SAMPLE, tmp_path / "e", retriever=models[0], passage_words=0, backend="flat",
+                                device="cpu").late_interaction(models[0], dim=dim, bits=bits)
+    part = engine.tokens
+    assert part.codec.bits == bits and part.dim == (dim or 32)
+    assert (part.codec.projection is not None) == bool(dim)
+    engine = engine.add([Document("x-1", "snow falls on the mountains in winter")]).compact()
+    reopened = SearchEngine.load(tmp_path / "e", verify=True)
+    assert reopened.tokens.codec.bits == bits and reopened.tokens.dim == part.dim
+    ids = [str(i) for i in reopened.index.doc_ids[~reopened.index.deleted]]
+    q = reopened.late.encode_tokens(["rain and snow"], kind="query")[0]
+    texts = [d.full_text for d in reopened.documents(ids)]
+    docs = reopened.late.encode_tokens(texts, kind="document")
+    project = part.codec.project
+    want = np.array([maxsim(project(q), project(d), np.array([0, len(d)]))[0] for d in docs])
+    got = reopened.token_scores(q, ids)
+    assert np.abs(got - want).max() < (0.3 if bits == 4 else 0.05) * max(1.0, float(np.abs(want).max()) / 5)
+    assert np.corrcoef(got, want)[0, 1] > (0.9 if bits == 4 else 0.98)  # 4 bits: 15 levels a dimension
+    with pytest.raises(ConfigError, match="bits must be 8 or 4"):
+        reopened.late_interaction(models[0], bits=2)
+    with pytest.raises(ConfigError, match="give fewer"):
+        reopened.late_interaction(models[0], dim=64)
