@@ -387,9 +387,9 @@ class SearchEngine(TwoStageSearch):
             at += len(group)
         return out
 
-    def holds_row(self, row_id: str) -> bool:
-        """Whether ``row_id`` (a document's id, or a passage's in a passage engine) is a live row here."""
-        return self._rows_of([row_id])[0] is not None
+    def held_rows(self, row_ids: list[str]) -> list[bool]:
+        """Whether each of ``row_ids`` (documents' ids, or a passage engine's passage ids) is a live row here."""
+        return [r is not None for r in self._rows_of(row_ids)]
 
     def token_scores(self, query: np.ndarray, ids: list[str]) -> np.ndarray:
         """MaxSim of ``query`` (q, dim) against each id's stored token vectors (a live row's; an id without one: a

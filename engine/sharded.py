@@ -109,7 +109,7 @@ class _Shard:
         return self.engine.matched_terms(terms, ids)
 
     def token_scores(self, query: np.ndarray, ids: list[str]) -> dict[str, float]:
-        held = [i for i in ids if self.engine.holds_row(i)]
+        held = [i for i, here in zip(ids, self.engine.held_rows(ids)) if here]
         return dict(zip(held, self.engine.token_scores(query, held).tolist())) if held else {}
 
     def holds(self, ids: list[str]) -> list[bool]:

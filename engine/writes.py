@@ -228,6 +228,7 @@ def write_late(directory: Path, base: SearchEngine, change: IndexChange, tokens:
     part = base.tokens
     assert part is not None
     starts = {seg.name: seg for seg in change.segments}
+    live = np.flatnonzero(~base.index.deleted)  # a compaction's segments hold the live rows in order
 
     def make(name: str) -> Any:
         data = change.new_segments[name]
@@ -235,7 +236,6 @@ def write_late(directory: Path, base: SearchEngine, change: IndexChange, tokens:
             if tokens is None or len(tokens) != len(data[1]):
                 raise DataError(f"{len(data[1])} new rows but {0 if tokens is None else len(tokens)} token vectors")
             return write_segment(directory, name, tokens, part.model_dim, part.codec)
-        live = np.flatnonzero(~base.index.deleted)  # a compaction: the live rows from the segment's start
         seg = starts[name]
         return copy_rows(directory, name, part, live[seg.start:seg.start + seg.rows])
 

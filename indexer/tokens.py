@@ -177,36 +177,29 @@ class TokenPart:
         return s, row - self.starts[s]
 
     def gather(self, rows: Iterable[int]) -> tuple[np.ndarray, np.ndarray]:
-        """The token vectors of ``rows``, float32, one after another, and where each row's start (n + 1 bounds)."""
-        pieces, bounds = [], [0]
+        """The token vectors of ``rows``, float32, one after another, and where each row's start (n + 1 bounds):
+        the rows of each segment read with one gather from its memory map and decoded at once."""
+        spans = []  # (segment, first token, end) of each row
         for row in rows:
             s, local = self._locate(int(row))
-            codes, scales, offsets = self._arrays[s]
-            a, b = int(offsets[local]), int(offsets[local + 1])
-            pieces.append(dequantise(codes[a:b], scales[a:b], self.codec.bits, self.dim))
-            bounds.append(bounds[-1] + b - a)
-        tokens = np.concatenate(pieces) if pieces else np.zeros((0, self.dim), dtype=np.float32)
-        return tokens, np.asarray(bounds, dtype=np.int64)
+            offsets = self._arrays[s][2]
+            spans.append((s, int(offsets[local]), int(offsets[local + 1])))
+        bounds = np.zeros(len(spans) + 1, dtype=np.int64)
+        np.cumsum([b - a for _, a, b in spans], out=bounds[1:])
+        tokens = np.empty((int(bounds[-1]), self.dim), dtype=np.float32)
+        for s in sorted({seg for seg, _, _ in spans}):
+            mine = [i for i, (seg, a, b) in enumerate(spans) if seg == s and b > a]
+            if not mine:
+                continue
+            source = np.concatenate([np.arange(spans[i][1], spans[i][2]) for i in mine])
+            target = np.concatenate([np.arange(bounds[i], bounds[i + 1]) for i in mine])
+            codes, scales, _ = self._arrays[s]
+            tokens[target] = dequantise(codes[source], scales[source], self.codec.bits, self.dim)
+        return tokens, bounds
 
     def scores(self, query: np.ndarray, rows: Sequence[int]) -> np.ndarray:
-        """MaxSim of ``query`` (q, the model's dim; projected as the part projects) against each of ``rows``: the
-        rows of each segment read with one gather from its memory map and decoded at once."""
-        q = self.codec.project(query)
-        out = np.zeros(len(rows), dtype=np.float32)
-        spans: dict[int, list[tuple[int, int, int]]] = {}  # segment -> (position in rows, first token, end)
-        for at, row in enumerate(rows):
-            s, local = self._locate(int(row))
-            offsets = self._arrays[s][2]
-            spans.setdefault(s, []).append((at, int(offsets[local]), int(offsets[local + 1])))
-        for s, group in spans.items():
-            codes, scales, _ = self._arrays[s]
-            lengths = np.array([b - a for _, a, b in group], dtype=np.int64)
-            idx = np.concatenate([np.arange(a, b) for _, a, b in group]) if lengths.sum() else \
-                np.zeros(0, dtype=np.int64)
-            tokens = dequantise(codes[idx], scales[idx], self.codec.bits, self.dim)
-            bounds = np.concatenate([[0], np.cumsum(lengths)])
-            out[[at for at, _, _ in group]] = maxsim(q, tokens, bounds)
-        return out
+        """MaxSim of ``query`` (q, the model's dim; projected as the part projects) against each of ``rows``."""
+        return maxsim(self.codec.project(query), *self.gather(rows))
 
     def segment_data(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return self._arrays[index]

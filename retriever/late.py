@@ -180,9 +180,8 @@ def read_projection(path: Path, layout: str, hidden: int) -> torch.nn.Linear | N
     if layout == "plain":
         return None
     if layout == "stanford":
-        weights = [f for f in sorted(path.glob("*.safetensors"))]
         found: dict[str, torch.Tensor] = {}
-        for f in weights:
+        for f in sorted(path.glob("*.safetensors")):
             found.update(_read_tensors(f, ["linear.weight"]))
         where = f"{path}: linear.weight"
         weight, bias = found.get("linear.weight"), None
