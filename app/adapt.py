@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from twostage.engine.training import choose_blend, dev_scorer, temporary_engine
+from twostage.engine.training import choose_blend, dev_scorer, retriever_dev, temporary_engine
 from twostage.indexer.atomic import write_json
 from twostage.indexer.codec import to_json_dict
 from twostage.indexer.corpus import Corpus, CorpusSource, load_corpus
@@ -41,6 +41,8 @@ from twostage.retriever.trainer import TrainConfig, train
 from twostage.retriever.training_data import TrainingSet, hold_out
 
 logger = logging.getLogger(__name__)
+
+DEV_POOL = 20  # the dev engine holds each dev pseudo-query's BM25 top-N and its source document
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,7 @@ def adapt(corpus: CorpusSource | Corpus, out: str | Path, *, base: str = "all-Mi
     """Train ``OUT/retriever`` and ``OUT/reranker`` on ``corpus`` alone (see the module's docstring). ``device``:
     where the models train and encode (cpu, cuda, cuda:N, auto; twostage.models.device). The checkpoints are
     removed at the end unless ``keep_checkpoints``."""
-    from twostage.eval.metrics import mean_ndcg10, ndcg10_by_query
+    from twostage.eval.metrics import ndcg10_by_query
     from twostage.models.device import resolve_device
     from twostage.models.fit import seed_everything
     from twostage.reranker.cross_encoder import CrossEncoder
@@ -131,18 +133,9 @@ def adapt(corpus: CorpusSource | Corpus, out: str | Path, *, base: str = "all-Mi
     t = time.perf_counter()
     base_model = BiEncoder.load(base, device=where)
     model = BiEncoder.load(base, max_length=min(recipe.train_max_length, base_model.config.max_length), device=where)
-    pool_ids: set[str] = set()
-    for p in dev_q:
-        pool_ids.update(bm25.search(p.text, 20).ids)
-        pool_ids.add(p.doc_id)
-    pool = [corpus.get(d) for d in sorted(pool_ids)]
-
     dev_queries, dev_qrels = as_queries_and_qrels(dev_q)
-
-    def dev(m: BiEncoder) -> float:
-        """nDCG@10 of the dev pseudo-queries over their pool, each with its source document as the one relevant."""
-        lists = DenseRetriever.build(pool, m).search_batch([q.text for q in dev_queries], 10)
-        return mean_ndcg10(dev_qrels, dict(zip([q.id for q in dev_queries], lists)))
+    # each dev pseudo-query's source document its one relevant; searched as the engine serves (engine.training)
+    dev = retriever_dev(corpus, ndcg10_by_query, DEV_POOL, device=where)(dev_queries, dev_qrels, bm25)
 
     if dev_q:
         dev_scores["retriever_base"] = dev(base_model)

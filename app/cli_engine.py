@@ -69,11 +69,15 @@ class _Renamed(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def add_renamed_flag(parser: argparse.ArgumentParser, old: str, new: str, type: Any = None) -> None:
-    """``old`` (hidden) as another name of the flag ``new``, with a one-line notice when used."""
-    dest = new.lstrip("-").replace("-", "_")
-    parser.add_argument(old, dest=dest, type=type, action=_Renamed, new=new, help=argparse.SUPPRESS,
-                        default=argparse.SUPPRESS)
+def add_renamed_flags(parser: argparse.ArgumentParser, place: str = "settings") -> None:
+    """The old names of ``place`` (:data:`twostage.indexer.engine_dir.RENAMES`), each a hidden flag setting its new
+    flag (which the command has: tests/test_one_path.py checks), with a one-line notice when used."""
+    from twostage.indexer.engine_dir import renames
+
+    for old, new in renames(place).items():
+        parser.add_argument("--" + old.replace("_", "-"), dest=new, type=int if new.endswith("_depth") else str,
+                            action=_Renamed, new="--" + new.replace("_", "-"), help=argparse.SUPPRESS,
+                            default=argparse.SUPPRESS)
 
 
 def add_ray_flags(parser: argparse.ArgumentParser) -> None:
@@ -194,6 +198,10 @@ def _build(args: argparse.Namespace) -> int:
             raise ConfigError("--late-interaction: a sharded engine is built without token vectors for now; leave "
                               "out --shards")
         common["late_interaction"] = args.late_interaction
+    if args.ray_actors:
+        if args.shards:
+            raise ConfigError("--ray-actors encodes one engine's corpus; leave out --shards")
+        common["ray_actors"], common["ray_address"] = args.ray_actors, args.ray_address
     if args.shards and args.device not in ("auto", "cpu"):
         raise ConfigError(f"--device {args.device}: a sharded engine encodes on the CPU; leave out --device")
     if not args.shards:
@@ -524,7 +532,6 @@ def add_commands(sub: Any, only: str | None = None) -> None:
     b.add_argument("--first-stage", default=d.first_stage, choices=FIRST_STAGES)
     b.add_argument("--rerank-depth", type=int, default=d.rerank_depth,
                    help=f"candidates the reranker reads (default {d.rerank_depth})")
-    add_renamed_flag(b, "--k-retrieve", "--rerank-depth", int)
     b.add_argument("--first-stage-depth", type=int, default=d.first_stage_depth,
                    help=f"candidates each first stage gives the fusion (default {d.first_stage_depth})")
     b.add_argument("--rerank-blend", default="auto",
@@ -568,7 +575,12 @@ def add_commands(sub: Any, only: str | None = None) -> None:
         add_folder_flags(b)
     b.add_argument("--shards", type=int, default=None,
                    help="split the engine into N shards searched as one (BM25 with the whole corpus's statistics)")
+    b.add_argument("--ray-actors", type=int, default=0, metavar="N",
+                   help="encode the corpus with N Ray actors on CPU (pip install 'twostage-search[ray]')")
+    b.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="with --ray-actors: join this Ray cluster instead of starting a local one")
     add_field_flags(b)
+    add_renamed_flags(b)
     b.set_defaults(func=_build)
 
     s = sub.add_parser("search", help=help_of("search"))
@@ -579,7 +591,6 @@ def add_commands(sub: Any, only: str | None = None) -> None:
     s.add_argument("--k", type=int, default=10)
     s.add_argument("--rerank-depth", type=int, default=None, help="candidates the reranker reads (default: the "
                    "engine's)")
-    add_renamed_flag(s, "--k-retrieve", "--rerank-depth", int)
     s.add_argument("--rerank-blend", default=None, help="the reranker's weight against the first stage for this "
                    "search: none (the reranker alone) or a number in [0, 1] (default: the engine's)")
     s.add_argument("--first-stage", default=None, choices=FIRST_STAGES, help="default: the engine's")
@@ -598,7 +609,6 @@ def add_commands(sub: Any, only: str | None = None) -> None:
     s.add_argument("--k-rrf", type=float, default=None, help="rrf fusion: the k of 1 / (k + rank)")
     s.add_argument("--first-stage-depth", type=int, default=None,
                    help="candidates each first stage gives the fusion (default: the engine's)")
-    add_renamed_flag(s, "--depth", "--first-stage-depth", int)
     s.add_argument("--min-relevance", type=float, default=None, metavar="P",
                    help="drop hits whose calibrated probability of relevance is below P (needs `twostage calibrate` "
                         "or a reranker trained with dev queries); a query may then get no hit")
@@ -617,6 +627,7 @@ def add_commands(sub: Any, only: str | None = None) -> None:
     s.add_argument("--json", action="store_true", help="one JSON object per query, one per line")
     s.add_argument("--fast", action="store_true", help="check file sizes only, not checksums")
     add_ray_flags(s)
+    add_renamed_flags(s)
     s.set_defaults(func=_search)
 
     for name, upsert in (("add", False), ("upsert", True)):

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from twostage.app.cli_engine import add_device_flag, add_renamed_flag, blend_setting
+from twostage.app.cli_engine import add_device_flag, add_renamed_flags, blend_setting
 from twostage.app.commands import help_of
 from twostage.indexer.engine_dir import PRECISIONS, EngineSettings
 from twostage.indexer.errors import ConfigError, DataError
@@ -263,7 +263,6 @@ def add_commands(sub: Any, only: str | None = None) -> None:
                        "(the shape config.json records; missing fields keep their defaults)")
     bench.add_argument("--models-dir", type=Path, default=None, help="where --train-split puts the models "
                        "(default: OUT.models)")
-    add_renamed_flag(bench, "--rerank-interpolation", "--rerank-blend")
     bench.add_argument("--rerank-blend", default="auto",
                        help="the reranker's weight against the first stage: auto (an --engine's own setting, else "
                             "the value the reranker chose on dev, if any), none (reranker alone) or a number in [0, 1]")
@@ -276,6 +275,7 @@ def add_commands(sub: Any, only: str | None = None) -> None:
                        help=f"encoding batch size (default: an --engine's own, else {EngineSettings().batch_size})")
     add_significance_flags(bench)
     add_device_flag(bench)
+    add_renamed_flags(bench, "bench")
     bench.set_defaults(func=_bench)
 
 
@@ -301,8 +301,6 @@ def add_commands(sub: Any, only: str | None = None) -> None:
     rr.add_argument("--rerank-depth", type=int, default=EngineSettings().rerank_depth,
                     help=f"candidates per query the reranker reads (default {EngineSettings().rerank_depth}); the rest "
                          "follow in the run's order")
-    add_renamed_flag(rr, "--depth", "--rerank-depth", int)
-    add_renamed_flag(rr, "--interpolation", "--rerank-blend")
     rr.add_argument("--rerank-blend", default="auto",
                     help="the reranker's weight against the run's scores: auto (the value the reranker chose on dev "
                          "for the run's first stage, from its tag), none or a number in [0, 1]")
@@ -310,4 +308,5 @@ def add_commands(sub: Any, only: str | None = None) -> None:
                     help="inference precision of the reranker (default: auto, as the engine)")
     rr.add_argument("--batch-size", type=int, default=32, help="pairs per batch")
     add_device_flag(rr)
+    add_renamed_flags(rr, "rerank")
     rr.set_defaults(func=_rerank)

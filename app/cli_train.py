@@ -128,8 +128,8 @@ def settings_from_flags(args: argparse.Namespace, flags: tuple[Flag, ...]) -> Tr
 
 
 def _train_retriever(args: argparse.Namespace) -> int:
+    from twostage.engine.training import train_retriever_on
     from twostage.eval.metrics import ndcg10_by_query
-    from twostage.retriever.recipe import train_retriever
 
     settings = settings_from_flags(args, RETRIEVER)
     recipe = settings.retriever
@@ -142,8 +142,8 @@ def _train_retriever(args: argparse.Namespace) -> int:
         def teacher(pairs: Any) -> Any:
             return ce.predict(pairs, activation=None, show_progress=not args.quiet)
 
-    result = train_retriever(args.data, args.split, settings.base, args.out, recipe, dev_metric=ndcg10_by_query,
-                             teacher=teacher, teacher_name=str(args.teacher or ""), show_progress=not args.quiet)
+    result = train_retriever_on(args.data, args.split, settings.base, args.out, recipe, dev_metric=ndcg10_by_query,
+                                teacher=teacher, teacher_name=str(args.teacher or ""), show_progress=not args.quiet)
     print(f"trained {result.steps} steps in {result.seconds:.0f} s; model in {result.model_dir}"
           + (f" (best dev nDCG@10 {result.best_dev:.4f})" if result.best_dev is not None else ""))
     return 0
@@ -172,7 +172,7 @@ def _train_reranker(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: Any, only: str | None = None) -> None:
-    from twostage.app.cli_engine import add_renamed_flag
+    from twostage.app.cli_engine import add_renamed_flags
 
     tr = sub.add_parser("train-retriever", help=help_of("train-retriever"))
     tr.add_argument("--data", required=True, type=Path, help="BEIR directory")
@@ -190,7 +190,7 @@ def add_commands(sub: Any, only: str | None = None) -> None:
     rr.add_argument("--retriever-model", default=None, help="bi-encoder for dense-mined negatives and dev")
     rr.add_argument("--no-resume", action="store_true", help="ignore a checkpoint in OUT.train/last")
     add_flags(rr, RERANKER)
-    add_renamed_flag(rr, "--dev-depth", "--rerank-depth", int)
+    add_renamed_flags(rr, "train")
     rr.set_defaults(func=_train_reranker)
 
 

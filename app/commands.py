@@ -28,7 +28,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
                                  "test) and write it into the engine; then search with --min-relevance")),
     "info": ("cli_engine", "what an engine holds (settings, models, counts)"),
     "serve": ("cli_engine", "serve an engine over HTTP (search page, JSON API; needs the serve extra)"),
-    "index": ("cli_index", "build, inspect and update an index directory"),
     "train-retriever": ("cli_train", "fine-tune a bi-encoder with contrastive loss on a BEIR split" + TRAINING_NOTE),
     "train-reranker": ("cli_train", "train a cross-encoder reranker on a BEIR split" + TRAINING_NOTE),
     "adapt": ("cli_train", ("train the bi-encoder and the reranker on a corpus alone (no labels): pseudo-queries "

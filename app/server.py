@@ -90,6 +90,8 @@ class SearchOptions(_Strict):
                                    json_schema_extra={"deprecated": True})
     depth: int | None = Field(None, ge=1, le=MAX_K, description="deprecated: first_stage_depth's old name",
                               json_schema_extra={"deprecated": True})
+    interpolation: Annotated[float, Field(ge=0, le=1)] | Literal["none"] | None = Field(
+        None, description="deprecated: rerank_blend's old name", json_schema_extra={"deprecated": True})
     full_text: bool = Field(False, description="return each hit's whole text, not only its best passage")
     like: list[Annotated[str, Field(min_length=1, max_length=1000)]] | None = Field(
         None, max_length=100, description="more like these documents (ids); left out of the hits")
@@ -110,11 +112,11 @@ class SearchOptions(_Strict):
 
     def knobs(self) -> dict[str, Any]:
         """The search options given (None: the engine's); old field names pass as they are, mapped by the engine's
-        one rename table (:data:`twostage.indexer.engine_dir.RENAMED`)."""
+        one rename table (:data:`twostage.indexer.engine_dir.RENAMES`)."""
         given = {"rerank_depth": self.rerank_depth, "k_retrieve": self.k_retrieve, "first_stage": self.first_stage,
                  "rerank": self.rerank, "rerank_blend": self.rerank_blend, "fusion": self.fusion,
                  "dense_weight": self.dense_weight, "k_rrf": self.k_rrf, "first_stage_depth": self.first_stage_depth,
-                 "depth": self.depth, "min_relevance": self.min_relevance, "like": self.like, "unlike": self.unlike,
+                 "depth": self.depth, "interpolation": self.interpolation, "min_relevance": self.min_relevance, "like": self.like, "unlike": self.unlike,
                  "include_feedback": self.include_feedback, "diversity": self.diversity, "group_by": self.group_by,
                  "group_size": self.group_size, "explain": self.explain, "maxsim": self.maxsim,
                  "maxsim_depth": self.maxsim_depth, "maxsim_blend": self.maxsim_blend}

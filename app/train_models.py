@@ -16,12 +16,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from twostage.engine.training import train_reranker_on
+from twostage.engine.training import train_reranker_on, train_retriever_on
 from twostage.indexer.codec import from_json_dict, to_json_dict
-from twostage.indexer.engine_dir import EngineSettings
+from twostage.indexer.engine_dir import EngineSettings, renamed
 from twostage.indexer.errors import ConfigError
 from twostage.reranker.training import RerankerConfig
-from twostage.retriever.recipe import RetrieverRecipe, train_retriever
+from twostage.retriever.recipe import RetrieverRecipe
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +51,8 @@ def load_settings(path: str | Path) -> TrainSettings:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read the training settings ({exc})") from None
-    if isinstance(data, dict) and "dev_depth" in data:  # its name before 0.2 (config.json files record it)
-        data = {("rerank_depth" if k == "dev_depth" else k): v for k, v in data.items()}
+    if isinstance(data, dict):  # config.json files record the names of their day
+        data = renamed(data, str(path), "train")
     return from_json_dict(TrainSettings, data, str(path))
 
 
@@ -82,7 +82,7 @@ def train_models(data: str | Path, train_split: str, eval_split: str, models_dir
     if need_retriever and retriever is None:
         t = time.perf_counter()
         out = models_dir / "retriever"
-        train_retriever(data, train_split, settings.base, out, settings.retriever, dev_metric=ndcg10_by_query,
+        train_retriever_on(data, train_split, settings.base, out, settings.retriever, dev_metric=ndcg10_by_query,
                         show_progress=show_progress)
         retriever = str(out)
         seconds["train_retriever_s"] = time.perf_counter() - t

@@ -1,7 +1,7 @@
 """Concurrent writers and readers on one index or engine directory, from several processes (the harness:
 tests/harness/concurrency.py, which the tests run small).
 
-Usage (from the repository root): python benchmarks/concurrency.py [--trials 10] [--kind index|engine|passages|all]
+Usage (from the repository root): python benchmarks/concurrency.py [--trials 10] [--kind engine|passages|all]
 
 Writes benchmarks/results/concurrency.md.
 """
@@ -22,10 +22,10 @@ from tests.harness.concurrency import readers, writers
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=10)
-    parser.add_argument("--kind", default="all", choices=["index", "engine", "passages", "all"])
+    parser.add_argument("--kind", default="all", choices=["engine", "passages", "all"])
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "concurrency.md")
     args = parser.parse_args()
-    kinds = ["index", "engine", "passages"] if args.kind == "all" else [args.kind]
+    kinds = ["engine", "passages"] if args.kind == "all" else [args.kind]
     lines = ["# Concurrent writers and readers", "",
              f"Command: `python benchmarks/concurrency.py --trials {args.trials} --kind {args.kind}`", "",
              "| directory | writer pairs (add+add, add+compact, delete+compact, upsert+delete) | lost updates | "

@@ -101,8 +101,8 @@ class SearchEngine(TwoStageSearch):
     def _open(cls, root: Path, version_dir: Path, lease: Lease | None, verify: bool,
               models: Models | None = None) -> SearchEngine:
         if format_of(version_dir) == "twostage.index":
-            raise IndexFormatError(f"{root}: a dense index directory, not a search engine; search it with "
-                                   "`twostage index search`, or build an engine with `twostage build`")
+            raise IndexFormatError(f"{root}: a bare dense index directory (the `twostage index` commands are "
+                                   "gone), not a search engine; build an engine from its corpus with `twostage build`")
         manifest = read_engine_manifest(version_dir)
         for part in ("dense", "bm25"):
             if not (version_dir / part).is_dir():
@@ -432,7 +432,7 @@ class SearchEngine(TwoStageSearch):
               reranker: str | Path | None = None, settings: EngineSettings | None = None, chunk_size: int = 4096,
               resume: bool = True, show_progress: bool = False, device: str = "auto",
               trust_remote_code: bool = False, late_interaction: str | Path | None = None,
-              **overrides: Any) -> SearchEngine:
+              ray_actors: int = 0, ray_address: str | None = None, **overrides: Any) -> SearchEngine:
         """Read ``corpus`` (BEIR dir, jsonl, parquet, CSV, DataFrame or Documents), encode it, index it for BM25
         and dense search, and save the engine at ``path`` (a new version when an engine is already there).
 
@@ -448,12 +448,16 @@ class SearchEngine(TwoStageSearch):
         ``late_interaction``: a ColBERT model (PyLate or Stanford layout), or a bi-encoder read token by token (the
         zero-shot baseline), by name or directory: every row's token vectors are stored (``late/``) and MaxSim
         reorders the first stage's top ``maxsim_depth`` before the reranker (docs/late-interaction.md).
+
+        ``ray_actors``: encode the corpus with that many Ray actors (``pip install 'twostage-search[ray]'``; a local
+        Ray instance, or the cluster at ``ray_address``), on CPU; the engine written is the one encoded here.
         """
         from twostage.engine import writes
 
         return writes.build(cls, corpus, path, retriever=retriever, reranker=reranker, settings=settings,
                             chunk_size=chunk_size, resume=resume, show_progress=show_progress, device=device,
-                            trust_remote_code=trust_remote_code, late_interaction=late_interaction, **overrides)
+                            trust_remote_code=trust_remote_code, late_interaction=late_interaction,
+                            ray_actors=ray_actors, ray_address=ray_address, **overrides)
 
     def add(self, documents: CorpusSource, *, show_progress: bool = False) -> SearchEngine:
         """Add documents (new ids only) to documents, BM25 and the dense index in one version; returns it. A

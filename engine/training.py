@@ -1,5 +1,11 @@
-"""Training the reranker for an engine: its epoch and its blend with each first stage are chosen on held-out
-queries through the engine's own search path, so what is tuned is what the engine serves.
+"""Training the models for an engine: the retriever's epoch, the reranker's epoch and its blend with each first
+stage are chosen on held-out queries through the engine's own search path, so what is tuned is what the engine
+serves.
+
+The retriever's checkpoint after each epoch is the dense retriever of a temporary engine over the dev queries'
+pool (each one's BM25 top ``dev_candidates`` and its relevant documents; the whole corpus would be encoded once per
+epoch), built with the engine's settings (passages as served) in fp32, and searched by the engine's dense stage
+(:func:`retriever_dev`).
 
 The dev queries are searched by a :class:`~twostage.engine.search_engine.SearchEngine` (a temporary one, built
 with the retriever and the engine's settings: passages, whole-read threshold, fusion), viewed with the model being
@@ -25,7 +31,7 @@ import numpy as np
 from twostage.engine.fusion import GRID, InterpolationChoice, one_se_blend, reorders
 from twostage.engine.search import TwoStageSearch
 from twostage.indexer.beir import BeirDataset
-from twostage.indexer.corpus import CorpusSource
+from twostage.indexer.corpus import Corpus, CorpusSource
 from twostage.indexer.engine_dir import FIRST_STAGES, EngineSettings
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.records import Qrels, Query, RankedList
@@ -34,8 +40,8 @@ from twostage.models.fit import FitResult, seed_everything
 from twostage.reranker.cross_encoder import CrossEncoder
 from twostage.reranker.training import RerankerConfig, groups_from_split, title_groups, train_reranker
 from twostage.retriever.bm25 import BM25Retriever
-from twostage.retriever.recipe import DevMetric
-from twostage.retriever.training_data import hold_out
+from twostage.retriever.recipe import DevFactory, DevMetric, RetrieverRecipe, train_retriever
+from twostage.retriever.training_data import PairScorer, hold_out
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +62,62 @@ def temporary_engine(corpus: CorpusSource, retriever: str | Path, settings: Engi
             engine.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def retriever_dev(corpus: Corpus, metric: DevMetric, pool_depth: int, settings: EngineSettings | None = None, *,
+                  device: str = "auto") -> DevFactory:
+    """The score a retriever's checkpoint is chosen by: ``metric`` (its mean over the queries) of the dense lists
+    a temporary engine with that checkpoint answers, over the union of each dev query's BM25 top ``pool_depth``
+    and its relevant documents, built with ``settings`` (the engine defaults) in fp32."""
+    from twostage.engine.search_engine import SearchEngine
+
+    def factory(queries: Sequence[Query], qrels: Qrels, bm25: BM25Retriever | None) -> Callable[[Any], float]:
+        lexical = bm25 if bm25 is not None else BM25Retriever.build(corpus)
+        pool: set[str] = set()
+        for q in queries:
+            pool.update(lexical.search(q.text, pool_depth).ids)
+            pool.update(d for d in qrels.relevant(q.id) if d in corpus)
+        documents = [corpus.get(d) for d in sorted(pool)]
+        served = replace(settings or EngineSettings(), precision="fp32", first_stage="dense", rerank=False)
+
+        def dev(model: Any) -> float:
+            tmp = tempfile.mkdtemp(prefix="twostage-dev-")
+            try:
+                model.save(f"{tmp}/retriever")
+                engine = SearchEngine.build(documents, f"{tmp}/engine", retriever=f"{tmp}/retriever",
+                                            settings=served, device=device)
+                try:
+                    lists = engine.as_retriever().search_batch([q.text for q in queries], 10)
+                finally:
+                    engine.close()
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+            return float(np.mean(metric(qrels, dict(zip([q.id for q in queries], lists)))))
+
+        return dev
+
+    return factory
+
+
+def train_retriever_on(data: str | Path | BeirDataset, split: str, base: str, out: str | Path,
+                       recipe: RetrieverRecipe | None = None, *, dev_metric: DevMetric | None = None,
+                       settings: EngineSettings | None = None, teacher: PairScorer | None = None,
+                       teacher_name: str = "", show_progress: bool = False) -> FitResult:
+    """Train a retriever from ``base`` on a BEIR split (:func:`twostage.retriever.recipe.train_retriever`).
+
+    With ``recipe.dev_fraction``, held-out train queries pick the best epoch by ``dev_metric(qrels, lists)`` of the
+    engine's dense search with each checkpoint (:func:`retriever_dev`, ``settings``: the engine defaults).
+    ``teacher`` scores (query, document) pairs for MarginMSE distillation (e.g. a cross-encoder's logits).
+    """
+    recipe = recipe or RetrieverRecipe()
+    if recipe.dev_fraction and dev_metric is None:
+        raise ConfigError(f"dev_fraction {recipe.dev_fraction} holds queries out to choose the best checkpoint: give "
+                          "dev_metric (e.g. twostage.eval.metrics.ndcg10_by_query), or set dev_fraction 0")
+    ds = data if isinstance(data, BeirDataset) else BeirDataset(data)
+    dev = (retriever_dev(ds.corpus, dev_metric, recipe.dev_candidates, settings, device=recipe.train.device)
+           if dev_metric is not None else None)
+    return train_retriever(ds, split, base, out, recipe, dev=dev, teacher=teacher, teacher_name=teacher_name,
+                           show_progress=show_progress)
 
 
 class ScoreMemo:

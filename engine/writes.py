@@ -52,12 +52,19 @@ def model_ref(name: str | Path, trust_remote_code: bool = False) -> ModelRef:
 def build(cls: Any, corpus: CorpusSource, path: str | Path, *, retriever: str | Path | None = "all-MiniLM-L6-v2",
           reranker: str | Path | None = None, settings: EngineSettings | None = None, chunk_size: int = 4096,
           resume: bool = True, show_progress: bool = False, device: str = "auto",
-          trust_remote_code: bool = False, late_interaction: str | Path | None = None, **overrides: Any) -> Any:
+          trust_remote_code: bool = False, late_interaction: str | Path | None = None, ray_actors: int = 0,
+          ray_address: str | None = None, **overrides: Any) -> Any:
     """:meth:`SearchEngine.build` (its docstring says what each argument does); ``cls``: the engine class."""
     settings = with_changes(settings or EngineSettings(), overrides, "build")
     bm25_settings(settings)  # an unknown language: one line, before any work
     if retriever is None:
         settings = bm25_only(settings, overrides)
+    if ray_actors < 0 or (ray_actors and retriever is None):
+        raise ConfigError(f"ray_actors {ray_actors}: Ray actors encode the corpus with the retriever; give a positive "
+                          "number and a retriever")
+    if ray_actors and device not in ("auto", "cpu"):
+        raise ConfigError(f"ray_actors encode on CPU actors, not on {device}: leave out the device, or encode on the "
+                          "GPU here without Ray")
     device = resolve_device(device)
     if chunk_size <= 0:
         raise ConfigError(f"chunk_size must be positive, got {chunk_size}")
@@ -66,7 +73,7 @@ def build(cls: Any, corpus: CorpusSource, path: str | Path, *, retriever: str | 
     if (out / "CURRENT").is_file() and format_of(current_version(out, WHAT)) != "twostage.engine":
         raise ConfigError(f"{out}: holds something other than a search engine; choose another --out")
     prepared = encode_corpus(corpus, out, settings, retriever, reranker, chunk_size, resume, show_progress,
-                             device, trust_remote_code, late_interaction)
+                             device, trust_remote_code, late_interaction, ray_actors, ray_address)
     settings = with_model_languages(resolved_blends(settings, prepared.models.reranker), prepared.retriever,
                                     prepared.reranker)
     write_streamed(out, prepared, settings)
@@ -348,9 +355,11 @@ class _Encoded:
 def encode_corpus(corpus: CorpusSource, out: Path, settings: EngineSettings, retriever: str | Path | None,
                    reranker: str | Path | None, chunk_size: int, resume: bool, show_progress: bool,
                    device: str = "cpu", trust_remote_code: bool = False,
-                   late_interaction: str | Path | None = None) -> _Encoded:
+                   late_interaction: str | Path | None = None, ray_actors: int = 0,
+                   ray_address: str | None = None) -> _Encoded:
     """Load (and check) the models on ``device`` (resolved), then encode the corpus in resumable chunks next to
-    ``out`` (and each chunk's token vectors, with a late-interaction model)."""
+    ``out`` (and each chunk's token vectors, with a late-interaction model); with ``ray_actors``, the rows are
+    encoded by that many Ray actors (:mod:`twostage.retriever.distributed`)."""
     from twostage.retriever.biencoder import BiEncoder
 
     BackendConfig(settings.backend, settings.metric)  # a bad backend or metric fails before any encoding
@@ -385,9 +394,19 @@ def encode_corpus(corpus: CorpusSource, out: Path, settings: EngineSettings, ret
             "passages": asdict(settings.passages)}
     work, done = start_build(out, plan, resume)
     rows = passages_of(corpus, settings) if settings.passages.enabled else corpus
-    encode_chunks(rows, models.encoder, work, plan, done, metric=settings.metric, dim=info.dim,
-                  chunk_size=chunk_size, batch_size=settings.batch_size, show_progress=show_progress,
-                  unit="passage" if settings.passages.enabled else "doc")
+    encoder = models.encoder
+    if ray_actors:
+        from twostage.retriever.distributed import RayEncoder
+
+        encoder = RayEncoder(retriever_ref.path, models.encoder, num_actors=ray_actors,  # type: ignore[union-attr]
+                             precision=precision["retriever"], address=ray_address)
+    try:
+        encode_chunks(rows, encoder, work, plan, done, metric=settings.metric, dim=info.dim,
+                      chunk_size=chunk_size, batch_size=settings.batch_size, show_progress=show_progress,
+                      unit="passage" if settings.passages.enabled else "doc")
+    finally:
+        if encoder is not models.encoder:
+            encoder.close()
     if late_ref is not None:
         encode_token_chunks(work, done, models.late, settings.batch_size, show_progress)
     return _Encoded(work, done, info, retriever_ref, reranker_ref, models, late_ref)

@@ -11,13 +11,12 @@ run's top documents are put in a temporary BM25-only engine (whole documents) wi
 from __future__ import annotations
 
 import logging
-import warnings
 from pathlib import Path
 from typing import Any
 
 from twostage.eval.run import Run
 from twostage.indexer.beir import BeirDataset
-from twostage.indexer.engine_dir import EngineSettings, is_blend
+from twostage.indexer.engine_dir import EngineSettings, is_blend, renamed, renames
 from twostage.indexer.errors import ConfigError, DataError
 from twostage.indexer.topk import check_k
 
@@ -45,15 +44,12 @@ def rerank_run(run: Run, data: str | Path | BeirDataset, reranker: str | Path, *
     from twostage.engine.knobs import dev_choice
     from twostage.engine.search_engine import SearchEngine
 
-    unknown = sorted(set(old_names) - {"depth", "interpolation"})
+    unknown = sorted(set(old_names) - set(renames("rerank")))
     if unknown:
         raise ConfigError(f"rerank_run: unknown argument(s) {', '.join(unknown)}")
-    for old, new in (("depth", "rerank_depth"), ("interpolation", "rerank_blend")):
-        if old in old_names:
-            warnings.warn(f"rerank_run: {old} is now called {new}; the old name goes in the next release",
-                          DeprecationWarning, stacklevel=2)
-    depth = check_k(old_names.get("depth", rerank_depth))
-    interpolation = old_names.get("interpolation", rerank_blend)
+    given = renamed(old_names, "rerank_run", "rerank")
+    depth = check_k(given.get("rerank_depth", rerank_depth))
+    interpolation = given.get("rerank_blend", rerank_blend)
     dataset = data if isinstance(data, BeirDataset) else BeirDataset(data)
     queries, corpus = dataset.queries, dataset.corpus
     for qid, ranked in run.items():

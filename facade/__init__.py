@@ -25,7 +25,7 @@ __all__ = [
     # the models and BM25
     "BM25Retriever", "BiEncoder", "CrossEncoder",
     # training and evaluation
-    "train_retriever", "RetrieverRecipe", "train_reranker_on", "RerankerConfig", "adapt", "AdaptRecipe",
+    "train_retriever_on", "RetrieverRecipe", "train_reranker_on", "RerankerConfig", "adapt", "AdaptRecipe",
     "run_bench", "evaluate",
 ]
 
@@ -36,7 +36,7 @@ _WHERE = {
     "SearchEngine": "engine.search_engine", "ShardedEngine": "engine.sharded", "open_engine": "engine.door",
     "EngineSettings": "indexer.engine_dir",
     "BM25Retriever": "retriever.bm25", "BiEncoder": "retriever.biencoder", "CrossEncoder": "reranker.cross_encoder",
-    "train_retriever": "retriever.recipe", "RetrieverRecipe": "retriever.recipe",
+    "train_retriever_on": "engine.training", "RetrieverRecipe": "retriever.recipe",
     "train_reranker_on": "engine.training", "RerankerConfig": "reranker.training",
     "adapt": "app.adapt", "AdaptRecipe": "app.adapt",
     "run_bench": "eval.harness", "evaluate": "eval.metrics",
@@ -48,6 +48,7 @@ _MOVED = {
     **dict.fromkeys(("DataError", "DataNotFoundError", "ConfigError", "IndexFormatError", "MissingDependencyError",
                      "WriterBusyError", "ModelNotFoundError", "UntrainedHeadError", "FilterError",
                      "PageExpiredError"), "twostage.errors"),
+    "train_retriever": "twostage.retriever.recipe",  # the engine's train_retriever_on chooses the epoch as served
     "Corpus": "twostage.indexer.corpus", "iter_documents": "twostage.indexer.corpus",
 }
 
@@ -56,7 +57,7 @@ if _typing.TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from twostage.engine.door import open_engine
     from twostage.engine.search_engine import SearchEngine
     from twostage.engine.sharded import ShardedEngine
-    from twostage.engine.training import train_reranker_on
+    from twostage.engine.training import train_reranker_on, train_retriever_on
     from twostage.eval.harness import run_bench
     from twostage.eval.metrics import evaluate
     from twostage.indexer.beir import BeirDataset
@@ -68,7 +69,7 @@ if _typing.TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from twostage.reranker.training import RerankerConfig
     from twostage.retriever.biencoder import BiEncoder
     from twostage.retriever.bm25 import BM25Retriever
-    from twostage.retriever.recipe import RetrieverRecipe, train_retriever
+    from twostage.retriever.recipe import RetrieverRecipe
 
 
 def __getattr__(name: str) -> _typing.Any:

@@ -133,7 +133,8 @@ def encode_chunks(corpus: CorpusSource, encoder: Any, work: Path, plan: dict[str
 def build_index(corpus: CorpusSource, encoder: Any, out: str | Path, *, backend: BackendConfig | str = "hnswlib",
                 encoder_info: EncoderInfo | None = None, chunk_size: int = 4096, batch_size: int = 32,
                 resume: bool = True, show_progress: bool = False) -> Index:
-    """Encode ``corpus`` with ``encoder`` and write an index directory at ``out`` (replacing any there)."""
+    """Encode ``corpus`` with ``encoder`` and write a bare dense part at ``out`` (replacing any there): the ANN
+    benchmarks and the tests of the part itself build one; a user builds an engine (``SearchEngine.build``)."""
     if isinstance(backend, str):
         backend = BackendConfig(backend)
     if chunk_size <= 0:

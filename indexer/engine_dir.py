@@ -159,17 +159,36 @@ def is_blend(value: Any) -> bool:
     return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1)
 
 
-# the names of format 1 (and of the CLI flags, HTTP fields and knobs before it): still read, with a notice
-RENAMED = {"depth": "first_stage_depth", "k_retrieve": "rerank_depth", "interpolation": "rerank_blend"}
+# Every renamed name, once: old name, new name, and where the old one was read. "settings": the engine's settings,
+# manifests of format 1, search knobs, HTTP fields and the build / search flags; "rerank": rerank_run and
+# `twostage rerank` (whose depth was the reranker's); "bench": `twostage bench`; "train": the training settings
+# and `twostage train-reranker`. Manifests, knobs, HTTP fields and CLI flags (app.cli_engine.add_renamed_flags) are
+# all mapped from here; an old name still works, with a notice, until the next release.
+RENAMES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("depth", "first_stage_depth", ("settings",)),
+    ("k_retrieve", "rerank_depth", ("settings",)),
+    ("interpolation", "rerank_blend", ("settings", "rerank")),
+    ("depth", "rerank_depth", ("rerank",)),
+    ("rerank_interpolation", "rerank_blend", ("bench",)),
+    ("dev_depth", "rerank_depth", ("train",)),
+)
 
 
-def renamed(given: dict[str, Any], where: str) -> dict[str, Any]:
-    """``given`` with the old names of :data:`RENAMED` replaced by the new ones, a DeprecationWarning per old name
-    (``where`` names the caller, e.g. ``search``); both an old name and its new one is an error."""
+def renames(place: str = "settings") -> dict[str, str]:
+    """Old name -> new name of :data:`RENAMES` where ``place`` read it."""
+    return {old: new for old, new, places in RENAMES if place in places}
+
+
+RENAMED = renames("settings")
+
+
+def renamed(given: dict[str, Any], where: str, place: str = "settings") -> dict[str, Any]:
+    """``given`` with the old names of ``place`` (:data:`RENAMES`) replaced by the new ones, a DeprecationWarning per
+    old name (``where`` names the caller, e.g. ``search``); both an old name and its new one is an error."""
     import warnings
 
     out = dict(given)
-    for old, new in RENAMED.items():
+    for old, new in renames(place).items():
         if old in out:
             if new in out:
                 raise ConfigError(f"{where}: give {new} only ({old} is its old name)")

@@ -1,4 +1,7 @@
-"""The index directory: embeddings, an ANN structure and the documents, built once, loaded, updated.
+"""The engine's dense part: embeddings, an ANN structure and the rows, in one versioned directory.
+
+An engine (:mod:`twostage.engine`) writes it, through the changes here (:meth:`Index.change_add` and the others),
+inside its own versions; there is no second write path beside the engine's. The layout:
 
     INDEX_DIR/
       CURRENT                  the name of the live version, replaced atomically (os.replace)
@@ -53,7 +56,7 @@ from twostage.indexer.vectors import (
     similarity,
     verify_saved,
 )
-from twostage.indexer.versions import Lease, commit, open_current, writer_lock
+from twostage.indexer.versions import Lease, open_current
 from twostage.indexer.versions import current_version as _current_version
 
 logger = logging.getLogger(__name__)
@@ -63,7 +66,7 @@ COMPACT_ROWS = 65_536  # rows per segment written by a compaction (one such segm
 
 def current_version(root: Path) -> Path:
     """The live version directory of an index directory."""
-    return _current_version(root, "an index directory (build one with `twostage index build`)")
+    return _current_version(root, "an engine's dense part (an engine builds it: `twostage build`)")
 
 
 def write_segment(dir: Path, name: str, vectors: np.ndarray, docs: Sequence[Document]) -> None:
@@ -73,7 +76,8 @@ def write_segment(dir: Path, name: str, vectors: np.ndarray, docs: Sequence[Docu
 
 
 class Index:
-    """A loaded index directory. Build with :func:`twostage.indexer.build.build_index`; open with :meth:`load`."""
+    """A loaded dense part: an engine's ``dense/`` (its versions are the engine's), or a bare directory the tests
+    and the ANN benchmarks build with :func:`twostage.indexer.build.build_index`; open with :meth:`load`."""
 
     def __init__(self, root: Path, version_dir: Path, manifest: Manifest, encoder: Any = None,
                  lease: Lease | None = None) -> None:
@@ -128,7 +132,7 @@ class Index:
         if not root.is_dir():
             raise IndexFormatError(f"{root}: no such index directory")
         return open_current(root, lambda version_dir, lease: cls.open_version(root, version_dir, encoder, verify, lease),
-                            "an index directory (build one with `twostage index build`)")
+                            "an engine's dense part (an engine builds it: `twostage build`)")
 
     @classmethod
     def open_version(cls, root: Path, version_dir: Path, encoder: Any = None, verify: bool = True,
@@ -404,42 +408,6 @@ class Index:
         """Write this index with ``change`` applied into ``directory`` (unchanged files hard-linked)."""
         m = self.manifest
         write_index_files(directory, self.version_dir, change, m.encoder, m.metric, m.backend, dict(m.params))
-
-    def _update(self, make: Callable[[Index], IndexChange]) -> Index:
-        """Lock, re-open the version current now, apply ``make`` to it, commit, and return the new version."""
-        if self.version_dir.parent != self.root:
-            raise ConfigError("this index is part of a search engine; change it through SearchEngine (twostage add ...)")
-        with writer_lock(self.root):
-            base = self if current_version(self.root) == self.version_dir else self.refresh()
-            change = make(base)
-            with commit(self.root) as version:
-                base.write(version.tmp, change)
-            return Index.load(self.root, encoder=self.encoder, verify=False)
-
-    def add(self, documents: Iterable[Document], *, encoder: Any = None, batch_size: int = 32) -> Index:
-        """Append documents (new ids only) and return the updated index; this version stays readable."""
-        from twostage.indexer.corpus import iter_documents
-
-        docs = list(iter_documents(documents))
-        vectors = self.encode_documents(docs, encoder, batch_size)
-        return self._update(lambda base: base.change_add(docs, vectors))
-
-    def upsert(self, documents: Iterable[Document], *, encoder: Any = None, batch_size: int = 32) -> Index:
-        """Replace documents with these ids (old rows are tombstoned) and add the new ones, in one version."""
-        from twostage.indexer.corpus import iter_documents
-
-        docs = list(iter_documents(documents))
-        vectors = self.encode_documents(docs, encoder, batch_size)
-        return self._update(lambda base: base.change_add(docs, vectors, replace=True))
-
-    def delete(self, ids: Iterable[str]) -> Index:
-        """Tombstone documents by id (an unknown or already deleted id is an error naming it)."""
-        ids = list(ids)
-        return self._update(lambda base: base.change_delete(ids))
-
-    def compact(self) -> Index:
-        """Rewrite the index without tombstoned rows, in one segment, rebuilding the ANN structure."""
-        return self._update(lambda base: base.change_compact())
 
     def _ann_copy(self) -> Any:
         """A writable copy of the ANN structure (the live one keeps serving readers)."""

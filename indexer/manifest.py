@@ -125,7 +125,7 @@ def read_manifest_json(root: Path, fmt: str, max_version: int, what: str, how_to
 
 def read_manifest(root: Path) -> Manifest:
     path = root / "manifest.json"
-    data = read_manifest_json(root, FORMAT, FORMAT_VERSION, "an index directory", "`twostage index build`")
+    data = read_manifest_json(root, FORMAT, FORMAT_VERSION, "an engine's dense part", "`twostage build`")
     try:
         manifest = Manifest(
             encoder=EncoderInfo(**data["encoder"]), metric=data["metric"], backend=data["backend"]["name"],

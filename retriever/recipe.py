@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -12,7 +12,7 @@ import numpy as np
 
 from twostage.indexer.beir import BeirDataset
 from twostage.indexer.errors import ConfigError, DataError
-from twostage.indexer.records import Qrels, RankedList
+from twostage.indexer.records import Qrels, Query, RankedList
 from twostage.models.fit import FitResult
 from twostage.retriever.biencoder import BiEncoder
 from twostage.retriever.bm25 import BM25Retriever
@@ -32,6 +32,9 @@ from twostage.retriever.training_data import (
 logger = logging.getLogger(__name__)
 
 DevMetric = Callable[[Qrels, Mapping[str, RankedList]], np.ndarray]  # one value per query (e.g. ndcg10_by_query)
+# Given the held-out queries and their qrels, the score (higher is better) a checkpoint is chosen by; the engine
+# layer gives the one that searches as an engine serves (twostage.engine.training.retriever_dev)
+DevFactory = Callable[[Sequence[Query], Qrels, BM25Retriever | None], Callable[[BiEncoder], float]]
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,7 @@ class RetrieverRecipe:
     nli: tuple[str, ...] = ()  # NLI jsonl files (SNLI / SICK rows) added as (premise, entailed, contradiction)
     nli_pairs: int = 0  # at most this many NLI examples (0: all)
     dev_fraction: float = 0.0  # train queries held out for model selection
-    dev_candidates: int = 30  # dev evaluation ranks the union of each dev query's BM25 top-N and positives
+    dev_candidates: int = 30  # the dev engine holds the union of each dev query's BM25 top-N and its positives
     max_positives: int = 0  # at most this many relevant documents a query train, highest grades first (0: all)
     max_length: int | None = None
 
@@ -69,7 +72,7 @@ def _sample(training_set: TrainingSet, n: int, seed: int) -> TrainingSet:
 
 
 def train_retriever(data: str | Path | BeirDataset, split: str, base: str, out: str | Path,
-                    recipe: RetrieverRecipe = RetrieverRecipe(), *, dev_metric: DevMetric | None = None,
+                    recipe: RetrieverRecipe = RetrieverRecipe(), *, dev: DevFactory | None = None,
                     teacher: PairScorer | None = None, teacher_name: str = "", show_progress: bool = False) -> FitResult:
     """Fine-tune ``base`` on ``split`` of a BEIR directory and save the model to ``out``.
 
@@ -79,9 +82,9 @@ def train_retriever(data: str | Path | BeirDataset, split: str, base: str, out: 
     """
     if teacher is not None and not recipe.negatives:
         raise ConfigError("distillation from a teacher needs hard negatives: set negatives > 0")
-    if recipe.dev_fraction and dev_metric is None:  # else the held-out queries would go unused
-        raise ConfigError(f"dev_fraction {recipe.dev_fraction} holds queries out to choose the best checkpoint: give "
-                          "dev_metric (e.g. twostage.eval.metrics.ndcg10_by_query), or set dev_fraction 0")
+    if recipe.dev_fraction and dev is None:  # else the held-out queries would go unused
+        raise ConfigError(f"dev_fraction {recipe.dev_fraction} holds queries out to choose the best checkpoint: train "
+                          "with twostage.train_retriever_on (it searches them as an engine does), or set dev_fraction 0")
     ds = data if isinstance(data, BeirDataset) else BeirDataset(data)
     sp = ds.split(split)
     corpus = ds.corpus
@@ -125,22 +128,8 @@ def train_retriever(data: str | Path | BeirDataset, split: str, base: str, out: 
         sets.append(_sample(pairs_from_titles(corpus), recipe.title_pairs, recipe.train.seed))
     if recipe.nli:
         sets.append(_sample(nli_triplets(recipe.nli), recipe.nli_pairs, recipe.train.seed))
-    dev = None
-    if dev_queries and dev_metric is not None:
-        pool: set[str] = set()
-        for q in dev_queries:
-            pool.update(bm25.search(q.text, recipe.dev_candidates).ids)  # type: ignore[union-attr]
-            pool.update(d for d in sp.qrels.relevant(q.id) if d in corpus)
-        pool_docs = [corpus.get(d) for d in sorted(pool)]
-        dev_qrels = sp.qrels.subset(q.id for q in dev_queries)
-
-        def dev(m: BiEncoder) -> float:
-            retriever = DenseRetriever.build(pool_docs, m)
-            return float(np.mean(dev_metric(dev_qrels, dict(zip([q.id for q in dev_queries],
-                                                                retriever.search_batch([q.text for q in dev_queries],
-                                                                                       10))))))
-
+    score = dev(dev_queries, sp.qrels.subset(q.id for q in dev_queries), bm25) if dev_queries and dev else None
     info: dict[str, Any] = {"data": str(ds.root), "split": split, "base": base, "recipe": asdict(recipe),
                             "train_queries": len(queries), "dev_queries": len(dev_queries),
                             **({"teacher": teacher_name or "given"} if teacher is not None else {})}
-    return train(model, sets, recipe.train, out, dev=dev, show_progress=show_progress, info=info)
+    return train(model, sets, recipe.train, out, dev=score, show_progress=show_progress, info=info)

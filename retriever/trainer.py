@@ -25,7 +25,7 @@ class TrainConfig(LoopConfig):
     """Hyper-parameters of one training run; saved with the checkpoint and the final model.
 
     The defaults are the measured SciFact recipe (benchmarks/results/ablation-scifact): what ``twostage
-    train-retriever`` with no flags, ``bench --train-split`` and ``train_retriever`` all train with.
+    train-retriever`` with no flags, ``bench --train-split`` and ``train_retriever_on`` all train with.
     """
 
     epochs: int = 3

@@ -178,42 +178,6 @@ def test_unresolvable_model_name(tmp_path, sample_dir, capsys, monkeypatch):
     assert rc == 2 and "cannot be reached" in capsys.readouterr().err
 
 
-def test_index_cli(tmp_path, sample_dir, tiny_bert_dir, capsys):
-    idx = tmp_path / "idx"
-    assert main(["-q", "index", "build", "--corpus", str(sample_dir), "--model", str(tiny_bert_dir), "--out", str(idx),
-                 "--backend", "hnswlib", "--chunk-size", "64"]) == 0
-    info = json.loads(capsys.readouterr().out)
-    assert info["documents"] == 205 and info["backend"] == "hnswlib" and info["dim"] == 32
-    assert main(["index", "info", str(idx)]) == 0 and '"documents": 205' in capsys.readouterr().out
-    assert main(["index", "search", "--index", str(idx), "--k", "3", "why do cats purr"]) == 0
-    assert capsys.readouterr().out.count("\n") == 3
-    assert main(["index", "delete", "--index", str(idx), "--ids", "cook-01,cook-02"]) == 0
-    assert "203 live documents" in capsys.readouterr().out
-    assert main(["index", "delete", "--index", str(idx), "--ids", "cook-01"]) == 2
-    assert "unknown id" in capsys.readouterr().err
-    assert main(["index", "delete", "--index", str(idx), "--ids-file", str(tmp_path / "none.txt")]) == 2
-    err = capsys.readouterr().err
-    assert "--ids-file" in err and "no such file" in err
-    (tmp_path / "ids.txt").write_text("cook-03\n\ncook-04\n")
-    assert main(["index", "delete", "--index", str(idx), "--ids-file", str(tmp_path / "ids.txt")]) == 0
-    assert "201 live documents" in capsys.readouterr().out
-    extra = tmp_path / "extra.jsonl"
-    extra.write_text('{"_id": "n1", "title": "New", "text": "a new document about cats"}\n')
-    assert main(["index", "add", "--index", str(idx), "--corpus", str(extra)]) == 0
-    assert main(["index", "compact", "--index", str(idx)]) == 0
-
-
-def test_index_build_errors(tmp_path, sample_dir, tiny_bert_dir, capsys):
-    assert main(["index", "build", "--corpus", str(tmp_path / "none.jsonl"), "--model", str(tiny_bert_dir),
-                 "--out", str(tmp_path / "i")]) == 2
-    assert "no such corpus" in capsys.readouterr().err
-    assert main(["index", "build", "--corpus", str(sample_dir), "--model", str(tiny_bert_dir), "--out", str(tmp_path / "i"),
-                 "--backend", "annoy"]) == 2
-    assert "unknown backend" in capsys.readouterr().err
-    assert main(["index", "info", str(tmp_path)]) == 2
-    assert "no CURRENT" in capsys.readouterr().err
-
-
 def test_every_system_through_the_harness(tmp_path, sample_dir, tiny_bert_dir):
     from twostage.reranker.cross_encoder import CrossEncoder
 
@@ -251,17 +215,6 @@ def test_train_reranker_cli(tmp_path, sample_dir, tiny_bert_dir, capsys):
     tried = dict(chosen["dev_by_alpha"])
     assert len(tried) == 11 and chosen["alpha"] in tried and "interpolation" not in meta["settings"]
     assert tried[chosen["alpha"]] == max(tried.values())
-
-
-def test_index_search_cli(tmp_path, sample_dir, tiny_bert_dir, capsys):
-    assert main(["-q", "index", "build", "--corpus", str(sample_dir), "--model", str(tiny_bert_dir), "--out",
-                 str(tmp_path / "one"), "--backend", "flat"]) == 0
-    capsys.readouterr()
-    assert main(["index", "search", "--index", str(tmp_path / "one"), "--k", "5", "why do cats purr"]) == 0
-    assert len(capsys.readouterr().out.splitlines()) == 5
-    with pytest.raises(SystemExit) as exit_:
-        main(["index", "search", "why do cats purr"])
-    assert exit_.value.code == 2 and "--index" in capsys.readouterr().err
 
 
 def test_rerank_interpolation_flag(tmp_path, sample_dir, tiny_bert_dir, capsys):

@@ -1,4 +1,4 @@
-"""Concurrent writers lose nothing; readers never fail while writers commit (index and engine, processes)."""
+"""Concurrent writers lose nothing; readers never fail while writers commit (whole documents and passages, processes)."""
 
 import pytest
 
@@ -6,7 +6,7 @@ from tests.harness import concurrency
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["index", "engine", "passages"])
+@pytest.mark.parametrize("kind", ["engine", "passages"])
 def test_concurrent_writers_lose_no_update(tmp_path, kind):
     result = concurrency.writers(kind, trials=3, workdir=tmp_path)  # >= 10 trials: benchmarks/concurrency.py
     assert result["runs"] >= 12
@@ -14,7 +14,7 @@ def test_concurrent_writers_lose_no_update(tmp_path, kind):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["index", "engine", "passages"])
+@pytest.mark.parametrize("kind", ["engine", "passages"])
 def test_readers_never_fail_while_a_writer_commits(tmp_path, kind):
     # 8 threads and 20 commits: benchmarks/concurrency.py (8 threads starve the index's writer for minutes here)
     result = concurrency.readers(kind, commits=6, workdir=tmp_path, threads=2)

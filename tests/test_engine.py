@@ -279,11 +279,19 @@ def test_cli_build_search_update(tmp_path, sample_dir, models, capsys):
     assert "'n1' is already in the engine; use upsert" in capsys.readouterr().err and snapshot(eng) == before
     assert main(["upsert", str(eng), str(extra)]) == 0 and "206 documents" in capsys.readouterr().out
     assert main(["delete", str(eng), "n1", "cook-01"]) == 0 and "204 documents" in capsys.readouterr().out
+    before = snapshot(eng)
+    assert main(["delete", str(eng), "cook-01"]) == 2 and "cook-01" in capsys.readouterr().err
+    assert main(["delete", str(eng), "--ids-file", str(tmp_path / "none.txt")]) == 2
+    err = capsys.readouterr().err
+    assert "--ids-file" in err and "no such file" in err and snapshot(eng) == before
+    (tmp_path / "ids.txt").write_text("cook-03\n\ncook-04\n")
+    assert main(["delete", str(eng), "--ids-file", str(tmp_path / "ids.txt")]) == 0
+    assert "202 documents" in capsys.readouterr().out
     assert main(["compact", str(eng)]) == 0
     capsys.readouterr()
     assert main(["info", str(eng)]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert info["documents"] == 204 and info["dense"]["deleted"] == 0 and info["bm25"]["documents"] == 204
+    assert info["documents"] == 202 and info["dense"]["deleted"] == 0 and info["bm25"]["documents"] == 202
 
 
 def test_cli_bad_engine_inputs(tmp_path, sample_dir, models, capsys):

@@ -175,3 +175,34 @@ def test_a_format_1_engine_opens_and_answers_identically(engine, tmp_path):
         a, b = opened.search(q, 10), same.search(q, 10)
         assert [(h.doc_id, h.score) for h in a.hits] == [(h.doc_id, h.score) for h in b.hits]
     opened.close()
+
+
+def test_every_old_name_comes_from_the_one_rename_table(capsys):
+    """CLI flags, HTTP fields, search knobs and rerank_run map exactly the old names of RENAMES, each to its new
+    name: a rename added to the table reaches them all, and none is written by hand beside it."""
+    import argparse
+
+    from twostage.app import cli_engine, cli_eval, cli_train
+    from twostage.app.server import SearchOptions
+    from twostage.indexer.engine_dir import RENAMES, renames
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    for module in (cli_engine, cli_eval, cli_train):
+        module.add_commands(sub)
+    hidden = {name: {a.option_strings[0]: a.new for a in p._actions if isinstance(a, cli_engine._Renamed)}
+              for name, p in sub.choices.items()}
+    places = {"build": "settings", "search": "settings", "rerank": "rerank", "bench": "bench",
+              "train-reranker": "train"}
+    for command, place in places.items():
+        flag = {"--" + o.replace("_", "-"): "--" + n.replace("_", "-") for o, n in renames(place).items()}
+        assert hidden[command] == flag and flag, (command, hidden[command], flag)
+        assert all(n in sub.choices[command]._option_string_actions for n in flag.values()), command
+    assert not any(hidden[c] for c in hidden if c not in places), {c: hidden[c] for c in hidden if c not in places}
+    deprecated = {n for n, f in SearchOptions.model_fields.items() if (f.json_schema_extra or {}).get("deprecated")}
+    assert deprecated == set(renames("settings"))
+    assert {p for _, _, places in RENAMES for p in places} == set(places.values())
+    args = parser.parse_args(["rerank", "--run", "r", "--data", "d", "--reranker", "m", "--out", "o", "--depth", "7"])
+    assert args.rerank_depth == 7 and "--depth is now --rerank-depth" in capsys.readouterr().err
+    args = parser.parse_args(["search", "e", "q", "--depth", "7", "--interpolation", "0.2"])
+    assert (args.first_stage_depth, args.rerank_blend) == (7, "0.2")

@@ -9,6 +9,7 @@ import torch
 
 from twostage.eval.sts import sts_spearman
 from twostage.indexer.beir import BeirDataset
+from twostage.indexer.engine_dir import EngineSettings
 from twostage.indexer.errors import ConfigError, DataError
 from twostage.indexer.records import Document, Judgment, Qrels
 from twostage.retriever.biencoder import BiEncoder
@@ -354,9 +355,42 @@ def test_positives_prefer_the_highest_grades_and_cap_per_query():
 
 def test_held_out_dev_queries_need_a_dev_metric(tmp_path, tiny_bert_dir, sample):
     """Queries held out for model selection with nothing to select by would be training data thrown away."""
+    from twostage.engine.training import train_retriever_on
     from twostage.retriever.recipe import RetrieverRecipe, train_retriever
 
     ds, _ = sample
     with pytest.raises(ConfigError, match="dev_fraction 0.2 holds queries out.*give dev_metric"):
+        train_retriever_on(ds, "train", str(tiny_bert_dir), tmp_path / "m", RetrieverRecipe(dev_fraction=0.2))
+    with pytest.raises(ConfigError, match="dev_fraction 0.2 holds queries out.*train_retriever_on"):
         train_retriever(ds, "train", str(tiny_bert_dir), tmp_path / "m", RetrieverRecipe(dev_fraction=0.2))
     assert not (tmp_path / "m").exists()
+
+
+def test_the_retrievers_epoch_is_chosen_by_the_engines_own_dense_search(tmp_path, tiny_bert_dir, sample):
+    """One path: a checkpoint's dev score is the metric of the dense lists an engine built with it answers over the
+    dev pool (each query's BM25 top 3 and its relevant documents), passages as served; a training run records one
+    such score per epoch."""
+    from twostage.engine.search_engine import SearchEngine
+    from twostage.engine.training import retriever_dev, train_retriever_on
+    from twostage.eval.metrics import ndcg10_by_query
+    from twostage.retriever.biencoder import BiEncoder
+    from twostage.retriever.recipe import RetrieverRecipe
+
+    ds, _ = sample
+    sp = ds.split("train")
+    queries = list(sp.queries)[:4]
+    qrels = sp.qrels.subset(q.id for q in queries)
+    settings = EngineSettings(passage_words=8, passage_stride=4)  # the sample's documents become passages
+    score = retriever_dev(ds.corpus, ndcg10_by_query, 3, settings)(queries, qrels, None)
+    got = score(BiEncoder.load(tiny_bert_dir))
+    bm25 = BM25Retriever.build(ds.corpus)
+    pool = sorted({d for q in queries for d in [*bm25.search(q.text, 3).ids, *qrels.relevant(q.id)]})
+    assert 0 < len(pool) < len(ds.corpus.ids)
+    engine = SearchEngine.build([ds.corpus.get(d) for d in pool], tmp_path / "e", retriever=str(tiny_bert_dir),
+                                settings=replace(settings, precision="fp32"), first_stage="dense")
+    lists = engine.as_retriever().search_batch([q.text for q in queries], 10)
+    want = float(np.mean(ndcg10_by_query(qrels, dict(zip([q.id for q in queries], lists)))))
+    assert got == pytest.approx(want, abs=1e-9) and got > 0
+    recipe = RetrieverRecipe(train=TrainConfig(epochs=2, batch_size=8), negatives=0, dev_fraction=0.3)
+    result = train_retriever_on(ds, "train", str(tiny_bert_dir), tmp_path / "m", recipe, dev_metric=ndcg10_by_query)
+    assert [h["epoch"] for h in result.history] == [1, 2] and all(0 <= h["dev"] <= 1 for h in result.history)

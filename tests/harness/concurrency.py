@@ -1,4 +1,4 @@
-"""Concurrent writers and readers on one index or engine directory, from several processes.
+"""Concurrent writers and readers on one engine directory, from several processes.
 
 Run small by tests/test_concurrency.py, at full size by ``python benchmarks/concurrency.py``.
 
@@ -25,25 +25,7 @@ QUERIES = ["rain snow", "cat dog", "cook garden", "music star"]
 PAIRS = (("add", "add"), ("add", "compact"), ("delete", "compact"), ("upsert", "delete"))
 
 
-class KeywordEncoder:
-    """Counts of a few words: a deterministic encoder with no model (the index's writers and readers)."""
-
-    def encode(self, texts: Any, kind: str = "document", batch_size: int = 32, **kw: Any) -> Any:
-        import numpy as np
-
-        return np.array([[t.lower().count(w) for w in WORDS] + [0.05] for t in texts], dtype=np.float32)
-
-    def info(self) -> Any:
-        from twostage.indexer.manifest import EncoderInfo
-
-        return EncoderInfo("kw", len(WORDS) + 1, weights_sha256="kw")
-
-
 def _open(kind: str, path: Path) -> Any:
-    if kind == "index":
-        from twostage.indexer.index import Index
-
-        return Index.load(path, encoder=KeywordEncoder(), verify=False)
     from twostage.engine.search_engine import SearchEngine
 
     return SearchEngine.load(path, verify=False)
@@ -83,15 +65,12 @@ def live(kind: str, path: Path) -> dict[str, str]:
     from twostage.indexer.passages import doc_id_of
 
     target = _open(kind, path)
-    index = target if kind == "index" else target.index
+    index = target.index
     rows = [str(i) for i in index.doc_ids[~index.deleted]]
-    if kind == "index":
-        out = {d.id: d.text for d in index.documents(rows)}
-    else:
-        assert [str(i) for i in target.bm25.doc_ids] == rows, "BM25 and the documents disagree"
-        ids = list(dict.fromkeys(doc_id_of(r) for r in rows)) if kind == "passages" else rows
-        out = {d.id: d.text for d in target.documents(ids)}
-        assert len(out) == len(target), "the manifest's count and the parts disagree"
+    assert [str(i) for i in target.bm25.doc_ids] == rows, "BM25 and the documents disagree"
+    ids = list(dict.fromkeys(doc_id_of(r) for r in rows)) if kind == "passages" else rows
+    out = {d.id: d.text for d in target.documents(ids)}
+    assert len(out) == len(target), "the manifest's count and the parts disagree"
     target.close()
     return out
 
@@ -100,11 +79,6 @@ def make(kind: str, workdir: Path) -> Path:
     from twostage.indexer.records import Document
 
     docs = [Document(f"d{i}", " ".join(random.Random(i).choice(WORDS) for _ in range(5))) for i in range(120)]
-    if kind == "index":
-        from twostage.indexer.build import build_index
-
-        build_index(docs, KeywordEncoder(), workdir / "index", backend="hnswlib").close()
-        return workdir / "index"
     sys.path.insert(0, str(ROOT))
     from tests.conftest import build_tiny_bert
     from twostage.engine.search_engine import SearchEngine
@@ -183,7 +157,7 @@ def read_loop(kind: str, path: Path, stop: Path) -> tuple[int, int, list[tuple[s
     while not stop.exists() and time.time() < deadline:
         try:
             target = target.refresh()
-            version = (target.version_dir.name if kind == "index" else target.version)
+            version = target.version
             answer = _answer(kind, target)
             seen.append((version, answer))
             reads += 1
@@ -193,12 +167,8 @@ def read_loop(kind: str, path: Path, stop: Path) -> tuple[int, int, list[tuple[s
 
 
 def _answer(kind: str, target: Any) -> Any:
-    if kind == "index":
-        results = [list(map(str, target.search(q, 3).ids)) for q in QUERIES]
-        docs = [d.text for d in target.documents([results[0][0]])]
-    else:
-        results = [target.search(q, 3, rerank=False).ids for q in QUERIES]
-        docs = [d.text for d in target.documents([results[0][0]])]
+    results = [target.search(q, 3, rerank=False).ids for q in QUERIES]
+    docs = [d.text for d in target.documents([results[0][0]])]
     return [results, docs]
 
 
@@ -208,7 +178,7 @@ def readers(kind: str, commits: int, workdir: Path, threads: int = 8) -> dict[st
     path = make(kind, workdir / "readers")
     truth: dict[str, Any] = {}
     first = _open(kind, path)
-    truth[first.version_dir.name if kind == "index" else first.version] = _answer(kind, first)
+    truth[first.version] = _answer(kind, first)
     stop = workdir / "STOP"
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
@@ -230,7 +200,7 @@ def readers(kind: str, commits: int, workdir: Path, threads: int = 8) -> dict[st
             target = target.delete([f"d{c}"])
         else:
             target = target.compact()
-        truth[target.version_dir.name if kind == "index" else target.version] = _answer(kind, target)
+        truth[target.version] = _answer(kind, target)
     stop.touch()
     for t in workers:
         t.join()
