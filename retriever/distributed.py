@@ -35,7 +35,6 @@ class _EncodeActor:
         self.encoder = BiEncoder.load(model, precision=precision)
 
     def encode(self, texts: list[str], batch_size: int) -> tuple[np.ndarray, int]:
-        self.encoder.truncated = 0
         vectors = self.encoder.encode(texts, kind="document", batch_size=batch_size, allow_empty=True)
         return np.asarray(vectors, dtype=np.float32), int(getattr(self.encoder, "truncated", 0) or 0)
 

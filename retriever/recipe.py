@@ -78,7 +78,9 @@ def train_retriever(data: str | Path | BeirDataset, split: str, base: str, out: 
 
     With ``teacher`` (a function scoring (query, document) pairs, e.g. a cross-encoder's logits), the queries
     with hard negatives train with MarginMSE distillation of the teacher's margins plus MNRL
-    (``recipe.train.margin_rank_weight``); the recipe needs ``negatives`` > 0 for that.
+    (``recipe.train.margin_rank_weight``); the recipe needs ``negatives`` > 0 for that. ``dev`` is given the
+    ``recipe.dev_fraction`` of queries held out (and BM25 when it was built) and returns what scores a checkpoint
+    after each epoch; :func:`twostage.engine.training.train_retriever_on` gives the engine's own dense search.
     """
     if teacher is not None and not recipe.negatives:
         raise ConfigError("distillation from a teacher needs hard negatives: set negatives > 0")
