@@ -69,7 +69,6 @@ def retriever_dev(corpus: Corpus, metric: DevMetric, pool_depth: int, settings: 
     """The score a retriever's checkpoint is chosen by: ``metric`` (its mean over the queries) of the dense lists
     a temporary engine with that checkpoint answers, over the union of each dev query's BM25 top ``pool_depth``
     and its relevant documents, built with ``settings`` (the engine defaults) in fp32."""
-    from twostage.engine.search_engine import SearchEngine
 
     def factory(queries: Sequence[Query], qrels: Qrels, bm25: BM25Retriever | None) -> Callable[[Any], float]:
         lexical = bm25 if bm25 is not None else BM25Retriever.build(corpus)
@@ -81,17 +80,10 @@ def retriever_dev(corpus: Corpus, metric: DevMetric, pool_depth: int, settings: 
         served = replace(settings or EngineSettings(), precision="fp32", first_stage="dense", rerank=False)
 
         def dev(model: Any) -> float:
-            tmp = tempfile.mkdtemp(prefix="twostage-dev-")
-            try:
+            with tempfile.TemporaryDirectory(prefix="twostage-checkpoint-") as tmp:
                 model.save(f"{tmp}/retriever")
-                engine = SearchEngine.build(documents, f"{tmp}/engine", retriever=f"{tmp}/retriever",
-                                            settings=served, device=device)
-                try:
+                with temporary_engine(documents, f"{tmp}/retriever", served, device=device) as engine:
                     lists = engine.as_retriever().search_batch([q.text for q in queries], 10)
-                finally:
-                    engine.close()
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
             return float(np.mean(metric(qrels, dict(zip([q.id for q in queries], lists)))))
 
         return dev
