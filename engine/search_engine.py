@@ -372,17 +372,9 @@ class SearchEngine(TwoStageSearch):
         groups = [self._group_rows(r) if self.shape.enabled else np.array([r], dtype=np.int64) for _, r in held]
         rows = np.concatenate(groups) if groups else np.zeros(0, dtype=np.int64)
         vectors = self.index.rows(rows) if self.index.dim else np.zeros((len(rows), 0), np.float32)
-        # the texts the terms are found in: a passage engine's passages that do not overlap (each `step`-th, and the
-        # last), which cover the document's words once; their exact weights are then read at every passage's row
-        step = max(1, self.shape.words // self.shape.stride) if self.shape.enabled else 1
-        read = [g[::step] if (len(g) - 1) % step == 0 else np.append(g[::step], g[-1]) for g in groups]
-        stored = iter(self.index.store.documents_at(np.concatenate(read)) if m > 0 and read else [])
         at = 0
-        for (doc_id, _), group, some in zip(held, groups, read):
-            terms = {}
-            if m > 0:
-                texts = [next(stored).full_text for _ in range(len(some))]
-                terms = self.bm25.strongest_terms(texts, m, np.searchsorted(self.bm25_rows, group))
+        for (doc_id, _), group in zip(held, groups):
+            terms = self.bm25.strongest_terms(np.searchsorted(self.bm25_rows, group), m) if m > 0 else {}
             out[doc_id] = (vectors[at:at + len(group)].mean(axis=0), terms)
             at += len(group)
         return out

@@ -260,7 +260,8 @@ class Feedback:
 
 def feedback(engine: Any, steer: Steering, stage: str) -> Feedback:
     """The liked and unliked documents' vectors, and BM25's expansion by the liked ones' strongest terms."""
-    found = engine.example_features(list(steer.like + steer.unlike), FEEDBACK.terms)
+    lexical_stage = stage in ("bm25", "hybrid") and bool(steer.like)
+    found = engine.example_features(list(steer.like + steer.unlike), FEEDBACK.terms if lexical_stage else 0)
     for name, group in (("like", steer.like), ("unlike", steer.unlike)):
         missing = next((d for d in group if d not in found), None)
         if missing is not None:
@@ -272,7 +273,7 @@ def feedback(engine: Any, steer: Steering, stage: str) -> Feedback:
         return np.stack([found[d][0] for d in group]) if group else np.zeros((0, dim), dtype=np.float32)
 
     lexical = None
-    if stage in ("bm25", "hybrid") and steer.like:
+    if lexical_stage:
         lexical = Expansion(expansion([found[d][1] for d in steer.like], FEEDBACK.terms, FEEDBACK.term_weight),
                             query_text=not steer.similar)
     return Feedback(stacked(steer.like), stacked(steer.unlike), lexical)

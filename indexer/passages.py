@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 import numpy as np
 
@@ -111,8 +112,8 @@ def join(passages: Sequence[Document], shape: PassageShape) -> tuple[Document, l
     first = passages[0]
     text, starts = first.text, [0]
     for prev, p in zip(passages, passages[1:]):
-        in_prev = word_starts(prev.text, shape.cjk_characters)
-        step = in_prev[shape.stride] if shape.stride < len(in_prev) else len(prev.text)
+        word = next(islice((WORD_CJK if shape.cjk_characters else WORD).finditer(prev.text), shape.stride, None), None)
+        step = word.start() if word is not None else len(prev.text)  # where its `stride`-th word starts
         start = starts[-1] + step
         starts.append(start)
         text += p.text[len(text) - start:]

@@ -47,6 +47,10 @@ def test_both_engines_rank_the_sample_the_same_way(sample, bm25):
         assert list(ours.ids) == list(ref.ids), query
         np.testing.assert_allclose(ours.scores, ref.scores, rtol=1e-5)
     assert len(sample[1]) >= 40
+    for rows in ([0], [3, 7, 11]):  # a document's strongest terms (relevance feedback): the same from both engines
+        ours, ref = bm25.strongest_terms(rows, 8), reference.strongest_terms(rows, 8)
+        assert list(ours) == list(ref) and len(ours) == 8
+        np.testing.assert_allclose(list(ours.values()), list(ref.values()), rtol=1e-5)
 
 
 def test_search_returns_best_first_and_matching_only(bm25):

@@ -159,13 +159,20 @@ def test_bm25_expansion_adds_weighted_columns(engines):
     np.testing.assert_allclose(bm25.term_scores({"steak": 1.0}), bm25.scores("steak"), rtol=0)
     row = int(np.argmax(bm25.scores("steak")))
     assert bm25.term_weights(["steak", "notaword"], row) == [pytest.approx(float(bm25.scores("steak")[row])), 0.0]
-    doc = engine.documents([str(bm25.doc_ids[row])])[0]  # a document's strongest terms: their BM25 weights in it
-    strongest = bm25.strongest_terms(doc.full_text, 5, [row])
-    every = bm25.strongest_terms(doc.full_text, 1000, [row])
+    strongest = bm25.strongest_terms([row], 5)  # a document's strongest terms: their BM25 weights in it
+    every = bm25.strongest_terms([row], 1000)
     assert len(strongest) == 5 and min(strongest.values()) >= max(w for t, w in every.items() if t not in strongest)
     assert list(strongest.values()) == bm25.term_weights(list(strongest), row)  # exact: the index's own weights
-    np.testing.assert_allclose(list(bm25.strongest_terms(doc.full_text, 5).values()), list(strongest.values()),
-                               rtol=1e-5)  # weighed from the text alone: the same, to float32 rounding
+    vocab = sorted({t for t in bm25.analyzer(engine.documents([str(bm25.doc_ids[row])])[0].full_text)})
+    assert sorted(every) == vocab  # every term of the document, none else
+    rows = [row, int(np.argmax(bm25.scores("oven")))]  # several rows (a document's passages): each term's best
+    texts = [d.full_text for d in engine.documents([str(bm25.doc_ids[r]) for r in rows])]
+    brute = {t: max(bm25.term_weights([t], r)[0] for r in rows) for x in texts for t in bm25.analyzer(x)}
+    brute = {t: w for t, w in brute.items() if w > 0}
+    got = bm25.strongest_terms(rows, 10_000)
+    assert got.keys() == brute.keys()
+    np.testing.assert_allclose([got[t] for t in brute], list(brute.values()), rtol=1e-12)
+    assert list(got.values()) == sorted(got.values(), reverse=True)
     terms = expansion([{"a": 2.0, "b": 1.0}, {"a": 1.0, "c": 4.0}], m=2, weight=0.5)
     assert terms == {"c": 0.5, "a": pytest.approx(0.5 * 1.5 / 2.0)}
 

@@ -1,10 +1,12 @@
 """Result lists a user steers (#65): relevance feedback, diversity among near-duplicates, and what each costs.
 
     python benchmarks/experiments/steering.py [--data ../shared/data] [--retriever all-MiniLM-L6-v2] [--reranker DIR]
-        [--parts feedback,diversity,latency] [--choose] [--work runs/steering] [--out benchmarks/results/steering]
+        [--parts feedback,diversity,latency] [--choose] [--engine DIR] [--work runs/steering]
+        [--out benchmarks/results/steering]
 
 Engines are built with the default settings (``--retriever``, ``--reranker``: none by default) under ``--work`` and
-reused when there. Choices are made on dev (SciFact train, NFCorpus dev), numbers reported on test.
+reused when there; ``--engine`` (one collection) uses an engine already built instead, with ``--reranker`` as its
+reranker when given (the blend the reranker chose on dev, as a build with it would store). Choices are made on dev (SciFact train, NFCorpus dev), numbers reported on test.
 
 1. **feedback**, the residual-collection protocol: for every query whose first list (the engine's default search)
    holds a relevant document in its top 10, the highest-ranked relevant one is given as ``like``; it leaves the
@@ -75,6 +77,20 @@ def engine_for(name: str, corpus: Any, work: Path, retriever: str, reranker: str
         t = time.perf_counter()
         engine = SearchEngine.build(corpus, path, retriever=retriever, reranker=reranker, show_progress=True)
         print(f"built {name}: {len(engine)} documents in {time.perf_counter() - t:.0f} s", file=sys.stderr)
+    engine.use_models(encoder=CachedEncoder(engine.encoder))
+    return engine
+
+
+def given_engine(path: Path, reranker: str | None) -> Any:
+    """An engine built already, read only; with ``reranker`` as its reranker when given (a view: the engine's
+    settings keep ``rerank_blend="auto"`` when it was built without one, so the reranker's dev choice applies)."""
+    from twostage import SearchEngine
+    from twostage.models.device import resolve_precision
+    from twostage.reranker.cross_encoder import CrossEncoder
+
+    engine = SearchEngine.load(path, verify=False)
+    if reranker is not None:
+        engine = engine.with_reranker(CrossEncoder.load(reranker, precision=resolve_precision("auto", "reranker")))
     engine.use_models(encoder=CachedEncoder(engine.encoder))
     return engine
 
@@ -371,6 +387,8 @@ def main() -> int:
                    help="--choose: the similarity floors tried (0: plain MMR)")
     p.add_argument("--rerank-latency", action="store_true",
                    help="latency also with an untrained MiniLM cross-encoder on the default depth (slow: minutes)")
+    p.add_argument("--engine", type=Path, default=None,
+                   help="an engine of the one collection in --collections, built already (not written to)")
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "steering")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "steering")
     args = p.parse_args()
@@ -379,9 +397,15 @@ def main() -> int:
     parts = args.parts.split(",")
     tag = Path(args.reranker).parent.name if args.reranker else "zeroshot"
     sets = {name: BeirDataset(args.data / name) for name in args.collections.split(",")}
-    engines = {name: engine_for(f"{name}-{tag}", sets[name].root, args.work, args.retriever, args.reranker)
-               for name in sets}
-    result: dict[str, Any] = {"retriever": args.retriever, "reranker": args.reranker}
+    if args.engine is not None:
+        if len(sets) != 1:
+            raise SystemExit("--engine is one collection's engine: give that one collection to --collections")
+        engines = {name: given_engine(args.engine, args.reranker) for name in sets}
+    else:
+        engines = {name: engine_for(f"{name}-{tag}", sets[name].root, args.work, args.retriever, args.reranker)
+                   for name in sets}
+    result: dict[str, Any] = {"retriever": next(iter(engines.values())).manifest.retriever.name
+                              if args.engine is not None else args.retriever, "reranker": args.reranker}
     if "feedback" in parts:
         result["feedback"] = feedback_part(sets, engines, args.choose,
                                            tuple(map(float, args.like_grid.split(","))),
