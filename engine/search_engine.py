@@ -372,9 +372,14 @@ class SearchEngine(TwoStageSearch):
         groups = [self._group_rows(r) if self.shape.enabled else np.array([r], dtype=np.int64) for _, r in held]
         rows = np.concatenate(groups) if groups else np.zeros(0, dtype=np.int64)
         vectors = self.index.rows(rows) if self.index.dim else np.zeros((len(rows), 0), np.float32)
+        # the rows whose texts cover the document's words once: a passage engine's passages that do not overlap (each
+        # `step`-th, and the last)
+        step = max(1, self.shape.words // self.shape.stride) if self.shape.enabled else 1
         at = 0
         for (doc_id, _), group in zip(held, groups):
-            terms = self.bm25.strongest_terms(np.searchsorted(self.bm25_rows, group), m) if m > 0 else {}
+            cover = group[::step] if (len(group) - 1) % step == 0 else np.append(group[::step], group[-1])
+            terms = self.bm25.strongest_terms(np.searchsorted(self.bm25_rows, group), m,
+                                              np.searchsorted(self.bm25_rows, cover)) if m > 0 else {}
             out[doc_id] = (vectors[at:at + len(group)].mean(axis=0), terms)
             at += len(group)
         return out

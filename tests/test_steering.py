@@ -165,16 +165,55 @@ def test_bm25_expansion_adds_weighted_columns(engines):
     assert list(strongest.values()) == bm25.term_weights(list(strongest), row)  # exact: the index's own weights
     vocab = sorted({t for t in bm25.analyzer(engine.documents([str(bm25.doc_ids[row])])[0].full_text)})
     assert sorted(every) == vocab  # every term of the document, none else
-    rows = [row, int(np.argmax(bm25.scores("oven")))]  # several rows (a document's passages): each term's best
-    texts = [d.full_text for d in engine.documents([str(bm25.doc_ids[r]) for r in rows])]
-    brute = {t: max(bm25.term_weights([t], r)[0] for r in rows) for x in texts for t in bm25.analyzer(x)}
-    brute = {t: w for t, w in brute.items() if w > 0}
-    got = bm25.strongest_terms(rows, 10_000)
-    assert got.keys() == brute.keys()
-    np.testing.assert_allclose([got[t] for t in brute], list(brute.values()), rtol=1e-12)
-    assert list(got.values()) == sorted(got.values(), reverse=True)
     terms = expansion([{"a": 2.0, "b": 1.0}, {"a": 1.0, "c": 4.0}], m=2, weight=0.5)
     assert terms == {"c": 0.5, "a": pytest.approx(0.5 * 1.5 / 2.0)}
+
+
+def reference_strongest(bm25, cover_texts, rows, m):
+    """A document's strongest terms the slow way: its non-overlapping passages' texts analysed and weighed as one
+    document (the index's document frequencies and average length), the 2 m first kept, then each one's highest
+    weight over every passage row, read term by term. Also each candidate's document weight."""
+    from collections import Counter
+
+    counts = Counter(t for x in cover_texts for t in bm25.analyzer(x))
+    p = bm25.postings
+    column = {t: c for c, t in enumerate(p.terms)}
+    n, length = p.num_docs, sum(counts.values())
+    avgdl = float(np.asarray(p.lengths).sum()) / n
+    k1, b = bm25.config.k1, bm25.config.b
+    weight = {}
+    for t, tf in counts.items():
+        df = int(p.indptr[column[t] + 1] - p.indptr[column[t]])
+        weight[t] = np.log(1 + (n - df + 0.5) / (df + 0.5)) * tf / (tf + k1 * (1 - b + b * length / avgdl))
+    exact = {t: max(bm25.term_weights([t], r)[0] for r in rows) for t in weight}
+    return weight, exact
+
+
+def test_a_passage_documents_strongest_terms_agree_with_the_text_analysing_reference(tmp_path):
+    sample = list(load_corpus(SAMPLE))  # documents of five sample documents each: several passages apiece
+    docs = [Document(f"long-{i}", " ".join(d.text for d in sample[i:i + 5]), sample[i].title)
+            for i in range(0, len(sample) - 5, 5)]
+    engine = SearchEngine.build(docs, tmp_path / "e", retriever=None, passage_words=24, passage_stride=12)
+    bm25, checked = engine.bm25, 0
+    ids = [str(i) for i in bm25.doc_ids[:]]
+    for doc in engine.documents(sorted({i.rsplit("\x1f", 1)[0] for i in ids})):
+        rows = [r for r, i in enumerate(ids) if i.rsplit("\x1f", 1)[0] == doc.id]
+        if len(rows) < 3:
+            continue
+        got = engine.example_features([doc.id], 6)[doc.id][1]
+        step = 24 // 12  # passage_words // passage_stride: every other passage, and the last
+        cover = rows[::step] if (len(rows) - 1) % step == 0 else rows[::step] + [rows[-1]]
+        _, passages, _ = engine.documents_with_passages([doc.id])[0]
+        by_id = {d.id: d.full_text for d in passages}
+        weight, exact = reference_strongest(bm25, [by_id[ids[r]] for r in cover], rows, 6)
+        assert len(got) == min(6, len(weight))
+        assert all(got[t] == pytest.approx(exact[t], rel=1e-6) for t in got)  # the exact passage weight
+        cut = sorted(weight.values(), reverse=True)[min(12, len(weight)) - 1]
+        assert all(weight[t] >= cut - 1e-9 for t in got)  # among the 2 m first by the whole document's weight
+        assert list(got.values()) == sorted(got.values(), reverse=True)
+        checked += 1
+    engine.close()
+    assert checked >= 30
 
 
 def test_rocchio_and_mmr_units():
