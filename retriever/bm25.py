@@ -153,20 +153,22 @@ class Bm25sEngine:
                             names[column] = term
                     self._by_row = (starts, columns[order], order, names)
         starts, columns, order, names = self._by_row
-
-        def postings_of(some: np.ndarray) -> np.ndarray:
-            lengths = starts[some + 1] - starts[some]
-            return np.repeat(starts[some] - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
-
-        at = postings_of(np.asarray(rows, dtype=np.int64))
-        found, where = np.unique(columns[at], return_inverse=True)
-        best = np.zeros(len(found))
-        np.maximum.at(best, where, self._data[order[at]])
+        rows = np.asarray(rows, dtype=np.int64)
+        lengths = starts[rows + 1] - starts[rows]
+        at = np.repeat(starts[rows] - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
+        by_column = np.argsort(columns[at], kind="stable")
+        at = at[by_column]
+        cols = columns[at]
+        first = np.flatnonzero(np.concatenate(([True], cols[1:] != cols[:-1]))) if len(cols) else \
+            np.zeros(0, dtype=np.int64)
+        found = cols[first].astype(np.int64)
+        best = np.maximum.reduceat(self._data[order[at]], first).astype(np.float64) if len(first) else np.zeros(0)
         tf = np.zeros(len(found), dtype=np.int64)
-        if self._counts is not None:
-            at = postings_of(np.asarray(cover, dtype=np.int64))
-            np.add.at(tf, np.searchsorted(found, columns[at]), np.asarray(self._counts)[order[at]])
-        return [names[c] for c in found.tolist()], best, tf, np.diff(self._indptr)[found]
+        if self._counts is not None and len(first):
+            covered = set(np.asarray(cover, dtype=np.int64).tolist())  # a few rows: a set beats np.isin's sort
+            in_cover = np.repeat(np.array([r in covered for r in rows.tolist()], dtype=bool), lengths)[by_column]
+            tf = np.add.reduceat(np.where(in_cover, np.asarray(self._counts)[order[at]], 0).astype(np.int64), first)
+        return [names[c] for c in found.tolist()], best, tf, self._indptr[found + 1] - self._indptr[found]
 
 
 class RankBm25Engine:
@@ -362,9 +364,10 @@ class BM25Retriever:
         counts ranks by the highest weight alone."""
         rows = np.asarray(rows, dtype=np.int64)
         cover = rows if cover is None else np.asarray(cover, dtype=np.int64)
-        for row in np.concatenate([rows, cover]).tolist():
-            if not 0 <= row < len(self):
-                raise IndexError(f"BM25 row {row} is outside the index of {len(self)} documents")
+        every = np.concatenate([rows, cover])
+        if len(every) and (every.min() < 0 or every.max() >= len(self)):
+            bad = every[(every < 0) | (every >= len(self))][0]
+            raise IndexError(f"BM25 row {bad} is outside the index of {len(self)} documents")
         if m <= 0 or not len(rows):
             return {}
         terms, weights, tf, df = self._engine.terms_at(rows, cover)
