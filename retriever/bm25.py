@@ -137,9 +137,9 @@ class Bm25sEngine:
 
     def terms_at(self, rows: np.ndarray, cover: np.ndarray) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
         """Every term of the documents ``rows``, its highest BM25 weight in them (float64), its count summed over
-        ``cover`` (some of ``rows``; zeros when the counts were not kept) and its document frequency. The postings are read by row through
-        their transpose (each row's columns, and where its postings lie), made on the first call: one stable sort of
-        the postings' rows, 12 bytes a posting (SciFact, 1.0M postings: 0.09 s and 12 MB)."""
+        ``cover`` (some of ``rows``; zeros when the counts were not kept) and its document frequency. The postings
+        are read by row through their transpose (each row's columns, and where its postings lie), made on the first
+        call: one stable sort of the postings' rows, 12 bytes a posting (SciFact, 1.0M postings: 0.09 s, 12 MB)."""
         if self._by_row is None:
             with self._by_row_lock:
                 if self._by_row is None:
