@@ -7,11 +7,15 @@ model's if given) and answers OpenAI's shape, with the engine's retriever vector
 ``document``) says which side of the bi-encoder reads the texts. ``POST /v1/rerank`` (and ``/v2/rerank``, the
 path Cohere's v2 client calls) takes a ``query`` and ``documents`` (strings, or objects with ``text``), ``top_n``
 and ``return_documents``, and answers the indices ordered by ``relevance_score``: the engine's cross-encoder score
-(the sigmoid of its logit, the same number as a hit's ``stage_scores["rerank"]``).
+(the sigmoid of its logit, the same number as a hit's ``stage_scores["rerank"]``). An engine with token vectors
+(``twostage late``) reranks by MaxSim instead when it has no cross-encoder, or when ``model`` is ``maxsim`` or the
+late-interaction model's name: the sum over the query's token vectors of their best inner product with the
+document's, computed from the texts given at full precision (the engine's MaxSim stage reads its stored codes, so the
+two agree to the codes' rounding), not bounded to [0, 1].
 
 Fields these APIs define that mean nothing here (``user``, ``max_chunks_per_doc``...) are ignored, so clients
-that send them work; a body of the wrong shape is a 422 naming the field, a rerank on an engine without a
-reranker a 409.
+that send them work; a body of the wrong shape is a 422 naming the field, a rerank on an engine with neither a
+reranker nor token vectors a 409.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import base64
 import uuid
 from collections.abc import Callable
+from types import SimpleNamespace
 from contextlib import AbstractContextManager
 from typing import Any, Literal
 
@@ -27,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from twostage.app.budgets import Budgets, pair_tokens, text_tokens
 from twostage.indexer.records import check_encodable
+from twostage.indexer.tokens import maxsim
 
 MAX_INPUTS = 2048  # OpenAI's own limit on inputs a request
 MAX_DOCUMENTS = 1000
@@ -142,23 +148,46 @@ def add_compat_routes(app: Any, searching: Callable[[], AbstractContextManager[A
 
         def run() -> Any:
             with searching() as engine:
+                late = engine.manifest.late
+                if late is not None and (engine.manifest.reranker is None or body.model in ("maxsim", late.name)):
+                    budgets.check_count("rerank_documents", len(texts), "documents")
+                    return maxsim_answer(engine, body, texts)
                 reranker = engine.reranker
                 if reranker is None:
-                    return error(409, "this engine has no reranker; build it with --reranker to rerank")
+                    return error(409, "this engine has no reranker; build it with --reranker (or add token vectors "
+                                      "with `twostage late`) to rerank")
                 budgets.check_count("rerank_documents", len(texts), "documents")
                 tokens = pair_tokens(reranker, body.query, texts)
                 budgets.check_count("request_tokens", tokens, "query and documents: tokens the reranker would read")
                 scores = np.asarray(reranker.predict([(body.query, t) for t in texts],
                                                      batch_size=engine.settings.batch_size), dtype=np.float64)
                 name = body.model or engine.manifest.reranker.name
-            order = sorted(range(len(texts)), key=lambda i: (-scores[i], i))[:body.top_n or len(texts)]
-            results = [{"index": i, "relevance_score": float(scores[i]),
-                        **({"document": {"text": texts[i]}} if body.return_documents else {})} for i in order]
-            return {"id": uuid.uuid4().hex, "model": name, "results": results,
-                    "usage": {"total_tokens": tokens},
-                    "meta": {"api_version": {"version": "2"}, "billed_units": {"search_units": 1}}}
+            return ranked_answer(body, texts, scores, name, tokens)
 
         return guard(run)
+
+    def maxsim_answer(engine: Any, body: RerankRequest, texts: list[str]) -> Any:
+        """The documents ordered by MaxSim of the engine's late-interaction model over the texts given."""
+        encoder = engine.late
+        reads = SimpleNamespace(tokenizer=encoder.tokenizer, max_length=encoder.config.document_length)
+        tokens = text_tokens(reads, texts, stop_over=budgets.request_tokens) + encoder.config.query_length
+        budgets.check_count("request_tokens", tokens, "query and documents: tokens the late-interaction model "
+                                                      "would read")
+        query = encoder.encode_tokens([body.query], kind="query")[0]
+        docs = encoder.encode_tokens(texts, kind="document", batch_size=engine.settings.batch_size, allow_empty=True)
+        bounds = np.concatenate([[0], np.cumsum([len(d) for d in docs])]).astype(np.int64)
+        stacked = np.concatenate(docs) if docs else np.zeros((0, query.shape[1]), dtype=np.float32)
+        scores = maxsim(query, stacked, bounds).astype(np.float64)
+        return ranked_answer(body, texts, scores, body.model or engine.manifest.late.name, tokens)
+
+    def ranked_answer(body: RerankRequest, texts: list[str], scores: np.ndarray, name: str, tokens: int) -> Any:
+        """Cohere's answer: the indices best first (ties: the earlier), ``top_n`` of them."""
+        order = sorted(range(len(texts)), key=lambda i: (-scores[i], i))[:body.top_n or len(texts)]
+        results = [{"index": i, "relevance_score": float(scores[i]),
+                    **({"document": {"text": texts[i]}} if body.return_documents else {})} for i in order]
+        return {"id": uuid.uuid4().hex, "model": name, "results": results,
+                "usage": {"total_tokens": tokens},
+                "meta": {"api_version": {"version": "2"}, "billed_units": {"search_units": 1}}}
 
     app.post("/v1/rerank", summary="Cohere/Jina-style rerank of documents by the engine's cross-encoder")(rerank)
     app.post("/v2/rerank", summary="the same rerank at the path Cohere's v2 client calls")(rerank)

@@ -426,6 +426,34 @@ def test_http_carries_the_maxsim_knobs(late_engines):
     assert info["dim"] == 32 and info["tokens"] > 0 and info["bytes"] > 0
 
 
+def test_http_rerank_by_maxsim(late_engines):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from twostage.app.budgets import Budgets
+    from twostage.app.server import create_app
+
+    whole = late_engines[0]
+    client = TestClient(create_app(whole.root), raise_server_exceptions=False)
+    query = "why do cats purr"
+    texts = [d.full_text for d in whole.documents([str(i) for i in whole.index.doc_ids[:6]])]
+    want = direct(whole, query, texts)
+    for model in ("maxsim", whole.manifest.late.name):
+        body = client.post("/v1/rerank", json={"query": query, "documents": texts, "model": model, "top_n": 5})
+        assert body.status_code == 200, body.text
+        results = body.json()["results"]
+        assert [r["index"] for r in results] == sorted(range(len(texts)), key=lambda i: (-want[i], i))[:5]
+        assert [r["relevance_score"] for r in results] == pytest.approx([float(want[r["index"]]) for r in results],
+                                                                         abs=1e-5)
+        assert body.json()["model"] == model and body.json()["usage"]["total_tokens"] > 0
+    crossed = client.post("/v1/rerank", json={"query": query, "documents": texts[:3]}).json()  # the cross-encoder
+    assert crossed["model"] == whole.manifest.reranker.name
+    assert all(0 <= r["relevance_score"] <= 1 for r in crossed["results"])
+    budgeted = TestClient(create_app(whole.root, budgets=Budgets(request_tokens=10)), raise_server_exceptions=False)
+    refused = budgeted.post("/v1/rerank", json={"query": query, "documents": texts, "model": "maxsim"})
+    assert refused.status_code == 413 and "late-interaction" in refused.json()["error"]
+
+
 PYLATE_SCRIPT = """
 import json, sys
 import numpy as np
