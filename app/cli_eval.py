@@ -54,7 +54,7 @@ def _bench(args: argparse.Namespace) -> int:
         raise ConfigError("--train-settings and --base only apply with --train-split")
     options = SystemOptions(retriever_model=retriever_model, engine=args.engine, precision=args.precision,
                             backend=args.backend,
-                            reranker_model=reranker_model, rerank_depth=args.rerank_depth,
+                            reranker_model=reranker_model, rerank_depth=args.rerank_depth, late_model=args.late_model,
                             rerank_blend=blend_setting(args.rerank_blend),
                             batch_size=args.batch_size, show_progress=not args.quiet, device=args.device,
                             language=None if args.language == "legacy" else args.language)
@@ -253,6 +253,8 @@ def add_commands(sub: Any, only: str | None = None) -> None:
     bench.add_argument("--backend", default=EngineSettings().backend, help="ANN backend of the engine the dense "
                        "systems search (default: the engine's default)")
     bench.add_argument("--reranker-model", default=None, help="cross-encoder name or directory (+rerank systems)")
+    bench.add_argument("--late-model", default=None, help="late-interaction model for the +maxsim systems: a ColBERT "
+                       "checkpoint (PyLate or Stanford layout), or a bi-encoder read token by token (zero-shot)")
     bench.add_argument("--rerank-depth", type=int, default=None,
                        help=f"candidates the cross-encoder reads (default: an --engine's own, else "
                             f"{EngineSettings().rerank_depth})")

@@ -323,9 +323,9 @@ class TwoStageSearch(ABC):
                            **{**knobs, "like": [doc_id], "similar": True, "rerank": False})
 
     def as_retriever(self, *, first_stage: str | None = None, rerank: bool | None = None,
-                     rerank_depth: int | None = None) -> EngineRetriever:
+                     rerank_depth: int | None = None, maxsim: bool | None = None) -> EngineRetriever:
         """This engine as a plain retriever (``search`` / ``search_batch`` -> RankedList), e.g. for the harness."""
-        return EngineRetriever(self, first_stage, rerank, rerank_depth)
+        return EngineRetriever(self, first_stage, rerank, rerank_depth, maxsim)
 
     def window(self, knobs: Mapping[str, Any]) -> int:
         """How many hits one query ranks, and so how deep pages go: the first stage's depth (or the rerank depth,
@@ -624,8 +624,9 @@ class EngineRetriever:
     """An engine seen as a retriever: ``search(query, k)`` and ``search_batch`` -> RankedList."""
 
     def __init__(self, engine: TwoStageSearch, first_stage: str | None, rerank: bool | None,
-                 rerank_depth: int | None) -> None:
+                 rerank_depth: int | None, maxsim: bool | None = None) -> None:
         self.engine, self.first_stage, self.rerank, self.rerank_depth = engine, first_stage, rerank, rerank_depth
+        self.maxsim = maxsim
 
     def search(self, query: str, k: int = 10) -> RankedList:
         return self.search_batch([query], k)[0]
@@ -634,7 +635,8 @@ class EngineRetriever:
         return self.engine._ranked(check_queries(queries), k, None, self.knobs()).pages
 
     def knobs(self) -> dict[str, Any]:
-        return {"first_stage": self.first_stage, "rerank": self.rerank, "rerank_depth": self.rerank_depth}
+        return {"first_stage": self.first_stage, "rerank": self.rerank, "rerank_depth": self.rerank_depth,
+                "maxsim": self.maxsim}
 
     def reading_notes(self, queries: Sequence[str]) -> list[str]:
         """What this system's models cut of the engine's documents and of ``queries``

@@ -22,6 +22,7 @@ class SystemOptions:
     retriever_model: str | None = None
     engine: str | None = None  # a built engine directory of this corpus: its models, indexes and settings are used
     reranker_model: str | None = None
+    late_model: str | None = None  # token vectors by this model (a ColBERT checkpoint or a bi-encoder): +maxsim systems
     # None (and "auto" for the blend): an --engine's own setting, else the engine default; a value overrides it
     rerank_depth: int | None = None
     rerank_blend: float | str | None = "auto"  # EngineSettings.rerank_blend; "auto": the engine's own
@@ -40,7 +41,7 @@ _ENGINES: weakref.WeakKeyDictionary[Corpus, dict[tuple[Any, ...], Any]] = weakre
 
 
 def engine_for(corpus: Corpus, options: SystemOptions, *, need_reranker: bool = False,
-               need_retriever: bool = True) -> Any:
+               need_retriever: bool = True, need_late: bool = False) -> Any:
     """The search engine the harness's dense, hybrid and +rerank systems are views of: an ``--engine``'s, or one
     built in a temporary directory with the engine defaults. With no retriever given and none needed
     (``bm25+rerank``), a BM25-only engine over whole documents: its first stage is the ``bm25`` system's list, so
@@ -48,7 +49,8 @@ def engine_for(corpus: Corpus, options: SystemOptions, *, need_reranker: bool = 
     if need_retriever and not (options.retriever_model or options.engine):
         raise ConfigError("the dense systems need a model: pass --retriever-model NAME_OR_DIR (or --engine DIR)")
     key = (options.retriever_model, options.engine, options.reranker_model, options.precision, options.backend,
-           options.batch_size, options.rerank_depth, str(options.rerank_blend), options.device, options.language)
+           options.batch_size, options.rerank_depth, str(options.rerank_blend), options.device, options.language,
+           options.late_model)
     shared = _ENGINES.setdefault(corpus, {})
     if key not in shared:
         shared[key] = _build_engine(corpus, options)
@@ -56,6 +58,11 @@ def engine_for(corpus: Corpus, options: SystemOptions, *, need_reranker: bool = 
     if need_reranker and engine.manifest.reranker is None:
         raise ConfigError("the +rerank systems need a cross-encoder: pass --reranker-model NAME_OR_DIR"
                           + (f" (engine {options.engine} has none; rebuild it with --reranker)" if options.engine else ""))
+    if need_late and engine.manifest.late is None:
+        raise ConfigError("the +maxsim systems need token vectors: pass --late-model NAME_OR_DIR (a ColBERT checkpoint, "
+                          "or a bi-encoder read token by token)"
+                          + (f" (engine {options.engine} has none; add them with `twostage late`)" if options.engine
+                             else ""))
     return engine
 
 
@@ -80,7 +87,8 @@ def _build_engine(corpus: Corpus, options: SystemOptions) -> Any:
     tmp = tempfile.mkdtemp(prefix="twostage-bench-")
     engine = SearchEngine.build(corpus, f"{tmp}/engine", retriever=options.retriever_model,
                                 reranker=options.reranker_model, settings=settings,
-                                show_progress=options.show_progress, device=options.device)
+                                show_progress=options.show_progress, device=options.device,
+                                late_interaction=options.late_model)
     weakref.finalize(engine, shutil.rmtree, tmp, True)
     return engine
 
@@ -96,10 +104,11 @@ def overrides(options: SystemOptions) -> dict[str, Any]:
     return out
 
 
-def _view(first_stage: str, rerank: bool) -> SystemFactory:
+def _view(first_stage: str, rerank: bool, maxsim: bool = False) -> SystemFactory:
     def build(corpus: Corpus, options: SystemOptions) -> SearchSystem:
-        engine = engine_for(corpus, options, need_reranker=rerank, need_retriever=first_stage != "bm25")
-        return engine.as_retriever(first_stage=first_stage, rerank=rerank)
+        engine = engine_for(corpus, options, need_reranker=rerank, need_retriever=first_stage != "bm25",
+                            need_late=maxsim)
+        return engine.as_retriever(first_stage=first_stage, rerank=rerank, maxsim=maxsim)
 
     return build
 
@@ -119,6 +128,8 @@ SYSTEMS: dict[str, SystemFactory] = {
     "bm25+rerank": _view("bm25", True),
     "dense+rerank": _view("dense", True),
     "hybrid+rerank": _view("hybrid", True),
+    "hybrid+maxsim": _view("hybrid", False, True),
+    "hybrid+maxsim+rerank": _view("hybrid", True, True),
 }
 DESCRIPTIONS = {
     "bm25": "BM25 (Lucene formula, k1=1.5, b=0.75; each text's language's stemmer and stopwords), bm25s engine",
@@ -130,9 +141,13 @@ DESCRIPTIONS = {
                    "top --rerank-depth reranked by the cross-encoder (--reranker-model)",
     "dense+rerank": "dense, top --rerank-depth reranked by the cross-encoder",
     "hybrid+rerank": "hybrid, top --rerank-depth reranked by the cross-encoder",
+    "hybrid+maxsim": "hybrid, top maxsim_depth reordered by MaxSim over token vectors by --late-model (blended with "
+                     "hybrid by the engine's maxsim_blend)",
+    "hybrid+maxsim+rerank": "hybrid -> MaxSim -> the cross-encoder on MaxSim's top --rerank-depth",
 }
-NEEDS_MODEL = {"dense", "hybrid", "dense+rerank", "hybrid+rerank"}
-NEEDS_RERANKER = {"bm25+rerank", "dense+rerank", "hybrid+rerank"}
+NEEDS_MODEL = {"dense", "hybrid", "dense+rerank", "hybrid+rerank", "hybrid+maxsim", "hybrid+maxsim+rerank"}
+NEEDS_RERANKER = {"bm25+rerank", "dense+rerank", "hybrid+rerank", "hybrid+maxsim+rerank"}
+NEEDS_LATE = {"hybrid+maxsim", "hybrid+maxsim+rerank"}
 
 
 def resolve_systems(spec: str | Sequence[str], options: SystemOptions | None = None) -> list[str]:
@@ -145,8 +160,9 @@ def resolve_systems(spec: str | Sequence[str], options: SystemOptions | None = N
     if names == ["all"]:
         have_model = bool(options and (options.retriever_model or options.engine))
         have_reranker = bool(options and (options.reranker_model or options.engine))
-        return [n for n in SYSTEMS
-                if (have_model or n not in NEEDS_MODEL) and (have_reranker or n not in NEEDS_RERANKER)]
+        have_late = bool(options and options.late_model)
+        return [n for n in SYSTEMS if (have_model or n not in NEEDS_MODEL)
+                and (have_reranker or n not in NEEDS_RERANKER) and (have_late or n not in NEEDS_LATE)]
     unknown = [n for n in names if n not in SYSTEMS]
     if unknown or not names:
         raise ConfigError(f"unknown system(s) {', '.join(unknown) or '(none given)'}; known: all, {', '.join(SYSTEMS)}")

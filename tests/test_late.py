@@ -454,6 +454,31 @@ def test_http_rerank_by_maxsim(late_engines):
     assert refused.status_code == 413 and "late-interaction" in refused.json()["error"]
 
 
+def test_bench_systems_with_and_without_maxsim(models, tmp_path):
+    from twostage.eval.systems import SYSTEMS, SystemOptions, engine_for, resolve_systems
+    from twostage.indexer.beir import BeirDataset
+
+    retriever, reranker = models
+    corpus = BeirDataset(SAMPLE).corpus
+    options = SystemOptions(retriever_model=str(retriever), reranker_model=str(reranker), late_model=str(retriever),
+                            device="cpu")
+    assert {"hybrid+maxsim", "hybrid+maxsim+rerank"} <= set(resolve_systems("all", options))
+    assert "hybrid+maxsim" not in resolve_systems("all", SystemOptions(retriever_model=str(retriever)))
+    queries = sample_queries()[:8]
+    engine = engine_for(corpus, options)
+    runs = {name: SYSTEMS[name](corpus, options).search_batch(queries, 10)
+            for name in ("hybrid", "hybrid+maxsim", "hybrid+rerank", "hybrid+maxsim+rerank")}
+    for name, knobs in (("hybrid", {"maxsim": False, "rerank": False}), ("hybrid+maxsim", {"rerank": False}),
+                        ("hybrid+rerank", {"maxsim": False}), ("hybrid+maxsim+rerank", {})):
+        for query, got in zip(queries, runs[name]):  # each system is the engine's own search with its stages
+            hits = engine.search(query, 10, **knobs).hits
+            assert list(got.ids) == [h.id for h in hits], name
+            np.testing.assert_allclose(got.scores, [h.score for h in hits], rtol=1e-5)  # float32
+    assert any(list(a.ids) != list(b.ids) for a, b in zip(runs["hybrid"], runs["hybrid+maxsim"]))
+    with pytest.raises(ConfigError, match="--late-model"):
+        SYSTEMS["hybrid+maxsim"](corpus, SystemOptions(retriever_model=str(retriever), device="cpu"))
+
+
 PYLATE_SCRIPT = """
 import json, sys
 import numpy as np
