@@ -23,8 +23,8 @@ from __future__ import annotations
 import base64
 import uuid
 from collections.abc import Callable
-from types import SimpleNamespace
 from contextlib import AbstractContextManager
+from types import SimpleNamespace
 from typing import Any, Literal
 
 import numpy as np
@@ -149,14 +149,15 @@ def add_compat_routes(app: Any, searching: Callable[[], AbstractContextManager[A
         def run() -> Any:
             with searching() as engine:
                 late = engine.manifest.late
-                if late is not None and (engine.manifest.reranker is None or body.model in ("maxsim", late.name)):
-                    budgets.check_count("rerank_documents", len(texts), "documents")
-                    return maxsim_answer(engine, body, texts)
-                reranker = engine.reranker
-                if reranker is None:
+                by_maxsim = late is not None and (engine.manifest.reranker is None
+                                                  or body.model in ("maxsim", late.name))
+                reranker = None if by_maxsim else engine.reranker
+                if not by_maxsim and reranker is None:
                     return error(409, "this engine has no reranker; build it with --reranker (or add token vectors "
                                       "with `twostage late`) to rerank")
                 budgets.check_count("rerank_documents", len(texts), "documents")
+                if reranker is None:  # by MaxSim (neither model is the 409 above)
+                    return maxsim_answer(engine, body, texts)
                 tokens = pair_tokens(reranker, body.query, texts)
                 budgets.check_count("request_tokens", tokens, "query and documents: tokens the reranker would read")
                 scores = np.asarray(reranker.predict([(body.query, t) for t in texts],

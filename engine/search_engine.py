@@ -377,9 +377,11 @@ class SearchEngine(TwoStageSearch):
         step = max(1, self.shape.words // self.shape.stride) if self.shape.enabled else 1
         at = 0
         for (doc_id, _), group in zip(held, groups):
-            cover = group[::step] if (len(group) - 1) % step == 0 else np.append(group[::step], group[-1])
-            terms = self.bm25.strongest_terms(np.searchsorted(self.bm25_rows, group), m,
-                                              np.searchsorted(self.bm25_rows, cover)) if m > 0 else {}
+            terms: dict[str, float] = {}
+            if m > 0:
+                cover = group[::step] if (len(group) - 1) % step == 0 else np.append(group[::step], group[-1])
+                terms = self.bm25.strongest_terms(np.searchsorted(self.bm25_rows, group), m,
+                                                  np.searchsorted(self.bm25_rows, cover))
             out[doc_id] = (vectors[at:at + len(group)].mean(axis=0), terms)
             at += len(group)
         return out

@@ -169,10 +169,10 @@ def test_bm25_expansion_adds_weighted_columns(engines):
     assert terms == {"c": 0.5, "a": pytest.approx(0.5 * 1.5 / 2.0)}
 
 
-def reference_strongest(bm25, cover_texts, rows, m):
-    """A document's strongest terms the slow way: its non-overlapping passages' texts analysed and weighed as one
-    document (the index's document frequencies and average length), the 2 m first kept, then each one's highest
-    weight over every passage row, read term by term. Also each candidate's document weight."""
+def reference_strongest(bm25, cover_texts, rows):
+    """A document's terms weighed the slow way: each one's weight in its non-overlapping passages' texts analysed as
+    one document (the index's document frequencies and average length), and its highest weight over every passage
+    row, read term by term."""
     from collections import Counter
 
     counts = Counter(t for x in cover_texts for t in bm25.analyzer(x))
@@ -205,7 +205,7 @@ def test_a_passage_documents_strongest_terms_agree_with_the_text_analysing_refer
         cover = rows[::step] if (len(rows) - 1) % step == 0 else rows[::step] + [rows[-1]]
         _, passages, _ = engine.documents_with_passages([doc.id])[0]
         by_id = {d.id: d.full_text for d in passages}
-        weight, exact = reference_strongest(bm25, [by_id[ids[r]] for r in cover], rows, 6)
+        weight, exact = reference_strongest(bm25, [by_id[ids[r]] for r in cover], rows)
         assert len(got) == min(6, len(weight))
         assert all(got[t] == pytest.approx(exact[t], rel=1e-6) for t in got)  # the exact passage weight
         cut = sorted(weight.values(), reverse=True)[min(12, len(weight)) - 1]
