@@ -27,8 +27,7 @@ from typing import Any
 import numpy as np
 
 from twostage.engine.training import choose_blend, dev_scorer, retriever_dev, temporary_engine
-from twostage.indexer.atomic import write_json
-from twostage.indexer.codec import to_json_dict
+from twostage.indexer.atomic import to_json_dict, write_json
 from twostage.indexer.corpus import Corpus, CorpusSource, load_corpus
 from twostage.indexer.engine_dir import EngineSettings
 from twostage.indexer.errors import ConfigError

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from twostage.models.hf import check_texts
+from twostage.models.base import check_texts
 
 logger = logging.getLogger(__name__)
 _caller = threading.local()  # whether the calling thread serves a search (its bulk pieces never wait for searches)

@@ -97,7 +97,7 @@ def text_tokens(model: Any, texts: Sequence[str], stop_over: int | None = None) 
     text whole (0 for a model without a tokenizer). ``stop_over``: when the texts certainly hold more tokens than
     this (each text of more words than the model reads is read as ``max_length`` tokens), that lower bound is
     returned without tokenising anything."""
-    from twostage.models.hf import head_words
+    from twostage.models.base import head_words
 
     tokenizer = getattr(model, "tokenizer", None)
     limit = getattr(model, "max_length", None) or getattr(getattr(model, "config", None), "max_length", None)

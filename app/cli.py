@@ -1,4 +1,10 @@
-"""The ``twostage`` command line. Errors print one line (``-v`` shows the traceback) and exit non-zero."""
+"""The ``twostage`` command line. Errors print one line (``-v`` shows the traceback) and exit non-zero.
+
+The commands (:data:`COMMANDS`): each one's module and one-line help, read without importing any module.
+
+``twostage --help`` lists these; a command's module (its flags, and what they import) is imported only when that
+command is parsed (:func:`build_parser`).
+"""
 
 from __future__ import annotations
 
@@ -12,10 +18,64 @@ from pathlib import Path
 from typing import Any
 
 from twostage.indexer.errors import TwostageError
-from twostage.indexer.notices import Shown
 
 logger = logging.getLogger("twostage")
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "sample"  # package data in a wheel (twostage/data)
+
+
+class Shown(logging.Filter):
+    """A handler filter: records at ``level`` or above, and every one-time announcement of a slow step (the library
+    logs them with ``extra=ONE_TIME``, :data:`twostage.models.weights.ONE_TIME`), so a first search that exports a
+    model for half a minute says so first instead of hanging silently."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__()
+        self.level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= self.level or bool(getattr(record, "one_time", False))
+
+
+TRAINING_NOTE = " (flags default to the measured recipe, `twostage.app.train_models.TrainSettings`)"
+
+# command -> (the module of twostage.app that adds it, its one-line help); in the order --help lists them
+COMMANDS: dict[str, tuple[str, str]] = {
+    "download": ("cli", "download a public BEIR dataset zip and unpack it"),
+    "bench": ("cli_eval", "evaluate systems on a BEIR directory against BM25"),
+    "eval": ("cli_eval", "score TREC run files against a BEIR directory's qrels (as trec_eval does)"),
+    "rerank": ("cli_eval", "rerank the candidates of a TREC run with a cross-encoder"),
+    "build": ("cli_engine", "build a search engine directory from a corpus"),
+    "search": ("cli_engine", "search an engine: the whole two-stage pipeline"),
+    "add": ("cli_engine", "add documents from a corpus file"),
+    "upsert": ("cli_engine", "upsert documents from a corpus file (replacing same ids)"),
+    "delete": ("cli_engine", "delete documents by id"),
+    "compact": ("cli_engine", "rewrite the dense index without deleted documents"),
+    "late": ("cli_engine", ("store every passage's token vectors by a late-interaction model (a ColBERT checkpoint, "
+                            "or a bi-encoder token by token): MaxSim then reorders the first stage's candidates")),
+    "swap": ("cli_engine", ("rebuild an engine with new model(s) and promote it only if it is not worse (exit 0 "
+                            "promoted, 1 refused, 2 bad input or the engine changed meanwhile)")),
+    "calibrate": ("cli_engine", ("fit the reranker's score to a probability of relevance on judged queries (not "
+                                 "test) and write it into the engine; then search with --min-relevance")),
+    "info": ("cli_engine", "what an engine holds (settings, models, counts)"),
+    "serve": ("cli_engine", "serve an engine over HTTP (search page, JSON API; needs the serve extra)"),
+    "train-retriever": ("cli_train", "fine-tune a bi-encoder with contrastive loss on a BEIR split" + TRAINING_NOTE),
+    "train-reranker": ("cli_train", "train a cross-encoder reranker on a BEIR split" + TRAINING_NOTE),
+    "adapt": ("cli_train", ("train the bi-encoder and the reranker on a corpus alone (no labels): pseudo-queries "
+                            "made from the documents")),
+    "demo": ("cli", "run the demo on the bundled sample collection"),
+}
+
+
+def help_of(command: str) -> str:
+    return COMMANDS[command][1]
+
+
+def command_in(argv: list[str]) -> str | None:
+    """The command ``argv`` runs: its first word that is not an option (the global options take no value)."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word if word in COMMANDS else None
+    return None
 
 
 def _download(args: argparse.Namespace) -> int:
@@ -54,10 +114,8 @@ def _quiet_libraries() -> None:
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The parser of every command (``argv`` None), or, for ``argv``, of the command it runs only: the others are
-    listed by name and help (:mod:`twostage.app.commands`), their modules not imported, so ``twostage --help`` and a
+    listed by name and help (:data:`COMMANDS`), their modules not imported, so ``twostage --help`` and a
     mistyped flag answer at once."""
-    from twostage.app.commands import COMMANDS, command_in
-
     parser = argparse.ArgumentParser(prog="twostage", description="Retrieve, then rerank: build, train and benchmark search.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log more and show tracebacks on errors")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
@@ -87,8 +145,6 @@ def _add_module(module: str, sub: Any, only: str | None = None) -> None:
 
 
 def _add_download(sub: Any) -> None:
-    from twostage.app.commands import help_of
-
     dl = sub.add_parser("download", help=help_of("download"))
     dl.add_argument("name", help="BEIR dataset name, e.g. scifact, nfcorpus, arguana")
     dl.add_argument("--dest", type=Path, default=Path("datasets"), help="parent directory (default: ./datasets)")
@@ -98,8 +154,6 @@ def _add_download(sub: Any) -> None:
 
 
 def _add_demo(sub: Any) -> None:
-    from twostage.app.commands import help_of
-
     demo = sub.add_parser("demo", help=help_of("demo"))
     demo.add_argument("--data", type=Path, default=SAMPLE, help=argparse.SUPPRESS)
     demo.add_argument("--base", default="all-MiniLM-L6-v2", help=argparse.SUPPRESS)
@@ -177,8 +231,6 @@ def run() -> None:
     the answer is flushed and the process ends without tearing its modules down: torch and transformers take
     about 1.5 s to unload on 2 cores, a third of a cold search's time outside the model load. Nothing is lost: such a
     command holds only a read lease (a lock the system releases) and no buffered write."""
-    from twostage.app.commands import command_in
-
     code = main()
     argv = sys.argv[1:]
     if command_in(argv) in READ_ONLY and "--ray" not in argv:  # (a Ray client's shutdown has work to do)

@@ -5,14 +5,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from twostage.app.commands import help_of
-from twostage.indexer.engine_dir import FIRST_STAGES, FUSIONS, PRECISIONS, EngineSettings
+from twostage.app.cli import help_of
+from twostage.indexer.engine_dir import (
+    ANN_PARAMS,
+    FIRST_STAGES,
+    FUSIONS,
+    PRECISIONS,
+    EngineSettings,
+    check_ann_params,
+)
 from twostage.indexer.errors import ConfigError
-from twostage.indexer.vectors import BACKENDS
+from twostage.indexer.vectors import BACKENDS, METRICS
 
 BATCH = 32  # queries searched together when reading them from a file
 
@@ -157,10 +164,25 @@ def corpus_of(args: argparse.Namespace) -> Any:
     return args.corpus
 
 
+def parse_ann_params(items: Sequence[str]) -> dict[str, int]:
+    """``--ann-param KEY=VALUE`` items as the engine's ``ann_params``, checked before any encoding starts."""
+    params: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--ann-param {item!r}: expected KEY=VALUE, e.g. --ann-param M=32")
+        try:
+            params[key] = int(raw)
+        except ValueError:
+            raise ConfigError(f"--ann-param {item!r}: {key} must be an integer") from None
+    return check_ann_params(params, "--ann-param")
+
+
 def _settings(args: argparse.Namespace) -> EngineSettings:
     defaults = EngineSettings()
     return EngineSettings(first_stage=args.first_stage, rerank_depth=args.rerank_depth, precision=args.precision,
-                          backend=args.backend, batch_size=args.batch_size, first_stage_depth=args.first_stage_depth,
+                          backend=args.backend, metric=args.metric, ann_params=parse_ann_params(args.ann_param),
+                          batch_size=args.batch_size, first_stage_depth=args.first_stage_depth,
                           passage_words=args.passage_words, passage_stride=args.passage_stride,
                           passage_title=not args.no_passage_title, passage_whole_up_to=args.passage_whole_up_to,
                           rerank_whole_up_to=args.rerank_whole_up_to, rerank_blend=blend_setting(args.rerank_blend),
@@ -546,6 +568,11 @@ def add_commands(sub: Any, only: str | None = None) -> None:
                    help="model precision at search time (auto: with the openvino extra, the retriever in "
                    "openvino-fp32 and the reranker in openvino-int8; else bf16 on AMX CPUs, else fp32)")
     b.add_argument("--backend", default=d.backend, help=", ".join(BACKENDS))
+    b.add_argument("--metric", default=d.metric, choices=METRICS,
+                   help=f"the dense similarity: cosine, inner product or L2 distance (default {d.metric})")
+    b.add_argument("--ann-param", action="append", default=[], metavar="KEY=VALUE",
+                   help="an ANN backend parameter, e.g. --ann-param M=32 --ann-param ef_search=512 (known: "
+                        f"{', '.join(ANN_PARAMS)}; each one left out is sized from the corpus)")
     b.add_argument("--batch-size", type=int, default=d.batch_size)
     b.add_argument("--chunk-size", type=int, default=4096, help="documents encoded per resumable chunk")
     b.add_argument("--language", default=d.language, metavar="CODE",

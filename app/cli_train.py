@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from twostage.app.commands import help_of
+from twostage.app.cli import help_of
 from twostage.app.train_models import TrainSettings
 from twostage.models.device import cpu_precision
 

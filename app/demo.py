@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from twostage.app.train_models import TrainSettings
-from twostage.indexer.codec import to_json_dict
+from twostage.indexer.atomic import to_json_dict
 
 if TYPE_CHECKING:
     import pandas as pd

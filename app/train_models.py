@@ -1,5 +1,6 @@
-"""Training both models for ``twostage bench --train-split``: the bi-encoder first, then the reranker (whose
-dense negatives come from that bi-encoder), both on the train split only.
+"""Training: :func:`train`, the one entry for either model (its recipe says which), and :func:`train_models`, both
+models for ``twostage bench --train-split``: the bi-encoder first, then the reranker (whose dense negatives come
+from that bi-encoder), both on the train split only.
 
 Both hold out the same train queries as dev (same fraction, same seed): they pick the bi-encoder's epoch, the
 reranker's epoch and the reranker's blend with the first stage. The evaluation split is never read here.
@@ -14,14 +15,18 @@ import logging
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twostage.engine.training import train_reranker_on, train_retriever_on
-from twostage.indexer.codec import from_json_dict, to_json_dict
+from twostage.indexer.atomic import from_json_dict, to_json_dict
 from twostage.indexer.engine_dir import EngineSettings, renamed
 from twostage.indexer.errors import ConfigError
 from twostage.reranker.training import RerankerConfig
-from twostage.retriever.recipe import RetrieverRecipe
+from twostage.retriever.recipe import DevMetric, RetrieverRecipe
+
+if TYPE_CHECKING:
+    from twostage.indexer.beir import BeirDataset
+    from twostage.models.fit import FitResult
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +61,39 @@ def load_settings(path: str | Path) -> TrainSettings:
     return from_json_dict(TrainSettings, data, str(path))
 
 
+def train(recipe: RetrieverRecipe | RerankerConfig, data: str | Path | BeirDataset, split: str, out: str | Path, *,
+          base: str = TrainSettings.base, dev_fraction: float = TrainSettings.dev_fraction,
+          dev_metric: DevMetric | None = None, retriever: str | Path | None = None,
+          settings: EngineSettings | None = None, show_progress: bool = False) -> FitResult:
+    """Train one model from ``base`` on a BEIR split into ``out``: a bi-encoder for a :class:`RetrieverRecipe`, a
+    cross-encoder reranker for a :class:`RerankerConfig`.
+
+    ``dev_fraction`` of the split's queries are held out (0: none); they choose the epoch (and the reranker's blend
+    with each first stage) by ``dev_metric`` (default: nDCG@10, :func:`twostage.eval.metrics.ndcg10_by_query`) of
+    an engine with ``settings`` (the engine defaults) searching them, so what is chosen is what such an engine
+    serves. ``retriever`` (a reranker's only): the bi-encoder that mines its dense negatives and is its dev engine's
+    retriever (the base model when None). What dev chose is in the result's ``training`` record.
+
+    >>> train(RetrieverRecipe(), "datasets/scifact", "train", "models/retriever")
+    >>> train(RerankerConfig(), "datasets/scifact", "train", "models/reranker", retriever="models/retriever")
+    """
+    if dev_metric is None:
+        from twostage.eval.metrics import ndcg10_by_query
+
+        dev_metric = ndcg10_by_query
+    if isinstance(recipe, RetrieverRecipe):
+        if retriever is not None:
+            raise ConfigError("retriever= names the bi-encoder a reranker mines with; a RetrieverRecipe trains the "
+                              "bi-encoder itself (to mine its negatives with a trained one: mine_with)")
+        return train_retriever_on(data, split, base, out, replace(recipe, dev_fraction=dev_fraction),
+                                  dev_metric=dev_metric, settings=settings, show_progress=show_progress)
+    if isinstance(recipe, RerankerConfig):
+        return train_reranker_on(data, split, base, out, recipe, dev_fraction=dev_fraction,
+                                 rerank_depth=(settings or EngineSettings()).rerank_depth, dev_metric=dev_metric,
+                                 retriever=retriever, settings=settings, show_progress=show_progress)
+    raise ConfigError(f"train() takes a RetrieverRecipe or a RerankerConfig, got {type(recipe).__name__}")
+
+
 @dataclass(frozen=True)
 class TrainedModels:
     retriever: str | None
@@ -70,8 +108,6 @@ def train_models(data: str | Path, train_split: str, eval_split: str, models_dir
                  show_progress: bool = False) -> TrainedModels:
     """Train what is needed into ``models_dir`` (``retriever/``, ``reranker/``); a given ``retriever`` is used
     as is (for the reranker's dense negatives)."""
-    from twostage.eval.metrics import ndcg10_by_query
-
     if train_split == eval_split:
         raise ConfigError(f"--train-split {train_split} is the evaluated split: models must never see the test "
                           "queries; train on another split (e.g. train)")
@@ -82,18 +118,17 @@ def train_models(data: str | Path, train_split: str, eval_split: str, models_dir
     if need_retriever and retriever is None:
         t = time.perf_counter()
         out = models_dir / "retriever"
-        train_retriever_on(data, train_split, settings.base, out, settings.retriever, dev_metric=ndcg10_by_query,
-                        show_progress=show_progress)
+        train(settings.retriever, data, train_split, out, base=settings.base, dev_fraction=settings.dev_fraction,
+              show_progress=show_progress)
         retriever = str(out)
         seconds["train_retriever_s"] = time.perf_counter() - t
     reranker = None
     if need_reranker:
         t = time.perf_counter()
         out = models_dir / "reranker"
-        config = settings.reranker
-        train_reranker_on(data, train_split, settings.base, out, config, dev_fraction=settings.dev_fraction,
-                          rerank_depth=settings.rerank_depth, dev_metric=ndcg10_by_query, retriever=retriever,
-                          show_progress=show_progress)
+        train(settings.reranker, data, train_split, out, base=settings.base, dev_fraction=settings.dev_fraction,
+              retriever=retriever, settings=replace(EngineSettings(), rerank_depth=settings.rerank_depth),
+              show_progress=show_progress)
         reranker = str(out)
         seconds["train_reranker_s"] = time.perf_counter() - t
     return TrainedModels(retriever, reranker, seconds, to_json_dict(settings))

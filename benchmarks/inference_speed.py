@@ -242,9 +242,8 @@ def main() -> None:
         ap.error("--retriever and --reranker are required")
 
     from twostage import BeirDataset, BM25Retriever
-    from twostage.engine.fusion import rrf
+    from twostage.engine.fusion import rerank_lists, rrf
     from twostage.engine.knobs import dev_choice
-    from twostage.engine.rerank import rerank_lists
     from twostage.eval.metrics import mean_ndcg10
     from twostage.indexer.engine_dir import EngineSettings
     from twostage.indexer.records import RankedList

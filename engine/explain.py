@@ -1,6 +1,6 @@
 """Explanations of a search's hits (``explain=True``), made from what the search path computed for one query:
 each stage's candidates, the fused first stage, the reranker's scores and blend, the diversity step. The records
-and their arithmetic are :mod:`twostage.indexer.explanation`; the formulas are :mod:`twostage.engine.fusion`'s and
+and their arithmetic are :mod:`twostage.indexer.records`; the formulas are :mod:`twostage.engine.fusion`'s and
 :mod:`twostage.engine.steer`'s.
 """
 
@@ -12,14 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from twostage.engine.fusion import dense_weights
+from twostage.engine.fusion import Reranked, dense_weights
 from twostage.engine.knobs import blend_of
-from twostage.engine.rerank import Reranked
 from twostage.engine.steer import Diversified, Expansion, Steering
 from twostage.indexer.engine_dir import EngineSettings
-from twostage.indexer.explanation import DiversityPart, Explanation, RerankPart, StagePart
+from twostage.indexer.records import DiversityPart, Explanation, RankedList, RerankPart, StagePart
 from twostage.indexer.passages import split_id
-from twostage.indexer.records import RankedList
 
 
 @dataclass(frozen=True)

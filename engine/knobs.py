@@ -19,7 +19,7 @@ from typing import Any
 
 from twostage.indexer.engine_dir import FIRST_STAGES, EngineSettings, is_blend, renamed, with_changes
 from twostage.indexer.errors import ConfigError
-from twostage.indexer.topk import check_k
+from twostage.indexer.records import check_k
 
 KNOBS = ("first_stage", "rerank_depth", "rerank", "rerank_blend", "fusion", "dense_weight", "k_rrf",
          "first_stage_depth", "min_relevance", "maxsim", "maxsim_depth", "maxsim_blend")
@@ -49,7 +49,7 @@ def dev_choice(model_dir: str | Path | None) -> DevChoice:
 
 @lru_cache(maxsize=64)
 def _dev_choice(path: str, _mtime: int) -> DevChoice:
-    from twostage.models.model_meta import read_model_meta
+    from twostage.models.base import read_model_meta
 
     meta = read_model_meta(Path(path).parent)
     if meta is None or meta[0] != "cross-encoder":

@@ -26,24 +26,28 @@ from typing import Any
 
 import numpy as np
 
-from twostage.engine.fusion import dense_weights, fuse, reorders
+from twostage.engine.fusion import Reranked, dense_weights, fuse, reorders, rerank_lists
 from twostage.engine.knobs import blend_of, outside, settings_for
 from twostage.engine.models import Models, NoRetriever
 from twostage.engine.pages import PageToken, decode_page_token, encode_page_token, fingerprint, page_key
-from twostage.engine.rerank import Reranked, rerank_lists
-from twostage.engine.steer import Expansion, Steering, diversify, group_pages, rocchio, split_steering
-from twostage.engine.steer import feedback as steer_feedback
+from twostage.engine.steer import (
+    Expansion,
+    Steering,
+    diversify,
+    feedback as steer_feedback,
+    group_pages,
+    rocchio,
+    split_steering,
+)
 from twostage.indexer.engine_dir import (
     EngineManifest,
     EngineSettings,
     with_changes,
 )
 from twostage.indexer.errors import ConfigError, DataError, PageExpiredError
-from twostage.indexer.explanation import Explanation
+from twostage.indexer.records import Document, Explanation, Hit, RankedList, SearchResult, check_encodable, check_k
 from twostage.indexer.filters import CheckedFilter, Where, check_filter, parse_filter
 from twostage.indexer.passages import by_document, split_id, word_starts
-from twostage.indexer.records import Document, Hit, RankedList, SearchResult, check_encodable
-from twostage.indexer.topk import check_k
 from twostage.models.device import resolve_precisions
 
 StageScores = dict[str, dict[str, float]]
@@ -264,7 +268,7 @@ class TwoStageSearch(ABC):
 
         Each result's ``timings`` are the batch's seconds per stage divided by the number of queries.
         """
-        from twostage.engine.highlight import hit_passage
+        from twostage.indexer.passages import hit_passage
 
         queries = check_queries(queries)
         ranking = self._ranked(queries, k, where, knobs, offset)
@@ -575,7 +579,7 @@ class Ranking:
 
 
 class MaxSimScorer:
-    """MaxSim as :func:`~twostage.engine.rerank.rerank_lists` calls a scorer: ``score(query, ids)``, the query's
+    """MaxSim as :func:`~twostage.engine.fusion.rerank_lists` calls a scorer: ``score(query, ids)``, the query's
     token vectors computed once for the batch."""
 
     def __init__(self, engine: TwoStageSearch, vectors: Mapping[str, np.ndarray]) -> None:

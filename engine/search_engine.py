@@ -34,15 +34,14 @@ import numpy as np
 from twostage.engine.models import Models
 from twostage.engine.search import TwoStageSearch
 from twostage.engine.steer import Expansion
-from twostage.indexer.codec import to_json_dict
+from twostage.indexer.atomic import to_json_dict
 from twostage.indexer.engine_dir import EngineManifest, EngineSettings, read_engine_manifest
 from twostage.indexer.errors import ConfigError, DataError, IndexFormatError, PageExpiredError
 from twostage.indexer.filters import Where
 from twostage.indexer.index import Index, IndexChange
 from twostage.indexer.manifest import verify_files
 from twostage.indexer.passages import best_per_document, group_starts, join, passage_id, split_id
-from twostage.indexer.records import Document, RankedList
-from twostage.indexer.topk import top_k
+from twostage.indexer.records import Document, RankedList, top_k
 from twostage.indexer.versions import VERSION, Lease, current_version, open_current
 from twostage.models.device import requested_device
 from twostage.retriever.bm25 import BM25Retriever

@@ -8,7 +8,7 @@
 **Exactness.** Every shard's BM25 scores with the statistics of the whole corpus (document count, average length,
 document frequencies summed over the shards: :mod:`twostage.retriever.bm25_stats`), so a document's BM25 score
 in its shard is bit for bit its score in one engine. Each shard returns its top ``n`` per first stage; the merge
-keeps the global top ``n`` (:func:`twostage.indexer.topk.merge_topk`; equal scores: earlier shard first, which
+keeps the global top ``n`` (:func:`twostage.indexer.records.merge_topk`; equal scores: earlier shard first, which
 for a built engine, whose shards are contiguous slices of the corpus, is corpus order). RRF and the reranker then
 run once, here, on the merged candidates. With an exact dense backend (``backend="flat"``) the sharded engine's
 BM25, dense and hybrid top k are the single engine's; with an ANN backend each shard's graph differs from one
@@ -52,8 +52,7 @@ from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
 from twostage.indexer.filters import Where, merge_kinds
 from twostage.indexer.index import IndexChange
 from twostage.indexer.manifest import check_file_name, manifest_text, read_manifest_json
-from twostage.indexer.records import Document, RankedList
-from twostage.indexer.topk import contiguous_bounds, merge_topk
+from twostage.indexer.records import Document, RankedList, contiguous_bounds, merge_topk
 from twostage.indexer.versions import VERSION, Lease, commit, current_version, open_current, writer_lock
 from twostage.retriever.analyzer import Analyzer
 from twostage.retriever.bm25 import BM25Config, BM25Retriever, with_corpus_languages

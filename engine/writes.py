@@ -480,7 +480,7 @@ def write_streamed(out: Path, enc: _Encoded, settings: EngineSettings, stats: Co
     chunk at a time (:meth:`BM25Retriever.build_chunked`), with ``stats`` when given (a shard: the whole corpus's
     statistics; ``bm25_config``: its BM25 settings, its languages already found, else those of
     ``settings.language``)."""
-    backend = BackendConfig(settings.backend, settings.metric)
+    backend = BackendConfig(settings.backend, settings.metric, dict(settings.ann_params))
     change, params, enc.info = streamed_change(enc.work, enc.done, backend, enc.info)
     bm25 = BM25Retriever.build_chunked(lambda: chunk_documents(enc.work, enc.done),
                                        bm25_config or bm25_settings(settings), stats=stats)

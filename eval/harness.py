@@ -16,7 +16,7 @@ from twostage.eval.run import Run
 from twostage.eval.systems import SYSTEMS, SearchSystem, SystemOptions, resolve_systems
 from twostage.indexer.beir import BeirDataset, QrelsCheck, Split
 from twostage.indexer.errors import ConfigError
-from twostage.indexer.topk import check_k
+from twostage.indexer.records import check_k
 
 logger = logging.getLogger(__name__)
 

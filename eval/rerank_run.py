@@ -18,7 +18,7 @@ from twostage.eval.run import Run
 from twostage.indexer.beir import BeirDataset
 from twostage.indexer.engine_dir import EngineSettings, is_blend, renamed, renames
 from twostage.indexer.errors import ConfigError, DataError
-from twostage.indexer.topk import check_k
+from twostage.indexer.records import check_k
 
 logger = logging.getLogger(__name__)
 FIRST_STAGES = ("bm25", "dense", "hybrid")

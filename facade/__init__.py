@@ -25,7 +25,7 @@ __all__ = [
     # the models and BM25
     "BM25Retriever", "BiEncoder", "CrossEncoder",
     # training and evaluation
-    "train_retriever_on", "RetrieverRecipe", "train_reranker_on", "RerankerConfig", "adapt", "AdaptRecipe",
+    "train", "RetrieverRecipe", "RerankerConfig", "adapt", "AdaptRecipe",
     "run_bench", "evaluate",
 ]
 
@@ -36,8 +36,7 @@ _WHERE = {
     "SearchEngine": "engine.search_engine", "ShardedEngine": "engine.sharded", "open_engine": "engine.door",
     "EngineSettings": "indexer.engine_dir",
     "BM25Retriever": "retriever.bm25", "BiEncoder": "retriever.biencoder", "CrossEncoder": "reranker.cross_encoder",
-    "train_retriever_on": "engine.training", "RetrieverRecipe": "retriever.recipe",
-    "train_reranker_on": "engine.training", "RerankerConfig": "reranker.training",
+    "train": "app.train_models", "RetrieverRecipe": "retriever.recipe", "RerankerConfig": "reranker.training",
     "adapt": "app.adapt", "AdaptRecipe": "app.adapt",
     "run_bench": "eval.harness", "evaluate": "eval.metrics",
 }
@@ -48,16 +47,18 @@ _MOVED = {
     **dict.fromkeys(("DataError", "DataNotFoundError", "ConfigError", "IndexFormatError", "MissingDependencyError",
                      "WriterBusyError", "ModelNotFoundError", "UntrainedHeadError", "FilterError",
                      "PageExpiredError"), "twostage.errors"),
-    "train_retriever": "twostage.retriever.recipe",  # the engine's train_retriever_on chooses the epoch as served
+    "train_retriever": "twostage.retriever.recipe",  # twostage.train chooses the epoch as served
+    # one entry for both models (twostage.train, its recipe says which) replaced the two below
+    **dict.fromkeys(("train_retriever_on", "train_reranker_on"), "twostage.engine.training"),
     "Corpus": "twostage.indexer.corpus", "iter_documents": "twostage.indexer.corpus",
 }
 
 if _typing.TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from twostage.app.adapt import AdaptRecipe, adapt
+    from twostage.app.train_models import train
     from twostage.engine.door import open_engine
     from twostage.engine.search_engine import SearchEngine
     from twostage.engine.sharded import ShardedEngine
-    from twostage.engine.training import train_reranker_on, train_retriever_on
     from twostage.eval.harness import run_bench
     from twostage.eval.metrics import evaluate
     from twostage.indexer.beir import BeirDataset

@@ -8,6 +8,14 @@ constructor keeps one recursion counter per interpreter, so two threads parsing 
 ``SystemError: AST constructor recursion depth mismatch`` (python/cpython#106905; it hit a reader of an engine while a
 writer committed). Every ``.npy`` read in twostage goes through :func:`load_npy`, which parses headers one thread at a
 time; memory-mapped arrays are read outside the lock, lazily, as before.
+
+The one codec between settings dataclasses and JSON (what settings files and manifests hold).
+
+Every settings record (engine settings, BM25 and analyzer settings, training recipes) is a frozen dataclass whose
+fields all have defaults. :func:`to_json_dict` turns one into plain JSON values (nested records become objects,
+tuples lists); :func:`from_json_dict` reads such an object back onto the defaults: a key left out keeps its
+default, nested objects fill nested records, lists become tuples, and an unknown key is an error that names it
+and lists the known ones. The record's own ``__post_init__`` checks the values.
 """
 
 from __future__ import annotations
@@ -20,10 +28,13 @@ import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
+
+from twostage.indexer.errors import ConfigError
 
 
 def fsync_dir(path: Path) -> None:
@@ -105,3 +116,41 @@ def load_npy(path: str | Path, mmap: bool = False) -> np.ndarray:
     """The array in ``path`` (memory-mapped read-only when ``mmap``); never unpickles."""
     with _HEADER_LOCK:
         return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+
+
+T = TypeVar("T")
+
+
+def to_json_dict(record: Any) -> dict[str, Any]:
+    """``record`` (a dataclass instance) as JSON values: nested records as objects, tuples and paths as lists and
+    strings."""
+    return json.loads(json.dumps(asdict(record), default=str))
+
+
+def from_json_dict(kind: type[T], data: Any, where: str) -> T:
+    """A ``kind`` record (a dataclass whose fields all have defaults) from a JSON object.
+
+    ``where`` names the file or field in error messages, e.g. ``"manifest.json: settings"``.
+    """
+    return _onto(kind(), data, where)
+
+
+def _onto(current: T, data: Any, where: str) -> T:
+    """``current`` (a dataclass instance) with the values of the JSON object ``data``, nested records filled."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected an object of settings, got {type(data).__name__}")
+    known = [f.name for f in fields(current)]  # type: ignore[arg-type]  # T is a dataclass by contract
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ConfigError(f"{where}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    values: dict[str, Any] = {}
+    for name, value in data.items():
+        default = getattr(current, name)
+        if is_dataclass(default) and not isinstance(default, type):
+            values[name] = _onto(default, value, f"{where}.{name}")
+        else:
+            values[name] = tuple(value) if isinstance(value, list) else value
+    try:
+        return replace(current, **values)  # type: ignore[type-var]
+    except (TypeError, ValueError) as exc:  # a record's own check, or a value of the wrong shape
+        raise ConfigError(f"{where}: {exc}") from None

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from twostage.indexer.codec import from_json_dict, to_json_dict
+from twostage.indexer.atomic import from_json_dict, to_json_dict
 from twostage.indexer.errors import ConfigError, IndexFormatError
 from twostage.indexer.manifest import check_file_entries, describe_files, manifest_text, read_manifest_json
 from twostage.indexer.passages import PassageShape
@@ -30,6 +30,27 @@ FORMAT_VERSION = 2  # 2: first_stage_depth, rerank_depth, rerank_blend (format 1
 FIRST_STAGES = ("hybrid", "dense", "bm25")
 FUSIONS = ("rrf", "blend")
 PRECISIONS = ("auto", "fp32", "bf16", "int8", "openvino-fp32", "openvino-int8")
+
+
+# the ANN backends' parameters a user may set, all integers (a backend ignores those it does not use), and those that
+# may be 0 or negative
+ANN_PARAMS = ("M", "ef_construction", "ef_search", "nlist", "nprobe", "pq_m", "pq_bits", "rescore", "seed",
+              "build_threads", "search_threads")
+SIGNED_ANN_PARAMS = ("seed", "rescore", "build_threads")
+
+
+def check_ann_params(params: Any, where: str = "ann_params") -> dict[str, int]:
+    """``params`` as the backends read them, or one line naming the bad one: known names, integer values."""
+    if not isinstance(params, dict):
+        raise ConfigError(f"{where} must map ANN parameter names to integers, got {type(params).__name__}")
+    for key, value in params.items():
+        if key not in ANN_PARAMS:
+            raise ConfigError(f"{where}: unknown ANN parameter {key!r}; known: {', '.join(ANN_PARAMS)}")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: {key} must be an integer, got {value!r}")
+        if value <= 0 and key not in SIGNED_ANN_PARAMS:
+            raise ConfigError(f"{where}: {key} must be a positive integer, got {value}")
+    return dict(params)
 
 
 @dataclass(frozen=True)
@@ -67,6 +88,9 @@ class EngineSettings:
     batch_size: int = 32
     backend: str = "hnswlib"
     metric: str = "cosine"
+    # the ANN backend's parameters at build (M, ef_construction, ef_search, nlist, nprobe...; ANN_PARAMS), each
+    # one left out sized from the corpus (indexer.vectors.default_params); kept in the dense part for later changes
+    ann_params: dict[str, int] = field(default_factory=dict)
     passage_words: int = 100  # documents are searched as passages of this many words (0: whole documents)
     passage_stride: int = 50  # a new passage every this many words (passages overlap by words - stride)
     passage_title: bool = True  # the title in front of every passage (False: the first passage only)
@@ -137,6 +161,7 @@ class EngineSettings:
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if not is_blend(self.maxsim_blend):
             raise ConfigError(f"maxsim_blend must be None or a number in [0, 1], got {self.maxsim_blend!r}")
+        check_ann_params(self.ann_params)
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if isinstance(self.rerank_whole_up_to, bool) or not isinstance(self.rerank_whole_up_to, int) \

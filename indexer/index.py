@@ -31,10 +31,9 @@ from typing import Any
 import numpy as np
 
 from twostage.indexer.atomic import load_npy
-from twostage.indexer.docstore import DocStore, read_ids, write_documents
+from twostage.indexer.docstore import DocStore, IdMap, read_ids, write_documents
 from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
 from twostage.indexer.filters import CheckedFilter, MetadataTable, Where, parse_filter
-from twostage.indexer.ids import IdMap
 from twostage.indexer.manifest import (
     EncoderInfo,
     Manifest,
@@ -44,8 +43,7 @@ from twostage.indexer.manifest import (
     read_manifest,
     verify_files,
 )
-from twostage.indexer.records import Document, RankedList
-from twostage.indexer.topk import check_k
+from twostage.indexer.records import Document, RankedList, check_k
 from twostage.indexer.vectors import (
     BackendConfig,
     FlatIndex,
@@ -56,8 +54,7 @@ from twostage.indexer.vectors import (
     similarity,
     verify_saved,
 )
-from twostage.indexer.versions import Lease, open_current
-from twostage.indexer.versions import current_version as _current_version
+from twostage.indexer.versions import Lease, current_version as _current_version, open_current
 
 logger = logging.getLogger(__name__)
 EXACT_BELOW = 20_000  # filtered searches over at most this many allowed rows are exact

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from twostage.indexer.errors import ConfigError, IndexFormatError
-from twostage.indexer.topk import top_k
+from twostage.indexer.records import top_k
 
 BACKENDS = ("flat", "faiss-flat", "faiss-hnsw", "faiss-ivf", "faiss-ivfpq", "hnswlib", "faiss-hnsw-sq8",
             "faiss-ivf-sq8", "faiss-binary")

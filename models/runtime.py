@@ -48,8 +48,8 @@ from twostage.indexer.manifest import (
     read_manifest_json,
     verify_files,
 )
-from twostage.indexer.notices import ONE_TIME
 from twostage.indexer.versions import writer_lock
+from twostage.models.weights import ONE_TIME
 
 logger = logging.getLogger(__name__)
 

@@ -23,9 +23,12 @@ from pathlib import Path
 
 from twostage.indexer.atomic import atomic_directory, sha256_file
 from twostage.indexer.errors import ConfigError, ModelNotFoundError
-from twostage.indexer.notices import ONE_TIME
 
 logger = logging.getLogger(__name__)
+
+# ``logger.info(..., extra=ONE_TIME)`` announces a slow step done once (a model fetched, exported or calibrated): the
+# command line shows such records even when it shows no other INFO line (:class:`twostage.app.cli.Shown`)
+ONE_TIME = {"one_time": True}
 
 
 @dataclass(frozen=True)

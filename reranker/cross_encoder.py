@@ -18,9 +18,16 @@ import numpy as np
 import torch
 
 from twostage.indexer.errors import ConfigError, DataError, UntrainedHeadError
-from twostage.models.base import HFModel
-from twostage.models.hf import arrays, cap_max_length, check_texts, cut_pairs, pair_lengths
-from twostage.models.model_meta import read_model_meta, write_model_meta
+from twostage.models.base import (
+    HFModel,
+    arrays,
+    cap_max_length,
+    check_texts,
+    cut_pairs,
+    pair_lengths,
+    read_model_meta,
+    write_model_meta,
+)
 from twostage.models.runtime import sample_texts, spread
 
 logger = logging.getLogger(__name__)
@@ -85,14 +92,14 @@ class CrossEncoder(HFModel):
         """Pairs as model inputs (``tensors``: "pt" or "np"), cut to ``max_length``: the longer side loses tokens
         first, so a short query is never cut and the document gets the rest, while a query longer than the whole
         budget (a pasted paragraph) is cut too instead of failing (``only_second`` cannot cut the query side).
-        Long sides are first cut where that is exact (:func:`~twostage.models.hf.cut_pairs`)."""
+        Long sides are first cut where that is exact (:func:`~twostage.models.base.cut_pairs`)."""
         queries, documents = cut_pairs(self.tokenizer, queries, documents, self.max_length)
         return arrays(self.tokenizer(queries, documents, padding=True, truncation="longest_first",
                                      max_length=self.max_length), tensors)
 
     def pair_tokens(self, queries: Sequence[str], documents: Sequence[str]) -> list[int]:
         """The tokens each (query, document) pair is read as, after truncation (what :meth:`features` keeps),
-        counted without tokenising long texts whole (:func:`~twostage.models.hf.pair_lengths`)."""
+        counted without tokenising long texts whole (:func:`~twostage.models.base.pair_lengths`)."""
         return pair_lengths(self.tokenizer, queries, documents, self.max_length)
 
     def long_queries(self, queries: Sequence[str]) -> int:

@@ -24,15 +24,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from twostage.indexer.atomic import atomic_directory
-from twostage.indexer.codec import from_json_dict, to_json_dict
+from twostage.indexer.atomic import atomic_directory, from_json_dict, to_json_dict
 from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
-from twostage.indexer.ids import IdMap
-from twostage.indexer.records import Document, RankedList
-from twostage.indexer.topk import check_k, top_k
+from twostage.indexer.docstore import IdMap
+from twostage.indexer.records import Document, RankedList, check_k, top_k
 from twostage.retriever.analyzer import Analyzer, AnalyzerConfig
-from twostage.retriever.bm25_stats import CorpusStats, Postings
-from twostage.retriever.bm25_store import read_bm25_files, write_bm25_files
+from twostage.retriever.bm25_stats import CorpusStats, Postings, read_bm25_files, write_bm25_files
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +68,7 @@ class Bm25sEngine:
     The weights are computed here (:class:`Postings`, bit for bit bm25s's) and the columns summed here in bm25s's
     order (each query term's column in turn, float32), so scores equal bm25s's to the bit (tested against bm25s's own
     index) without importing bm25s to search: its import pulls numba and scipy, half a second of every cold search.
-    ``vocab_dict`` and ``scores`` keep bm25s's names and layout (its files are ours, :mod:`bm25_store`)."""
+    ``vocab_dict`` and ``scores`` keep bm25s's names and layout (its files are ours, :mod:`bm25_stats`)."""
 
     def __init__(self, vocab: dict[str, int], arrays: dict[str, np.ndarray], num_docs: int,
                  counts: np.ndarray | None = None) -> None:
@@ -408,7 +405,7 @@ class BM25Retriever:
 
     def save(self, path: str | Path) -> None:
         """Write the index to a directory atomically (built aside, then renamed into place); see
-        :mod:`twostage.retriever.bm25_store` for the files."""
+        :mod:`twostage.retriever.bm25_stats` for the files."""
         with atomic_directory(path) as tmp:
             self.write_files(tmp)
 

@@ -8,8 +8,7 @@ from typing import Any
 import numpy as np
 
 from twostage.indexer.errors import DataError
-from twostage.indexer.records import Document, RankedList
-from twostage.indexer.topk import check_k, top_k
+from twostage.indexer.records import Document, RankedList, check_k, top_k
 
 
 class DenseRetriever:

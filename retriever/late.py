@@ -31,11 +31,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from twostage.indexer.codec import from_json_dict, to_json_dict
+from twostage.indexer.atomic import from_json_dict, to_json_dict
 from twostage.indexer.errors import ConfigError
-from twostage.models.base import HFModel
-from twostage.models.hf import arrays, cap_max_length, check_texts, head_words
-from twostage.models.model_meta import read_json_object, read_model_meta, write_model_meta
+from twostage.models.base import (
+    HFModel,
+    arrays,
+    cap_max_length,
+    check_texts,
+    head_words,
+    read_json_object,
+    read_model_meta,
+    write_model_meta,
+)
 from twostage.models.runtime import sample_texts, spread
 from twostage.models.weights import ModelNotFoundError
 

@@ -19,8 +19,7 @@ import numpy as np
 import pandas as pd
 
 from twostage.indexer.errors import ConfigError
-from twostage.indexer.records import Qrels, Query
-from twostage.indexer.topk import top_k
+from twostage.indexer.records import Qrels, Query, top_k
 
 logger = logging.getLogger(__name__)
 

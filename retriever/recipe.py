@@ -86,7 +86,7 @@ def train_retriever(data: str | Path | BeirDataset, split: str, base: str, out: 
         raise ConfigError("distillation from a teacher needs hard negatives: set negatives > 0")
     if recipe.dev_fraction and dev is None:  # else the held-out queries would go unused
         raise ConfigError(f"dev_fraction {recipe.dev_fraction} holds queries out to choose the best checkpoint: train "
-                          "with twostage.train_retriever_on (it searches them as an engine does), or set dev_fraction 0")
+                          "with twostage.train (it searches them as an engine does), or set dev_fraction 0")
     ds = data if isinstance(data, BeirDataset) else BeirDataset(data)
     sp = ds.split(split)
     corpus = ds.corpus

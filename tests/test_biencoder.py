@@ -169,7 +169,7 @@ def test_head_words_keep_every_token_truncation_keeps(tiny_bert_dir):
 
     from transformers import AutoTokenizer
 
-    from twostage.models.hf import cut_pairs, head_words
+    from twostage.models.base import cut_pairs, head_words
 
     tok = AutoTokenizer.from_pretrained(tiny_bert_dir)
     rng = random.Random(0)
@@ -202,7 +202,7 @@ def test_tokenize_once_equals_truncating_each_text(tiny_bert_dir):
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    from twostage.models.hf import padded, tokenize_once
+    from twostage.models.base import padded, tokenize_once
 
     words = ["cats", "purr", "dogs", "bark", "loud"]
     vocab = {w: i for i, w in enumerate(["<s>", "</s>", "<pad>", "[UNK]", *words])}

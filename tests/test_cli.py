@@ -46,8 +46,7 @@ def test_help_and_argument_errors_import_neither_torch_nor_the_models():
     import subprocess
     import sys
 
-    from twostage.app.cli import build_parser
-    from twostage.app.commands import COMMANDS
+    from twostage.app.cli import COMMANDS, build_parser
 
     code = ("import sys\nfrom twostage.app.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
             "print('torch' in sys.modules, 'numpy' in sys.modules, 'transformers' in sys.modules)")
@@ -70,13 +69,14 @@ def test_a_slow_one_time_step_is_announced_even_when_quiet():
     import subprocess
     import sys
 
-    from twostage.indexer.notices import ONE_TIME, Shown
+    from twostage.app.cli import Shown
+    from twostage.models.weights import ONE_TIME
 
     record = logging.LogRecord("twostage.models.runtime", logging.INFO, "", 0, "exporting", None, None)
     assert not Shown(logging.WARNING).filter(record) and Shown(logging.INFO).filter(record)
     record.__dict__.update(ONE_TIME)
     assert Shown(logging.WARNING).filter(record)
-    code = ("import logging\nfrom twostage.app.cli import main\nfrom twostage.indexer.notices import ONE_TIME, Shown\n"
+    code = ("import logging\nfrom twostage.app.cli import Shown, main\nfrom twostage.models.weights import ONE_TIME\n"
             "for _ in range(2):\n    main(['-q', 'bench', '--data', '/no/such/dir', '--out', '/tmp/x'])\n"
             "log = logging.getLogger('twostage.models.runtime')\n"
             "log.info('exporting a model once', extra=ONE_TIME)\nlog.info('a plain INFO line')\n"
@@ -335,3 +335,38 @@ def test_the_program_ends_a_search_at_once_with_its_whole_answer(tmp_path, sampl
     bad = subprocess.run([*program, "search", str(tmp_path / "none"), "cats"], capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no such engine directory" in bad.stderr
+
+
+def test_build_takes_the_ann_backends_parameters_and_metric(tmp_path, sample_dir, tiny_bert_dir, capsys):
+    """`build --ann-param KEY=VALUE --metric`: the dense part is built with them (the others sized from the corpus),
+    an added document keeps them, and a bad one is one line naming it, exit 2, before anything is written."""
+    engine = tmp_path / "e"
+    rc = main(["-q", "build", "--corpus", str(sample_dir), "--out", str(engine), "--retriever", str(tiny_bert_dir),
+               "--precision", "fp32", "--ann-param", "M=8", "--ann-param", "ef_search=40", "--metric", "ip"])
+    assert rc == 0, capsys.readouterr().err
+
+    def dense() -> dict:
+        version = (engine / "CURRENT").read_text().strip()
+        return json.loads((engine / version / "dense" / "manifest.json").read_text())
+
+    first = dense()
+    assert first["metric"] == "ip" and first["backend"]["params"]["M"] == 8
+    assert first["backend"]["params"]["ef_search"] == 40 and first["backend"]["params"]["ef_construction"] == 100
+    new = tmp_path / "new.jsonl"
+    new.write_text(json.dumps({"_id": "new-1", "title": "Owls", "text": "Owls hunt at night."}) + "\n")
+    assert main(["-q", "add", str(engine), str(new)]) == 0
+    assert dense()["backend"] == first["backend"] and dense()["metric"] == "ip"
+    capsys.readouterr()
+    for flags, message in ((["--ann-param", "M=x"], "--ann-param 'M=x': M must be an integer"),
+                           (["--ann-param", "bogus=3"], "unknown ANN parameter 'bogus'"),
+                           (["--ann-param", "M=0"], "M must be a positive integer"),
+                           (["--ann-param", "M"], "expected KEY=VALUE")):
+        out = tmp_path / "bad"
+        code = main(["-q", "build", "--corpus", str(sample_dir), "--out", str(out), "--retriever", str(tiny_bert_dir),
+                     *flags])
+        err = capsys.readouterr().err
+        assert code == 2 and message in err and not out.exists(), err
+    with pytest.raises(SystemExit) as exit_:
+        main(["-q", "build", "--corpus", str(sample_dir), "--out", str(tmp_path / "bad"), "--metric", "dot"])
+    assert exit_.value.code == 2 and "invalid choice: 'dot'" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()

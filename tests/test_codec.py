@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from twostage.indexer.codec import from_json_dict, to_json_dict
+from twostage.indexer.atomic import from_json_dict, to_json_dict
 from twostage.indexer.engine_dir import EngineSettings
 from twostage.indexer.errors import ConfigError
 from twostage.retriever.analyzer import AnalyzerConfig

@@ -6,8 +6,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from twostage.indexer import ids as ids_module
-from twostage.indexer.ids import IdMap
+from twostage.indexer import docstore as ids_module
+from twostage.indexer.docstore import IdMap
 
 
 def test_indexing_like_an_object_array():

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from twostage.engine.search_engine import SearchEngine
-from twostage.engine.training import select_blend, train_reranker_on
+from twostage.app.train_models import train
+from twostage.engine.training import select_blend
 from twostage.eval.metrics import ndcg10_by_query
 from twostage.indexer.beir import BeirDataset
 from twostage.indexer.engine_dir import EngineSettings
@@ -78,9 +79,8 @@ def test_trained_reranker_blend_is_resolved_into_the_manifest_and_served(sample_
 
     config = RerankerConfig(epochs=1, lr=1e-3, max_length=48, negatives=2, title_groups=10, bf16=False,
                             mining=MiningConfig(num_negatives=2, depth=20))
-    result = train_reranker_on(sample_dir, "train", str(tiny_bert_dir), tmp_path / "ce", config, dev_fraction=0.2,
-                               dev_metric=ndcg10_by_query, retriever=tiny_bert_dir,
-                               settings=EngineSettings(precision="fp32"))
+    result = train(config, sample_dir, "train", tmp_path / "ce", base=str(tiny_bert_dir), dev_fraction=0.2,
+                   retriever=tiny_bert_dir, settings=EngineSettings(precision="fp32"))  # nDCG@10 by default
     choice = result.training["interpolation"]
     chosen = {name: alpha for name, alpha, _ in choice["by_first_stage"]}
     built = SearchEngine.build(sample_dir, tmp_path / "e", retriever=tiny_bert_dir, reranker=tmp_path / "ce",

@@ -68,7 +68,7 @@ def test_rrf_by_hand():
 
 
 def test_rerank_lists_reorders_the_head_and_keeps_the_rest(trained_dir, sample_dir):
-    from twostage.engine.rerank import rerank_lists
+    from twostage.engine.fusion import rerank_lists
     from twostage.indexer.corpus import load_corpus
 
     corpus = load_corpus(sample_dir)
@@ -252,7 +252,7 @@ def test_rerank_lists_scores_a_document_read_by_several_texts_by_the_best():
     scores the highest of them, with a CrossEncoder-like ``predict`` and with a plain ``score``."""
     import numpy as np
 
-    from twostage.engine.rerank import rerank_lists
+    from twostage.engine.fusion import rerank_lists
     from twostage.indexer.errors import ConfigError
     from twostage.indexer.records import RankedList
 

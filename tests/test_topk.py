@@ -4,8 +4,7 @@ import numpy as np
 import pytest
 
 from twostage.indexer.errors import ConfigError
-from twostage.indexer.records import RankedList
-from twostage.indexer.topk import contiguous_bounds, merge_topk, top_k
+from twostage.indexer.records import RankedList, contiguous_bounds, merge_topk, top_k
 
 
 def test_top_k_matches_a_full_stable_sort():

@@ -361,7 +361,7 @@ def test_held_out_dev_queries_need_a_dev_metric(tmp_path, tiny_bert_dir, sample)
     ds, _ = sample
     with pytest.raises(ConfigError, match="dev_fraction 0.2 holds queries out.*give dev_metric"):
         train_retriever_on(ds, "train", str(tiny_bert_dir), tmp_path / "m", RetrieverRecipe(dev_fraction=0.2))
-    with pytest.raises(ConfigError, match="dev_fraction 0.2 holds queries out.*train_retriever_on"):
+    with pytest.raises(ConfigError, match="dev_fraction 0.2 holds queries out.*twostage.train "):
         train_retriever(ds, "train", str(tiny_bert_dir), tmp_path / "m", RetrieverRecipe(dev_fraction=0.2))
     assert not (tmp_path / "m").exists()
 
@@ -371,7 +371,8 @@ def test_the_retrievers_epoch_is_chosen_by_the_engines_own_dense_search(tmp_path
     dev pool (each query's BM25 top 3 and its relevant documents), passages as served; a training run records one
     such score per epoch."""
     from twostage.engine.search_engine import SearchEngine
-    from twostage.engine.training import retriever_dev, train_retriever_on
+    from twostage.app.train_models import train as train_model
+    from twostage.engine.training import retriever_dev
     from twostage.eval.metrics import ndcg10_by_query
     from twostage.retriever.biencoder import BiEncoder
     from twostage.retriever.recipe import RetrieverRecipe
@@ -392,5 +393,21 @@ def test_the_retrievers_epoch_is_chosen_by_the_engines_own_dense_search(tmp_path
     want = float(np.mean(ndcg10_by_query(qrels, dict(zip([q.id for q in queries], lists)))))
     assert got == pytest.approx(want, abs=1e-9) and got > 0
     recipe = RetrieverRecipe(train=TrainConfig(epochs=2, batch_size=8), negatives=0, dev_fraction=0.3)
-    result = train_retriever_on(ds, "train", str(tiny_bert_dir), tmp_path / "m", recipe, dev_metric=ndcg10_by_query)
+    result = train_model(recipe, ds, "train", tmp_path / "m", base=str(tiny_bert_dir), dev_fraction=0.3)  # nDCG@10 default
     assert [h["epoch"] for h in result.history] == [1, 2] and all(0 <= h["dev"] <= 1 for h in result.history)
+
+
+def test_one_training_entry_takes_either_recipe_and_nothing_else(tmp_path, tiny_bert_dir, sample):
+    """twostage.train: the recipe says which model; a retriever to mine with belongs to a reranker's training only;
+    anything else is one clear error, before any work."""
+    import twostage
+    from twostage.app.train_models import train as train_model
+    from twostage.retriever.recipe import RetrieverRecipe
+
+    ds, _ = sample
+    assert twostage.train is train_model
+    with pytest.raises(ConfigError, match="RetrieverRecipe or a RerankerConfig, got TrainConfig"):
+        train_model(TrainConfig(), ds, "train", tmp_path / "m", base=str(tiny_bert_dir))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="retriever= names the bi-encoder a reranker mines with"):
+        train_model(RetrieverRecipe(), ds, "train", tmp_path / "m", base=str(tiny_bert_dir), retriever=tiny_bert_dir)
+    assert not (tmp_path / "m").exists()
