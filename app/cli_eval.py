@@ -9,8 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from twostage.app.cli_engine import add_device_flag, add_renamed_flags, blend_setting
 from twostage.app.cli import help_of
+from twostage.app.cli_engine import add_device_flag, add_renamed_flags, blend_setting
 from twostage.indexer.engine_dir import PRECISIONS, EngineSettings
 from twostage.indexer.errors import ConfigError, DataError
 

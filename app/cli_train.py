@@ -54,6 +54,8 @@ RETRIEVER = COMMON + _flags(
     ("--margin-rank-weight", "retriever.train.margin_rank_weight", "weight of MNRL next to MarginMSE (0: "
      "distillation alone)"),
     ("--mini-batch-size", "retriever.train.mini_batch_size", "GradCache mini-batch (0: off)"),
+    ("--late", "retriever.late", "train a late-interaction model (MaxSim over token vectors; for `twostage late`) "
+     "instead of a bi-encoder: the same pairs, negatives and loop"),
     ("--dev-fraction", "dev_fraction", "train queries held out to pick the best epoch"),
     ("--max-length", "retriever.max_length", "token limit (none: the model's)", int),
     ("--bf16", "retriever.train.bf16", BF16_HELP, bool),

@@ -16,8 +16,8 @@ from twostage.engine.fusion import Reranked, dense_weights
 from twostage.engine.knobs import blend_of
 from twostage.engine.steer import Diversified, Expansion, Steering
 from twostage.indexer.engine_dir import EngineSettings
-from twostage.indexer.records import DiversityPart, Explanation, RankedList, RerankPart, StagePart
 from twostage.indexer.passages import split_id
+from twostage.indexer.records import DiversityPart, Explanation, RankedList, RerankPart, StagePart
 
 
 @dataclass(frozen=True)

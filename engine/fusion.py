@@ -20,8 +20,9 @@ test) for each first stage the engine serves (their scores differ in shape, so o
 smallest ``alpha`` within one standard error of the best on dev (:func:`one_se_blend`), as a few dozen dev queries
 cannot tell apart blends that close, and the one nearest the first stage is the least likely to rank worse than it.
 
-Reranking first-stage candidate lists: the one function the engine's search path (and so every system the
-harness measures, training's dev selection and ``twostage rerank`` of a run) reorders candidates with.
+Reranking first-stage candidate lists (:func:`rerank_lists`): the one function the engine's search path (and so
+every system the harness measures, training's dev selection and ``twostage rerank`` of a run) reorders candidates
+with.
 
 The top ``rerank_depth`` of each list is scored by the cross-encoder and blended with the first stage
 (above); the rest of the list follows in the first stage's order.
@@ -31,13 +32,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from twostage.indexer.engine_dir import FUSIONS
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.records import RankedList
+
+if TYPE_CHECKING:
+    from twostage.indexer.protocols import Reranker
 
 GRID = tuple(round(a, 2) for a in np.linspace(0.0, 1.0, 11))  # the rerank blends tried on dev
 
@@ -168,7 +172,7 @@ class Reranked:
 Reading = Callable[[str], "str | Sequence[str]"]  # a document id -> what the reranker reads of it
 
 
-def rerank_lists(reranker: Any, queries: Sequence[str], firsts: Sequence[RankedList], text_of: Reading, *,
+def rerank_lists(reranker: Reranker | None, queries: Sequence[str], firsts: Sequence[RankedList], text_of: Reading, *,
                  k: int, rerank_depth: int | Sequence[int], blend: float | None, batch_size: int = 32,
                  per_query: Sequence[Reading] | None = None, always_score: bool = False) -> list[Reranked]:
     """Rerank the top ``rerank_depth`` of each first-stage list; the rest of its top ``k`` follows in first-stage order.
@@ -203,9 +207,9 @@ def rerank_lists(reranker: Any, queries: Sequence[str], firsts: Sequence[RankedL
         bounds.append(len(pairs))
     if not pairs:
         pair_scores = np.zeros(0, dtype=np.float32)
-    elif hasattr(reranker, "predict"):  # a CrossEncoder: every query's pairs in shared, length-sorted batches
+    elif hasattr(reranker, "predict"):  # a PairScorer (a CrossEncoder): the pairs in shared, length-sorted batches
         pair_scores = np.asarray(reranker.predict(pairs, batch_size=batch_size), dtype=np.float32)
-    else:  # any object with score(query, texts), one query at a time
+    else:  # a QueryScorer: score(query, texts), one query at a time
         pair_scores = np.concatenate([np.asarray(reranker.score(q, [t for _, t in pairs[a:b]]), dtype=np.float32)
                                       for q, a, b in zip(queries, bounds, bounds[1:]) if b > a])
     scores = np.full(candidate, -np.inf, dtype=np.float32)

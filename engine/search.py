@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,25 +30,17 @@ from twostage.engine.fusion import Reranked, dense_weights, fuse, reorders, rera
 from twostage.engine.knobs import blend_of, outside, settings_for
 from twostage.engine.models import Models, NoRetriever
 from twostage.engine.pages import PageToken, decode_page_token, encode_page_token, fingerprint, page_key
-from twostage.engine.steer import (
-    Expansion,
-    Steering,
-    diversify,
-    feedback as steer_feedback,
-    group_pages,
-    rocchio,
-    split_steering,
-)
-from twostage.indexer.engine_dir import (
-    EngineManifest,
-    EngineSettings,
-    with_changes,
-)
+from twostage.engine.steer import Expansion, Steering, diversify, group_pages, rocchio, split_steering
+from twostage.engine.steer import feedback as steer_feedback
+from twostage.indexer.engine_dir import EngineManifest, EngineSettings, with_changes
 from twostage.indexer.errors import ConfigError, DataError, PageExpiredError
-from twostage.indexer.records import Document, Explanation, Hit, RankedList, SearchResult, check_encodable, check_k
 from twostage.indexer.filters import CheckedFilter, Where, check_filter, parse_filter
 from twostage.indexer.passages import by_document, split_id, word_starts
+from twostage.indexer.records import Document, Explanation, Hit, RankedList, SearchResult, check_encodable, check_k
 from twostage.models.device import resolve_precisions
+
+if TYPE_CHECKING:
+    from twostage.indexer.protocols import Reranker
 
 StageScores = dict[str, dict[str, float]]
 
@@ -74,9 +66,10 @@ class TwoStageSearch(ABC):
         view.read_only = True
         return view
 
-    def with_reranker(self, reranker: Any) -> Any:
-        """A read-only view of this engine that reranks with ``reranker`` (any object with ``predict(pairs,
-        batch_size=)`` or ``score(query, texts)``), e.g. a model being trained, scored through the engine's path."""
+    def with_reranker(self, reranker: Reranker) -> Any:
+        """A read-only view of this engine that reranks with ``reranker`` (a :class:`~twostage.indexer.protocols.
+        PairScorer`, ``predict(pairs, batch_size=)``, or a ``QueryScorer``, ``score(query, texts)``), e.g. a model
+        being trained, scored through the engine's path."""
         view = copy.copy(self)
         view._models = Models(encoder=self.encoder, reranker=reranker, late=self._models.late,
                               requested_device=self._models.device_as_known, weights=self._models.weights)

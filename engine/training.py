@@ -34,7 +34,7 @@ from twostage.indexer.beir import BeirDataset
 from twostage.indexer.corpus import Corpus, CorpusSource
 from twostage.indexer.engine_dir import FIRST_STAGES, EngineSettings
 from twostage.indexer.errors import ConfigError
-from twostage.indexer.records import Qrels, Query, RankedList
+from twostage.indexer.records import Qrels, Query, RankedList, top_k
 from twostage.models.device import cpu_precision
 from twostage.models.fit import FitResult, seed_everything
 from twostage.reranker.cross_encoder import CrossEncoder
@@ -91,6 +91,37 @@ def retriever_dev(corpus: Corpus, metric: DevMetric, pool_depth: int, settings: 
     return factory
 
 
+def late_dev(corpus: Corpus, metric: DevMetric, pool_depth: int) -> DevFactory:
+    """The score a late-interaction checkpoint is chosen by: ``metric`` (its mean over the queries) of the lists
+    MaxSim alone ranks over the same pool as :func:`retriever_dev` (each dev query's BM25 top ``pool_depth`` and its
+    relevant documents), whole documents as far as the model reads them."""
+    from twostage.indexer.tokens import maxsim
+
+    def factory(queries: Sequence[Query], qrels: Qrels, bm25: BM25Retriever | None) -> Callable[[Any], float]:
+        lexical = bm25 if bm25 is not None else BM25Retriever.build(corpus)
+        pool: set[str] = set()
+        for q in queries:
+            pool.update(lexical.search(q.text, pool_depth).ids)
+            pool.update(d for d in qrels.relevant(q.id) if d in corpus)
+        ids = np.array(sorted(pool), dtype=object)
+        texts = [corpus.get(d).full_text for d in ids]
+
+        def dev(model: Any) -> float:
+            tokens = model.encode_tokens(texts, kind="document")
+            bounds = np.concatenate([[0], np.cumsum([len(t) for t in tokens])])
+            flat = np.concatenate(tokens)
+            lists = {}
+            for q, vectors in zip(queries, model.encode_tokens([q.text for q in queries], kind="query")):
+                scores = maxsim(vectors, flat, bounds)
+                rows, top = top_k(scores, 10)
+                lists[q.id] = RankedList(ids[rows], top)
+            return float(np.mean(metric(qrels, lists)))
+
+        return dev
+
+    return factory
+
+
 def train_retriever_on(data: str | Path | BeirDataset, split: str, base: str, out: str | Path,
                        recipe: RetrieverRecipe | None = None, *, dev_metric: DevMetric | None = None,
                        settings: EngineSettings | None = None, teacher: PairScorer | None = None,
@@ -98,7 +129,8 @@ def train_retriever_on(data: str | Path | BeirDataset, split: str, base: str, ou
     """Train a retriever from ``base`` on a BEIR split (:func:`twostage.retriever.recipe.train_retriever`).
 
     With ``recipe.dev_fraction``, held-out train queries pick the best epoch by ``dev_metric(qrels, lists)`` of the
-    engine's dense search with each checkpoint (:func:`retriever_dev`, ``settings``: the engine defaults).
+    engine's dense search with each checkpoint (:func:`retriever_dev`, ``settings``: the engine defaults; a
+    late-interaction model, ``recipe.late``, by MaxSim over the same pool: :func:`late_dev`).
     ``teacher`` scores (query, document) pairs for MarginMSE distillation (e.g. a cross-encoder's logits).
     """
     recipe = recipe or RetrieverRecipe()
@@ -106,8 +138,12 @@ def train_retriever_on(data: str | Path | BeirDataset, split: str, base: str, ou
         raise ConfigError(f"dev_fraction {recipe.dev_fraction} holds queries out to choose the best checkpoint: give "
                           "dev_metric (e.g. twostage.eval.metrics.ndcg10_by_query), or set dev_fraction 0")
     ds = data if isinstance(data, BeirDataset) else BeirDataset(data)
-    dev = (retriever_dev(ds.corpus, dev_metric, recipe.dev_candidates, settings, device=recipe.train.device)
-           if dev_metric is not None else None)
+    if dev_metric is None:
+        dev = None
+    elif recipe.late:
+        dev = late_dev(ds.corpus, dev_metric, recipe.dev_candidates)
+    else:
+        dev = retriever_dev(ds.corpus, dev_metric, recipe.dev_candidates, settings, device=recipe.train.device)
     return train_retriever(ds, split, base, out, recipe, dev=dev, teacher=teacher, teacher_name=teacher_name,
                            show_progress=show_progress)
 

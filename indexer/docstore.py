@@ -7,11 +7,11 @@ one never does. Whole passes (BM25 over every live document, a ``where`` functio
 the cache alone. Files written before row groups were bounded (one group per segment) are read the same way.
 
 Their ids (:class:`IdMap`): row numbers and document ids of an index version (or of a BM25 index), without a Python
-object per document. The ids are one Arrow string array (their UTF-8 bytes and an 8-byte offset per row); finding an id's rows goes
-through the ids' 64-bit hashes, sorted, with their row numbers beside them (16 bytes a row, built on the first
-lookup). Measured at ten million documents in ``benchmarks/results/id_memory.md``, against an object array and two
-dicts of Python strings.
-Indexing with row numbers, a boolean mask or a slice gives a NumPy object array of ``str``, as before.
+object per document. The ids are one Arrow string array (their UTF-8 bytes and an 8-byte offset per row); finding an
+id's rows goes through the ids' 64-bit hashes, sorted, with their row numbers beside them (16 bytes a row, built on
+the first lookup). Measured at ten million documents in ``benchmarks/results/id_memory.md``, against an object array
+and two dicts of Python strings. Indexing with row numbers, a boolean mask or a slice gives a NumPy object array of
+``str``, as before.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ whole text: a short document is scored as a whole (BM25's length normalisation a
 The title is stored with every passage (and so read by both first stages in front of each passage) when
 ``title_in_front``; otherwise only with the first.
 
-The passage a hit shows (:func:`hit_passage`): the part of its document that scored best, with the query's terms marked.
+The passage a hit shows (:func:`hit_passage`): the part of its document that scored best, with the query's terms
+marked.
 
 A passage engine knows which passage scored best (the one the reranker read, or the first stage's best); a
 whole-document engine shows the window of :data:`WINDOW` words that holds the most distinct query terms. Term

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Protocol, Union, runtime_checkable
 
 import numpy as np
 
@@ -29,3 +29,24 @@ class Retriever(Protocol):
     """
 
     def search(self, query: str, k: int) -> RankedList: ...
+
+
+@runtime_checkable
+class PairScorer(Protocol):
+    """A second stage that scores (query, text) pairs, higher is better: one float per pair, in order. The engine
+    gives it every query's pairs in one call (a :class:`~twostage.reranker.cross_encoder.CrossEncoder` batches them
+    by length)."""
+
+    def predict(self, pairs: Sequence[tuple[str, str]], *, batch_size: int = 32) -> np.ndarray: ...
+
+
+@runtime_checkable
+class QueryScorer(Protocol):
+    """A second stage that scores one query's texts at a time, higher is better: one float per text, in order
+    (the MaxSim stage is one)."""
+
+    def score(self, query: str, texts: Sequence[str]) -> np.ndarray: ...
+
+
+# what reranks an engine's candidates (``SearchEngine.with_reranker``, ``rerank_lists``)
+Reranker = Union[PairScorer, QueryScorer]

@@ -1,6 +1,7 @@
 """Records that travel through every layer: documents, queries, relevance judgments and ranked results.
 
-How a hit's score was made (``search(..., explain=True)``): the parts, and the arithmetic that puts them together.
+A hit's :class:`Explanation`: how its score was made (``search(..., explain=True)``), the parts, and the arithmetic
+that puts them together.
 
 A hit's score is built in up to four steps, each recorded here with the numbers it used, so that
 :meth:`Explanation.recomposed` computes the score again from them alone:

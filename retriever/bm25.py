@@ -25,8 +25,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from twostage.indexer.atomic import atomic_directory, from_json_dict, to_json_dict
-from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
 from twostage.indexer.docstore import IdMap
+from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
 from twostage.indexer.records import Document, RankedList, check_k, top_k
 from twostage.retriever.analyzer import Analyzer, AnalyzerConfig
 from twostage.retriever.bm25_stats import CorpusStats, Postings, read_bm25_files, write_bm25_files

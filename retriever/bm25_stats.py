@@ -22,9 +22,8 @@ kept, has one set. An update
 (:meth:`Postings.updated`) drops the deleted documents' postings and analyses only the new documents; the weights are
 then recomputed from the counts (numpy, a slice at a time), never from the texts.
 
-The BM25 index directory: JSON and ``.npy`` files only, checksummed, written atomically.
-
-The files are read and written here; :class:`twostage.retriever.bm25.BM25Retriever` (``save``, ``load``, ``write_files``)
+The BM25 index directory (:func:`read_bm25_files`, :func:`write_bm25_files`): JSON and ``.npy`` files only,
+checksummed, written atomically. :class:`twostage.retriever.bm25.BM25Retriever` (``save``, ``load``, ``write_files``)
 turns them into a retriever, so the dependency points one way (bm25 -> bm25_stats).
 
     BM25_DIR/

@@ -162,3 +162,43 @@ class MarginMSELoss(torch.nn.Module):
         pos = (a * F.normalize(positives, dim=-1)).sum(-1, keepdim=True)  # (B, 1)
         neg = torch.einsum("bd,bmd->bm", a, F.normalize(negatives, dim=-1))
         return F.mse_loss(self.scale * (pos - neg), margins.to(pos.dtype))
+
+
+class MaxSimLoss(torch.nn.Module):
+    """In-batch negatives over late-interaction scores (ColBERT's training objective, as PyLate's ``Contrastive``).
+
+    Input: ``queries`` (B, Lq, d) and ``documents`` (N, Ld, d) token vectors, L2-normalised, with boolean masks
+    ``query_mask`` (B, Lq) and ``document_mask`` (N, Ld) of the tokens that count; the documents are the B
+    positives first (document i is query i's), then any hard negatives. A query's score for a document is MaxSim,
+    what the engine ranks by:
+
+        s_ij = sum over kept query tokens t of  max over kept document tokens u of  q_it . d_ju
+        L    = -1/B sum_i log( exp(s_ii / T) / sum_j exp(s_ij / T) )
+
+    ``temperature`` T divides the scores (1: PyLate's default; a score is a sum over up to Lq tokens).
+    """
+
+    def __init__(self, temperature: float = 1.0) -> None:
+        super().__init__()
+        if not temperature > 0:
+            raise ConfigError(f"temperature must be positive, got {temperature}")
+        self.temperature = temperature
+
+    def forward(self, queries: torch.Tensor, query_mask: torch.Tensor, documents: torch.Tensor,
+                document_mask: torch.Tensor) -> torch.Tensor:
+        if len(documents) < len(queries):
+            raise ConfigError(f"{len(queries)} queries need at least their {len(queries)} positives, got "
+                              f"{len(documents)} documents")
+        scores = maxsim_matrix(queries, query_mask, documents, document_mask)
+        target = torch.arange(len(queries), device=queries.device)
+        return F.cross_entropy(scores / self.temperature, target)
+
+
+def maxsim_matrix(queries: torch.Tensor, query_mask: torch.Tensor, documents: torch.Tensor,
+                  document_mask: torch.Tensor) -> torch.Tensor:
+    """(B, Lq, d), (B, Lq), (N, Ld, d), (N, Ld) -> (B, N) MaxSim scores (masked tokens take no part)."""
+    sims = torch.einsum("bqd,nkd->bnqk", queries, documents)
+    sims = sims.masked_fill(~document_mask.bool()[None, :, None, :], float("-inf"))
+    best = sims.max(dim=-1).values  # (B, N, Lq)
+    best = torch.where(query_mask.bool()[:, None, :], best, torch.zeros((), dtype=best.dtype, device=best.device))
+    return best.sum(dim=-1)

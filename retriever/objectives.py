@@ -18,6 +18,7 @@ from twostage.retriever.losses import (
     ContrastiveLoss,
     CosineSimilarityLoss,
     MarginMSELoss,
+    MaxSimLoss,
     MultipleNegativesRankingLoss,
     SoftmaxLoss,
     TripletLoss,
@@ -96,6 +97,19 @@ def _first(examples: Sequence[Any], bad: Callable[[Any], bool], problem: str) ->
     return None if i is None else f"example #{i} {problem}"
 
 
+def _tokens(model: Any, texts: Sequence[str], kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A late-interaction model's token vectors (n, L, d) of ``texts`` and the mask of those that count (n, L)."""
+    features = model.features(list(texts), kind, "np")
+    keep = torch.from_numpy(model.kept(features, kind)).to(model.device)
+    return model({k: torch.from_numpy(v).to(model.device) for k, v in features.items()}), keep
+
+
+def _maxsim(loss: torch.nn.Module, model: Any, batch: Sequence[PairExample], params: LossParams) -> torch.Tensor:
+    q, q_keep = _tokens(model, [e.anchor for e in batch], "query")
+    d, d_keep = _tokens(model, [e.positive for e in batch] + [t for e in batch for t in e.negatives], "document")
+    return loss(q, q_keep, d, d_keep)
+
+
 OBJECTIVES: dict[str, Objective] = {
     "mnrl": Objective(
         PairExample,
@@ -114,4 +128,6 @@ OBJECTIVES: dict[str, Objective] = {
     "cosine": Objective(ScoredPair, lambda model, labels, c: CosineSimilarityLoss(), _pairs),
     "contrastive": Objective(ScoredPair, lambda model, labels, c: ContrastiveLoss(), _pairs),
     "softmax": Objective(ScoredPair, lambda model, labels, c: SoftmaxLoss(model.dim, labels), _pairs),
+    # a late-interaction model (retriever.late.LateEncoder): in-batch and hard negatives scored by MaxSim
+    "maxsim": Objective(PairExample, lambda model, labels, c: MaxSimLoss(), _maxsim),
 }

@@ -17,6 +17,7 @@ from twostage.models.fit import FitResult
 from twostage.retriever.biencoder import BiEncoder
 from twostage.retriever.bm25 import BM25Retriever
 from twostage.retriever.dense import DenseRetriever
+from twostage.retriever.late import LateEncoder
 from twostage.retriever.mining import MiningConfig, mine_hard_negatives, save_negatives
 from twostage.retriever.trainer import TrainConfig, train
 from twostage.retriever.training_data import (
@@ -53,6 +54,9 @@ class RetrieverRecipe:
     dev_candidates: int = 30  # the dev engine holds the union of each dev query's BM25 top-N and its positives
     max_positives: int = 0  # at most this many relevant documents a query train, highest grades first (0: all)
     max_length: int | None = None
+    # train a late-interaction model (MaxSim over token vectors, objective "maxsim") from ``base`` instead of a
+    # bi-encoder: the same data, negatives and loop; saved in PyLate's layout (retriever.late.LateEncoder)
+    late: bool = False
 
     def __post_init__(self) -> None:
         if self.mine_from not in ("bm25", "dense"):
@@ -61,6 +65,9 @@ class RetrieverRecipe:
             raise ConfigError("dev_fraction must be in [0, 1)")
         if self.mine_with and self.mine_from != "dense":
             raise ConfigError("mine_with names a bi-encoder to mine with: it needs mine_from='dense'")
+        if self.late and (self.title_pairs or self.nli or self.train.mini_batch_size):
+            raise ConfigError("a late-interaction model trains on query-document pairs only: leave out title_pairs, "
+                              "nli and mini_batch_size (GradCache)")
 
 
 def _sample(training_set: TrainingSet, n: int, seed: int) -> TrainingSet:
@@ -82,6 +89,8 @@ def train_retriever(data: str | Path | BeirDataset, split: str, base: str, out: 
     ``recipe.dev_fraction`` of queries held out (and BM25 when it was built) and returns what scores a checkpoint
     after each epoch; :func:`twostage.engine.training.train_retriever_on` gives the engine's own dense search.
     """
+    if teacher is not None and recipe.late:
+        raise ConfigError("distillation from a teacher trains a bi-encoder; a late-interaction model trains by MaxSim")
     if teacher is not None and not recipe.negatives:
         raise ConfigError("distillation from a teacher needs hard negatives: set negatives > 0")
     if recipe.dev_fraction and dev is None:  # else the held-out queries would go unused
@@ -90,7 +99,8 @@ def train_retriever(data: str | Path | BeirDataset, split: str, base: str, out: 
     ds = data if isinstance(data, BeirDataset) else BeirDataset(data)
     sp = ds.split(split)
     corpus = ds.corpus
-    model = BiEncoder.load(base, max_length=recipe.max_length)
+    model: Any = (LateEncoder.load(base, document_length=recipe.max_length) if recipe.late
+                  else BiEncoder.load(base, max_length=recipe.max_length))
     queries, dev_queries = hold_out(list(sp.queries), recipe.dev_fraction, recipe.train.seed)
     out = Path(out)
     negatives = None
@@ -101,7 +111,8 @@ def train_retriever(data: str | Path | BeirDataset, split: str, base: str, out: 
         if recipe.mine_from == "bm25":
             scorer = bm25.scores  # type: ignore[union-attr]
         else:
-            miner = BiEncoder.load(recipe.mine_with, max_length=recipe.max_length) if recipe.mine_with else model
+            miner = (BiEncoder.load(recipe.mine_with or base, max_length=recipe.max_length)
+                     if recipe.mine_with or recipe.late else model)
             scorer = DenseRetriever.build(corpus, miner, show_progress=show_progress).scores
         frame = mine_hard_negatives(queries, sp.qrels, corpus.ids, scorer, mining)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -130,6 +141,8 @@ def train_retriever(data: str | Path | BeirDataset, split: str, base: str, out: 
         sets.append(_sample(pairs_from_titles(corpus), recipe.title_pairs, recipe.train.seed))
     if recipe.nli:
         sets.append(_sample(nli_triplets(recipe.nli), recipe.nli_pairs, recipe.train.seed))
+    if recipe.late:
+        sets = [replace(s, objective="maxsim") for s in sets]
     score = dev(dev_queries, sp.qrels.subset(q.id for q in dev_queries), bm25) if dev_queries and dev else None
     info: dict[str, Any] = {"data": str(ds.root), "split": split, "base": base, "recipe": asdict(recipe),
                             "train_queries": len(queries), "dev_queries": len(dev_queries),

@@ -554,3 +554,51 @@ def test_compact_token_vectors_keep_maxsim_and_their_codec_through_updates(tmp_p
         reopened.late_interaction(models[0], bits=2)
     with pytest.raises(ConfigError, match="give fewer"):
         reopened.late_interaction(models[0], dim=64)
+
+
+def test_maxsim_loss_is_cross_entropy_over_the_engines_maxsim():
+    """The training loss scores each (query, document) as the engine does (indexer.tokens.maxsim over the kept
+    tokens) and is the in-batch cross-entropy with each query's own positive first."""
+    from twostage.retriever.losses import MaxSimLoss, maxsim_matrix
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.nn.functional.normalize(torch.randn(3, 5, 8, generator=g), dim=-1)
+    d = torch.nn.functional.normalize(torch.randn(6, 7, 8, generator=g), dim=-1)
+    q_keep = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.bool)
+    d_keep = torch.ones(6, 7, dtype=torch.bool)
+    d_keep[1, 3:] = False
+    d_keep[4, 1:] = False
+    got = maxsim_matrix(q, q_keep, d, d_keep)
+    for i in range(3):
+        tokens = np.concatenate([d[j][d_keep[j]].numpy() for j in range(6)])
+        bounds = np.concatenate([[0], np.cumsum(d_keep.sum(1).numpy())])
+        want = maxsim(q[i][q_keep[i]].numpy(), tokens, bounds)
+        assert np.allclose(got[i].numpy(), want, atol=1e-5)
+    loss = MaxSimLoss(temperature=0.5)(q, q_keep, d, d_keep)
+    want_loss = torch.nn.functional.cross_entropy(got / 0.5, torch.arange(3))
+    assert torch.allclose(loss, want_loss, atol=1e-6)
+    with pytest.raises(ConfigError, match="need at least their 3 positives"):
+        MaxSimLoss()(q, q_keep, d[:2], d_keep[:2])
+
+
+def test_a_late_interaction_model_trains_with_the_retrievers_loop(tmp_path, tiny_bert_dir, sample_dir):
+    """RetrieverRecipe(late=True) through the one training entry: mined negatives, the MaxSim objective, the epoch
+    chosen by MaxSim over the dev pool; the saved model is a PyLate-layout late-interaction model that an engine
+    reads; a recipe mixing it with bi-encoder-only data is one clear error."""
+    from twostage.app.train_models import train
+    from twostage.models.base import read_model_meta
+    from twostage.retriever.recipe import RetrieverRecipe
+    from twostage.retriever.trainer import TrainConfig
+
+    recipe = RetrieverRecipe(train=TrainConfig(epochs=2, batch_size=8, lr=1e-3, bf16=False), negatives=1, late=True)
+    before = LateEncoder.load(tiny_bert_dir)
+    result = train(recipe, sample_dir, "train", tmp_path / "late", base=str(tiny_bert_dir), dev_fraction=0.2)
+    assert [h["epoch"] for h in result.history] == [1, 2] and all(0 <= h["dev"] <= 1 for h in result.history)
+    assert layout_of(tmp_path / "late") == "pylate"
+    kind, _, training = read_model_meta(tmp_path / "late")
+    assert kind == "late-interaction" and training["recipe"]["late"] is True
+    after = LateEncoder.load(tmp_path / "late")
+    text = ["why do cats purr"]
+    assert not np.allclose(after.encode_tokens(text, kind="query")[0], before.encode_tokens(text, kind="query")[0])
+    with pytest.raises(ConfigError, match="query-document pairs only"):
+        RetrieverRecipe(late=True, title_pairs=10)

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from twostage.engine.search_engine import SearchEngine
 from twostage.app.train_models import train
+from twostage.engine.search_engine import SearchEngine
 from twostage.engine.training import select_blend
 from twostage.eval.metrics import ndcg10_by_query
 from twostage.indexer.beir import BeirDataset

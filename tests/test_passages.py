@@ -11,9 +11,9 @@ import pytest
 
 from twostage import Document, SearchEngine
 from twostage.app.cli import main
-from twostage.indexer.passages import PassageShape, by_document, hit_passage, join, passage_count, split, split_id
 from twostage.errors import ConfigError, DataError
 from twostage.indexer.files import FolderCorpus
+from twostage.indexer.passages import PassageShape, by_document, hit_passage, join, passage_count, split, split_id
 from twostage.indexer.records import RankedList
 from twostage.retriever.analyzer import Analyzer
 
