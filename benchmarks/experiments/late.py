@@ -8,7 +8,8 @@ An engine of the collection is built with the default settings (``--retriever``,
 (``SearchEngine.late_interaction``: every passage encoded again; its seconds and bytes are reported against the
 dense part's).
 
-1. **choice** (``--choose``, on dev: SciFact train, NFCorpus dev): MaxSim's blend with the first stage (MaxSim alone,
+1. **choice** (``--choose``, on dev: SciFact train, NFCorpus dev; for a model trained on that split, only the queries
+   its training held out, found again from its ``twostage.json``): MaxSim's blend with the first stage (MaxSim alone,
    0.3, 0.5, 0.7) and depth (50, 100), nDCG@10 of hybrid -> MaxSim; the best is then measured on test. Without it the
    engine's defaults are measured.
 2. **frontier** (test): hybrid; hybrid -> MaxSim; with ``--reranker`` hybrid -> cross-encoder and hybrid -> MaxSim ->
@@ -143,6 +144,28 @@ def per_query(qrels: Any, ids: list[str], runs: list[Any], metric: str) -> np.nd
     return table[metric].to_numpy(dtype=np.float64)
 
 
+def dev_split(ds: Any, collection: str, model: str) -> tuple[Any, str] | None:
+    """The split MaxSim's settings are chosen on: the collection's dev split, or, for a model trained on that split,
+    only the queries its training held out (the rest are its training data)."""
+    from dataclasses import replace
+
+    from twostage.retriever.training_data import hold_out
+
+    name = DEV.get(collection)
+    if name is None:
+        return None
+    split = ds.split(name)
+    training = model_training(model) or {}
+    if training.get("split") != name or Path(str(training.get("data", ""))).name != collection:
+        return split, name
+    recipe = training["recipe"]
+    _, held = hold_out(list(split.queries), recipe["dev_fraction"], recipe["train"]["seed"])
+    if not held:
+        raise SystemExit(f"{model} was trained on {collection} {name} with no query held out: no dev to choose on")
+    label = f"{name} (the {len(held)} queries {Path(model).name} held out from its training)"
+    return replace(split, queries=tuple(held), qrels=split.qrels.subset(q.id for q in held)), label
+
+
 def choose(engine: Any, split: Any) -> dict[str, Any]:
     queries, ids = [q.text for q in split.queries], [q.id for q in split.queries]
     grid = {"hybrid": float(per_query(split.qrels, ids, lists(engine, queries, 10, maxsim=False), "ndcg@10").mean())}
@@ -217,7 +240,7 @@ def report(result: dict[str, Any], command: str) -> str:
              if result.get("late_seconds") else "", ""]
     if result.get("choice"):
         c = result["choice"]
-        lines += [f"## Choice on dev ({result['dev_split']} split)", "", "| setting | nDCG@10 |", "|---|---|"]
+        lines += [f"## Choice on dev: {result['dev_split']}", "", "| setting | nDCG@10 |", "|---|---|"]
         lines += [f"| {k} | {v:.4f}{' (chosen)' if k == c['best'] else ''} |" for k, v in c["grid"].items()]
         lines += [""]
     lines += [f"## The frontier on {result['split']} ({result['queries']} queries, one query at a time)", "",
@@ -244,7 +267,24 @@ def report(result: dict[str, Any], command: str) -> str:
             lines.append(f"| {name} | {st['late_over_dense']:.2f}x | {st['late_bytes_per_document']:,.0f} | "
                          f"{row.get('dev_ndcg@10', float('nan')):.4f} | {t['ndcg@10']:.4f} | {t['p50_ms']:.1f} | "
                          f"{t['p95_ms']:.1f} | {t['maxsim_p50_ms']:.1f} |")
+    t = result.get("model_training")
+    if t:
+        history = ", ".join(f"epoch {h['epoch']} {h['dev']:.4f}" for h in t.get("history", []) if h.get("dev"))
+        lines += ["", "## The model", "",
+                  (f"`{result['model']}`, trained from `{t['base']}` on {Path(t['data']).name} {t['split']} "
+                  f"({t['train_queries']} queries; {t['dev_queries']} held out) in {t['steps']} steps, "
+                  f"{t['seconds']:.0f} s; recipe: {t['recipe']['train']['epochs']} epochs, batch "
+                  f"{t['recipe']['train']['batch_size']}, lr {t['recipe']['train']['lr']:g}, "
+                  f"{t['recipe']['negatives']} {t['recipe']['mine_from']}-mined negative(s), "
+                  f"{t['recipe']['max_length']} document tokens. Its held-out queries by epoch (MaxSim alone over "
+                  f"their pool, what chose the epoch): {history}.")]
     return "\n".join(lines) + "\n"
+
+
+def model_training(model: str) -> dict[str, Any] | None:
+    """The training record in a model's ``twostage.json`` (None for a model trained elsewhere)."""
+    card = Path(model) / "twostage.json"
+    return json.loads(card.read_text()).get("training") if card.is_file() else None
 
 
 def main() -> int:
@@ -288,17 +328,18 @@ def main() -> int:
                               "retriever": engine.manifest.retriever.name if engine.manifest.retriever else None,
                               "reranker": args.reranker or (engine.manifest.reranker.name if engine.manifest.reranker
                                                             else None), "split": args.split, "late_seconds": seconds,
-                              "storage": storage(engine), "machine": f"{platform.machine()}, "
+                              "storage": storage(engine), "model_training": model_training(args.model),
+                              "machine": f"{platform.machine()}, "
                               f"{__import__('os').cpu_count()} cores"}
     knobs: dict[str, Any] = {}
+    dev = dev_split(ds, args.collection, args.model)
     if args.choose:
-        dev = DEV.get(args.collection)
         if dev is None:
             raise SystemExit(f"{args.collection} has no dev split to choose on; leave out --choose")
-        result["dev_split"] = dev
+        result["dev_split"] = dev[1]
         cached = engine.root.parent / f"{engine.root.name}-choice.json"  # the dev choice, made once
         if not cached.is_file():
-            cached.write_text(json.dumps(choose(engine, ds.split(dev)), indent=2))
+            cached.write_text(json.dumps(choose(engine, dev[0]), indent=2))
         result["choice"] = json.loads(cached.read_text())
         knobs = {"maxsim_blend": result["choice"]["maxsim_blend"], "maxsim_depth": result["choice"]["maxsim_depth"]}
     s, _ = settings_for(engine.settings, knobs)
@@ -311,14 +352,13 @@ def main() -> int:
     result["frontier"] = frontier(engine, split, reranker, knobs)
     if args.codecs:
         result["codecs"] = {}
-        dev = ds.split(DEV[args.collection]) if args.collection in DEV else None
         for spec in args.codecs.split(","):
             dim, bits = map(int, spec.split(":"))
             variant = recoded(engine, dim, bits, args.work)
             row = {"storage": storage(variant), "test": frontier(variant, split, None, knobs)["hybrid -> MaxSim"]}
             if dev is not None:
-                queries, ids = [q.text for q in dev.queries], [q.id for q in dev.queries]
-                row["dev_ndcg@10"] = float(per_query(dev.qrels, ids, lists(variant, queries, 10, **knobs),
+                queries, ids = [q.text for q in dev[0].queries], [q.id for q in dev[0].queries]
+                row["dev_ndcg@10"] = float(per_query(dev[0].qrels, ids, lists(variant, queries, 10, **knobs),
                                                      "ndcg@10").mean())
             result["codecs"][f"{dim or variant.tokens.model_dim} dims, {bits} bits"] = row
             print(f"codec {spec}: {row['test']['ndcg@10']:.4f}, {row['storage']['late_over_dense']:.2f}x",
