@@ -144,9 +144,9 @@ def per_query(qrels: Any, ids: list[str], runs: list[Any], metric: str) -> np.nd
     return table[metric].to_numpy(dtype=np.float64)
 
 
-def dev_split(ds: Any, collection: str, model: str) -> tuple[Any, str] | None:
+def dev_split(ds: Any, collection: str, model: str, training: dict[str, Any] | None) -> tuple[Any, str] | None:
     """The split MaxSim's settings are chosen on: the collection's dev split, or, for a model trained on that split,
-    only the queries its training held out (the rest are its training data)."""
+    only the queries its training held out (the rest are its training data); None when there is neither."""
     from dataclasses import replace
 
     from twostage.retriever.training_data import hold_out
@@ -155,13 +155,12 @@ def dev_split(ds: Any, collection: str, model: str) -> tuple[Any, str] | None:
     if name is None:
         return None
     split = ds.split(name)
-    training = model_training(model) or {}
-    if training.get("split") != name or Path(str(training.get("data", ""))).name != collection:
+    if not training or training.get("split") != name or Path(str(training.get("data", ""))).name != collection:
         return split, name
     recipe = training["recipe"]
     _, held = hold_out(list(split.queries), recipe["dev_fraction"], recipe["train"]["seed"])
     if not held:
-        raise SystemExit(f"{model} was trained on {collection} {name} with no query held out: no dev to choose on")
+        return None
     label = f"{name} (the {len(held)} queries {Path(model).name} held out from its training)"
     return replace(split, queries=tuple(held), qrels=split.qrels.subset(q.id for q in held)), label
 
@@ -332,10 +331,11 @@ def main() -> int:
                               "machine": f"{platform.machine()}, "
                               f"{__import__('os').cpu_count()} cores"}
     knobs: dict[str, Any] = {}
-    dev = dev_split(ds, args.collection, args.model)
+    dev = dev_split(ds, args.collection, args.model, result["model_training"])
     if args.choose:
         if dev is None:
-            raise SystemExit(f"{args.collection} has no dev split to choose on; leave out --choose")
+            raise SystemExit(f"{args.collection}: no dev queries to choose on (no dev split, or {args.model} trained on "
+                             "all of it); leave out --choose")
         result["dev_split"] = dev[1]
         cached = engine.root.parent / f"{engine.root.name}-choice.json"  # the dev choice, made once
         if not cached.is_file():
@@ -357,8 +357,9 @@ def main() -> int:
             variant = recoded(engine, dim, bits, args.work)
             row = {"storage": storage(variant), "test": frontier(variant, split, None, knobs)["hybrid -> MaxSim"]}
             if dev is not None:
-                queries, ids = [q.text for q in dev[0].queries], [q.id for q in dev[0].queries]
-                row["dev_ndcg@10"] = float(per_query(dev[0].qrels, ids, lists(variant, queries, 10, **knobs),
+                dev_queries = dev[0]
+                queries, ids = [q.text for q in dev_queries.queries], [q.id for q in dev_queries.queries]
+                row["dev_ndcg@10"] = float(per_query(dev_queries.qrels, ids, lists(variant, queries, 10, **knobs),
                                                      "ndcg@10").mean())
             result["codecs"][f"{dim or variant.tokens.model_dim} dims, {bits} bits"] = row
             print(f"codec {spec}: {row['test']['ndcg@10']:.4f}, {row['storage']['late_over_dense']:.2f}x",
