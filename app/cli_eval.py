@@ -21,13 +21,14 @@ def _bench(args: argparse.Namespace) -> int:
     from twostage.eval.harness import run_bench
     from twostage.eval.report import markdown_table, write_outputs
     from twostage.eval.significance import check_test
-    from twostage.eval.systems import NEEDS_MODEL, NEEDS_RERANKER, SYSTEMS, SystemOptions, resolve_systems
+    from twostage.eval.systems import NEEDS_LATE, NEEDS_MODEL, NEEDS_RERANKER, SYSTEMS, SystemOptions, resolve_systems
 
     if args.language != "legacy":
         from twostage.retriever.languages import check_language
 
         check_language(args.language)
-    retriever_model, reranker_model, trained = args.retriever_model, args.reranker_model, None
+    retriever_model, reranker_model, late_model = args.retriever_model, args.reranker_model, args.late_model
+    trained = None
     collections = list(args.data)
     if len(collections) > 1 and (args.train_split or args.engine):
         raise ConfigError("--train-split and --engine apply to one collection: bench each with its own --data, or "
@@ -48,13 +49,15 @@ def _bench(args: argparse.Namespace) -> int:
                                retriever=retriever_model or None,
                                need_retriever=any(n in NEEDS_MODEL for n in names) and not args.engine,
                                need_reranker=any(n in NEEDS_RERANKER for n in names) and not reranker_model,
+                               need_late=any(n in NEEDS_LATE for n in names) and not late_model,
                                show_progress=not args.quiet)
         retriever_model, reranker_model = trained.retriever or retriever_model, trained.reranker or reranker_model
+        late_model = trained.late or late_model
     elif args.train_settings or args.base:
         raise ConfigError("--train-settings and --base only apply with --train-split")
     options = SystemOptions(retriever_model=retriever_model, engine=args.engine, precision=args.precision,
                             backend=args.backend,
-                            reranker_model=reranker_model, rerank_depth=args.rerank_depth, late_model=args.late_model,
+                            reranker_model=reranker_model, rerank_depth=args.rerank_depth, late_model=late_model,
                             rerank_blend=blend_setting(args.rerank_blend),
                             batch_size=args.batch_size, show_progress=not args.quiet, device=args.device,
                             language=None if args.language == "legacy" else args.language)
@@ -70,7 +73,7 @@ def _bench(args: argparse.Namespace) -> int:
                        options=options, rel_level=args.rel_level, show_progress=not args.quiet)
     phases = {**(trained.seconds if trained else {}), "evaluate_s": time.perf_counter() - t}
     config = _config(args, args.data, result, identical[0], retriever_model, reranker_model, phases,
-                     trained.settings if trained else None)
+                     trained.settings if trained else None, late_model)
     out = write_outputs(result, args.out, config)
     print(markdown_table(result.table()))
     print("phases: " + ", ".join(f"{k} {v:.0f}" for k, v in phases.items()))
@@ -164,11 +167,12 @@ def _rerank(args: argparse.Namespace) -> int:
 
 def _config(args: argparse.Namespace, data: Path, result: Any, ignore: bool, retriever_model: str | None,
             reranker_model: str | None, phases: dict[str, float],
-            train_settings: dict[str, Any] | None = None) -> dict[str, Any]:
+            train_settings: dict[str, Any] | None = None, late_model: str | None = None) -> dict[str, Any]:
     """What a bench run records in config.json (and its report): the command, the data and every setting."""
     return {"command": args.command_line, "data": str(data), "split": args.split,
             "systems": [s.name for s in result.systems], "k": args.k, "ignore_identical_ids": ignore,
-            "retriever_model": retriever_model, "reranker_model": reranker_model, "rerank_depth": args.rerank_depth,
+            "retriever_model": retriever_model, "reranker_model": reranker_model,
+            "late_model": late_model, "rerank_depth": args.rerank_depth,
             "rerank_blend": args.rerank_blend, "precision": args.precision, "train_split": args.train_split,
             "train_settings": train_settings, "baseline": args.baseline, "test": args.test,
             "correction": args.correction, "rel_level": args.rel_level, "phase_seconds": phases,
@@ -209,7 +213,7 @@ def _suite(args: argparse.Namespace, collections: list[Path], identical: list[bo
                            rel_level=args.rel_level, show_progress=not args.quiet)
         seconds[data.name] = time.perf_counter() - t
         config = _config(args, data, result, ignore, retriever_model, reranker_model,
-                         {"evaluate_s": seconds[data.name]})
+                         {"evaluate_s": seconds[data.name]}, late_model=options.late_model)
         write_outputs(result, args.out / data.name, config)
         table = result.table()
         sig = significance_of(result, config)

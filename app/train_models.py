@@ -1,9 +1,9 @@
-"""Training: :func:`train`, the one entry for either model (its recipe says which), and :func:`train_models`, both
-models for ``twostage bench --train-split``: the bi-encoder first, then the reranker (whose dense negatives come
-from that bi-encoder), both on the train split only.
+"""Training: :func:`train`, the one entry for any model (its recipe says which), and :func:`train_models`, the
+models ``twostage bench --train-split`` needs: the bi-encoder first, then the reranker (whose dense negatives come
+from that bi-encoder) and, for the MaxSim systems, a late-interaction model, all on the train split only.
 
-Both hold out the same train queries as dev (same fraction, same seed): they pick the bi-encoder's epoch, the
-reranker's epoch and the reranker's blend with the first stage. The evaluation split is never read here.
+All hold out the same train queries as dev (same fraction, same seed): they pick each model's epoch and the
+reranker's blend with the first stage. The evaluation split is never read here.
 Settings are dataclasses saved as JSON with the report, so a run can be repeated (``--train-settings FILE``
 reads the same shape back; any field left out keeps its default).
 """
@@ -22,7 +22,9 @@ from twostage.indexer.atomic import from_json_dict, to_json_dict
 from twostage.indexer.engine_dir import EngineSettings, renamed
 from twostage.indexer.errors import ConfigError
 from twostage.reranker.training import RerankerConfig
+from twostage.retriever.late import LateConfig
 from twostage.retriever.recipe import DevMetric, RetrieverRecipe
+from twostage.retriever.trainer import TrainConfig
 
 if TYPE_CHECKING:
     from twostage.indexer.beir import BeirDataset
@@ -43,12 +45,17 @@ class TrainSettings:
     rerank_depth: int = EngineSettings().rerank_depth  # the reranker is chosen and blended at the depth the engine reads
     retriever: RetrieverRecipe = field(default_factory=RetrieverRecipe)
     reranker: RerankerConfig = field(default_factory=RerankerConfig)
+    # the +maxsim systems' model: MaxSim trained in the retriever's loop, 4 epochs (its held-out SciFact train
+    # queries rose every epoch: 0.697, 0.729, 0.747, 0.754), documents cut where the engine's token vectors cut them
+    late: RetrieverRecipe = field(default_factory=lambda: RetrieverRecipe(
+        train=TrainConfig(epochs=4), max_length=LateConfig.document_length, late=True))
 
     def aligned(self) -> TrainSettings:
-        """The same dev queries for both models: one fraction, one seed."""
-        retriever = replace(self.retriever, dev_fraction=self.dev_fraction,
-                            train=replace(self.retriever.train, seed=self.seed))
-        return replace(self, retriever=retriever, reranker=replace(self.reranker, seed=self.seed))
+        """The same dev queries for every model: one fraction, one seed."""
+        retriever, late = (replace(r, dev_fraction=self.dev_fraction, train=replace(r.train, seed=self.seed))
+                           for r in (self.retriever, self.late))
+        return replace(self, retriever=retriever, late=replace(late, late=True),
+                       reranker=replace(self.reranker, seed=self.seed))
 
 
 def load_settings(path: str | Path) -> TrainSettings:
@@ -98,16 +105,17 @@ def train(recipe: RetrieverRecipe | RerankerConfig, data: str | Path | BeirDatas
 class TrainedModels:
     retriever: str | None
     reranker: str | None
+    late: str | None
     seconds: dict[str, float]
     settings: dict[str, Any]
 
 
 def train_models(data: str | Path, train_split: str, eval_split: str, models_dir: str | Path,
                  settings: TrainSettings = TrainSettings(), *, retriever: str | None = None,
-                 need_retriever: bool = True, need_reranker: bool = True,
+                 need_retriever: bool = True, need_reranker: bool = True, need_late: bool = False,
                  show_progress: bool = False) -> TrainedModels:
-    """Train what is needed into ``models_dir`` (``retriever/``, ``reranker/``); a given ``retriever`` is used
-    as is (for the reranker's dense negatives)."""
+    """Train what is needed into ``models_dir`` (``retriever/``, ``reranker/``, ``late/``); a given ``retriever``
+    is used as is (for the reranker's dense negatives)."""
     if train_split == eval_split:
         raise ConfigError(f"--train-split {train_split} is the evaluated split: models must never see the test "
                           "queries; train on another split (e.g. train)")
@@ -131,4 +139,12 @@ def train_models(data: str | Path, train_split: str, eval_split: str, models_dir
               show_progress=show_progress)
         reranker = str(out)
         seconds["train_reranker_s"] = time.perf_counter() - t
-    return TrainedModels(retriever, reranker, seconds, to_json_dict(settings))
+    late = None
+    if need_late:
+        t = time.perf_counter()
+        out = models_dir / "late"
+        train(settings.late, data, train_split, out, base=settings.base, dev_fraction=settings.dev_fraction,
+              show_progress=show_progress)
+        late = str(out)
+        seconds["train_late_s"] = time.perf_counter() - t
+    return TrainedModels(retriever, reranker, late, seconds, to_json_dict(settings))

@@ -239,6 +239,7 @@ def test_rerank_interpolation_flag(tmp_path, sample_dir, tiny_bert_dir, capsys):
 
 def test_bench_trains_both_models_on_the_train_split(tmp_path, sample_dir, tiny_bert_dir, capsys):
     settings = {"retriever": {"train": {"epochs": 1, "batch_size": 8, "bf16": False}},
+                "late": {"train": {"epochs": 1, "batch_size": 8, "bf16": False}},
                 "reranker": {"epochs": 1, "negatives": 2, "max_length": 48, "title_groups": 10, "bf16": False,
                              "mining": {"num_negatives": 2, "depth": 20}}}
     (tmp_path / "s.json").write_text(json.dumps(settings))
@@ -246,12 +247,12 @@ def test_bench_trains_both_models_on_the_train_split(tmp_path, sample_dir, tiny_
             "--train-settings", str(tmp_path / "s.json"), "--rerank-depth", "10", "--out", str(tmp_path / "o")]
     assert main([*args, "--train-split", "train"]) == 0
     config = json.loads((tmp_path / "o" / "config.json").read_text())
-    assert set(config["phase_seconds"]) == {"train_retriever_s", "train_reranker_s", "evaluate_s"}
+    assert set(config["phase_seconds"]) == {"train_retriever_s", "train_reranker_s", "train_late_s", "evaluate_s"}
     report = (tmp_path / "o" / "report.md").read_text()
     assert "## Time of each phase" in report and "| train_reranker |" in report and "| total |" in report
     assert config["train_settings"]["reranker"]["title_groups"] == 10 and config["train_split"] == "train"
     metrics = json.loads((tmp_path / "o" / "metrics.json").read_text())
-    assert {"dense", "hybrid", "bm25+rerank", "dense+rerank", "hybrid+rerank"} <= set(metrics)
+    assert {"dense", "hybrid", "bm25+rerank", "dense+rerank", "hybrid+rerank", "hybrid+maxsim+rerank"} <= set(metrics)
     models = tmp_path / "o.models"
     reranker = json.loads((models / "reranker" / "twostage.json").read_text())
     test_ids = {line.split("\t")[0]
@@ -265,6 +266,37 @@ def test_bench_trains_both_models_on_the_train_split(tmp_path, sample_dir, tiny_
     assert main([*args[:-6], "--train-settings", str(tmp_path / "bad.json"), "--train-split", "train", "--out",
                  str(tmp_path / "q")]) == 2
     assert "unknown setting(s) epoch" in capsys.readouterr().err
+
+
+def test_bench_trains_a_maxsim_model_for_the_maxsim_systems(tmp_path, sample_dir, tiny_bert_dir, capsys):
+    """--train-split with a +maxsim system trains a late-interaction model on the train split (its dev queries held
+    out of it) and the MaxSim row searches with it; a given --late-model is used as is."""
+    settings = {"retriever": {"train": {"epochs": 1, "batch_size": 8, "bf16": False}},
+                "late": {"train": {"epochs": 1, "batch_size": 8, "lr": 1e-3, "bf16": False}}}
+    (tmp_path / "s.json").write_text(json.dumps(settings))
+    args = ["-q", "bench", "--data", str(sample_dir), "--split", "test", "--systems", "hybrid,hybrid+maxsim",
+            "--baseline", "hybrid", "--base", str(tiny_bert_dir), "--train-settings", str(tmp_path / "s.json")]
+    assert main([*args, "--train-split", "train", "--out", str(tmp_path / "o")]) == 0
+    config = json.loads((tmp_path / "o" / "config.json").read_text())
+    assert set(config["phase_seconds"]) == {"train_retriever_s", "train_late_s", "evaluate_s"}
+    late = tmp_path / "o.models" / "late"
+    assert config["late_model"] == str(late) and config["train_settings"]["late"]["late"] is True
+    meta = json.loads((late / "twostage.json").read_text())
+    train_ids = {line.split("\t")[0] for line in (sample_dir / "qrels" / "train.tsv").read_text().splitlines()[1:]}
+    assert meta["kind"] == "late-interaction" and meta["training"]["split"] == "train"
+    assert meta["training"]["recipe"]["max_length"] == 180 and meta["training"]["dev_queries"] > 0
+    assert meta["training"]["train_queries"] + meta["training"]["dev_queries"] == len(train_ids)
+    metrics = json.loads((tmp_path / "o" / "metrics.json").read_text())
+    assert set(metrics) == {"hybrid", "hybrid+maxsim"} and metrics["hybrid+maxsim"] != metrics["hybrid"]
+    capsys.readouterr()
+    assert main([*args, "--train-split", "train", "--late-model", str(late), "--retriever-model",
+                 str(tmp_path / "o.models" / "retriever"), "--out", str(tmp_path / "p")]) == 0
+    config = json.loads((tmp_path / "p" / "config.json").read_text())
+    assert set(config["phase_seconds"]) == {"evaluate_s"} and config["late_model"] == str(late)
+    again = json.loads((tmp_path / "p" / "metrics.json").read_text())
+    for system in metrics:  # the same models, the same quality (latency aside)
+        assert {m: v for m, v in again[system].items() if "@" in m} == {
+            m: v for m, v in metrics[system].items() if "@" in m}
 
 
 def test_training_flags_are_generated_from_the_recipe_table():

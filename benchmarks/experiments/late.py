@@ -1,7 +1,8 @@
 """Late interaction (#66): the MaxSim stage's frontier of quality and latency, its storage, and its settings.
 
     python benchmarks/experiments/late.py --collection scifact [--data ../shared/data] [--model all-MiniLM-L6-v2]
-        [--retriever all-MiniLM-L6-v2] [--reranker DIR] [--work runs/late] [--choose] [--out PATH]
+        [--retriever all-MiniLM-L6-v2] [--engine DIR] [--reranker DIR] [--also-model MODEL] [--also-engine DIR]
+        [--work runs/late] [--choose] [--codecs DIM:BITS,...] [--out PATH]
 
 An engine of the collection is built with the default settings (``--retriever``, no reranker) under ``--work``
 (reused when there; the steering study's engines are found there too), and a copy gets token vectors by ``--model``
@@ -13,9 +14,10 @@ dense part's).
    0.3, 0.5, 0.7) and depth (50, 100), nDCG@10 of hybrid -> MaxSim; the best is then measured on test. Without it the
    engine's defaults are measured.
 2. **frontier** (test): hybrid; hybrid -> MaxSim; with ``--reranker`` hybrid -> cross-encoder and hybrid -> MaxSim ->
-   cross-encoder (the reranker's blend as it chose on dev); nDCG@10, Recall@100 of the list, and one query at a time
-   p50 / p95, the systems interleaved query by query in random order (a warm-up pass first). Paired t-test of each
-   system against hybrid.
+   cross-encoder (the reranker's blend as it chose on dev); the same MaxSim rows with each ``--also-model`` (the
+   zero-shot model next to a trained one) and the hybrid of each ``--also-engine`` (the zero-shot retriever's);
+   nDCG@10, Recall@100 of the list, and one query at a time p50 / p95, the systems interleaved query by query in
+   random order (a warm-up pass first). Paired t-test of each system against hybrid.
 
 Writes ``--out``.md and .json.
 """
@@ -180,7 +182,10 @@ def choose(engine: Any, split: Any) -> dict[str, Any]:
             "maxsim_depth": int(depth_text.split()[1])}
 
 
-def frontier(engine: Any, split: Any, reranker: Any, knobs: dict[str, Any]) -> dict[str, Any]:
+def frontier(engine: Any, split: Any, reranker: Any, knobs: dict[str, Any],
+             more: tuple[tuple[str, Any, dict[str, Any]], ...] = ()) -> dict[str, Any]:
+    """The systems measured side by side: ``engine``'s hybrid, -> MaxSim and, with a reranker, -> cross-encoder and
+    -> MaxSim -> cross-encoder, then ``more`` (name, engine, search knobs): other models' MaxSim, other engines'."""
     from twostage.eval.significance import p_value
 
     systems: list[tuple[str, Any, dict[str, Any]]] = [("hybrid", engine, {"maxsim": False, "rerank": False}),
@@ -189,6 +194,7 @@ def frontier(engine: Any, split: Any, reranker: Any, knobs: dict[str, Any]) -> d
         ce = engine.with_reranker(reranker) if reranker is not None else engine
         systems += [("hybrid -> cross-encoder", ce, {"maxsim": False}),
                     ("hybrid -> MaxSim -> cross-encoder", ce, dict(knobs))]
+    systems += list(more)
     queries, ids = [q.text for q in split.queries], [q.id for q in split.queries]
     quality: dict[str, dict[str, Any]] = {}
     for name, system, kw in systems:
@@ -295,6 +301,12 @@ def main() -> int:
     ap.add_argument("--engine", type=Path, default=None, help="an engine of the collection to copy (default: one "
                     "built with --retriever under --work)")
     ap.add_argument("--reranker", default=None)
+    ap.add_argument("--also-model", action="append", default=[], metavar="MODEL",
+                    help="another late-interaction model measured in the same run over the same engine (repeatable; "
+                         "e.g. all-MiniLM-L6-v2, the zero-shot baseline, next to a trained --model)")
+    ap.add_argument("--also-engine", action="append", default=[], type=Path, metavar="DIR",
+                    help="another engine of the collection whose hybrid is measured in the same run (repeatable; "
+                         "e.g. one with the zero-shot retriever next to a trained --engine)")
     ap.add_argument("--split", default="test")
     ap.add_argument("--choose", action="store_true", help="choose MaxSim's blend and depth on the dev split first")
     ap.add_argument("--codecs", default=None, metavar="DIM:BITS,...",
@@ -349,7 +361,21 @@ def main() -> int:
         return 0
     split = ds.split(args.split)
     result["queries"] = len(split.queries)
-    result["frontier"] = frontier(engine, split, reranker, knobs)
+    more = []
+    for other in args.also_model:  # another model's token vectors over the same engine (e.g. the zero-shot one)
+        variant, _ = with_tokens(plain, args.work, args.collection if args.engine is None else plain.name, other)
+        label = Path(other).name
+        more.append((f"hybrid -> MaxSim ({label})", variant, {**knobs, "rerank": False}))
+        if reranker is not None:
+            more.append((f"hybrid -> MaxSim ({label}) -> cross-encoder", variant.with_reranker(reranker), dict(knobs)))
+    for other_engine in args.also_engine:  # another engine's first stage (e.g. the zero-shot retriever's)
+        from twostage import SearchEngine
+
+        other_plain = SearchEngine.load(other_engine, verify=False)
+        more.append((f"hybrid ({other_plain.manifest.retriever.name if other_plain.manifest.retriever else '?'})",
+                     other_plain, {"maxsim": False, "rerank": False}))
+    result["also"] = {"models": args.also_model, "engines": [str(e) for e in args.also_engine]}
+    result["frontier"] = frontier(engine, split, reranker, knobs, tuple(more))
     if args.codecs:
         result["codecs"] = {}
         for spec in args.codecs.split(","):
