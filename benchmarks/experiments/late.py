@@ -228,6 +228,10 @@ def frontier(engine: Any, split: Any, reranker: Any, knobs: dict[str, Any],
     return out
 
 
+def _score(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"  # "-": not measured (no dev queries, or no choice made on them)
+
+
 def report(result: dict[str, Any], command: str) -> str:
     name = result["collection"]
     s = result["storage"]
@@ -249,7 +253,10 @@ def report(result: dict[str, Any], command: str) -> str:
         lines += [f"| {k} | {v:.4f}{' (chosen)' if k == c['best'] else ''} |" for k, v in c["grid"].items()]
         lines += [""]
     lines += [f"## The frontier on {result['split']} ({result['queries']} queries, one query at a time)", "",
-              f"MaxSim settings: {result['knobs']}.", "",
+              f"MaxSim settings: {result['knobs']}." + (
+                  " A row naming a model in brackets uses that model's token vectors (MaxSim) or that retriever's "
+                  "engine (hybrid) in place of the ones above, in the same run." if any(result.get("also", {}).values())
+                  else ""), "",
               "| system | nDCG@10 | vs hybrid | p (paired t) | Recall@100 | p50 ms | p95 ms | MaxSim p50 ms |",
               "|---|---|---|---|---|---|---|---|"]
     for sname, r in result["frontier"].items():
@@ -262,15 +269,17 @@ def report(result: dict[str, Any], command: str) -> str:
                   "p95 ms | MaxSim p50 ms |", "|---|---|---|---|---|---|---|---|"]
         full = result["frontier"]["hybrid -> MaxSim"]
         choice = result.get("choice", {})
-        dev = choice.get("grid", {}).get(choice.get("best", ""), float("nan"))
+        dev = choice.get("grid", {}).get(choice.get("best", ""))
         lines.append(f"| {s['dim']} dims, 8 bits (above) | {s['late_over_dense']:.2f}x | "
-                     f"{s['late_bytes_per_document']:,.0f} | {dev:.4f} | {full['ndcg@10']:.4f} | "
+                     f"{s['late_bytes_per_document']:,.0f} | {_score(dev)} | "
+                     f"{full['ndcg@10']:.4f} | "
                      f"{full['p50_ms']:.1f} | {full['p95_ms']:.1f} | {full['maxsim_p50_ms']:.1f} |")
         for name, row in result["codecs"].items():
             t = row["test"]
             st = row["storage"]
             lines.append(f"| {name} | {st['late_over_dense']:.2f}x | {st['late_bytes_per_document']:,.0f} | "
-                         f"{row.get('dev_ndcg@10', float('nan')):.4f} | {t['ndcg@10']:.4f} | {t['p50_ms']:.1f} | "
+                         f"{_score(row.get('dev_ndcg@10'))} | "
+                         f"{t['ndcg@10']:.4f} | {t['p50_ms']:.1f} | "
                          f"{t['p95_ms']:.1f} | {t['maxsim_p50_ms']:.1f} |")
     t = result.get("model_training")
     if t:
