@@ -284,6 +284,7 @@ def test_bench_trains_a_maxsim_model_for_the_maxsim_systems(tmp_path, sample_dir
     meta = json.loads((late / "twostage.json").read_text())
     train_ids = {line.split("\t")[0] for line in (sample_dir / "qrels" / "train.tsv").read_text().splitlines()[1:]}
     assert meta["kind"] == "late-interaction" and meta["training"]["split"] == "train"
+    assert meta["training"]["base"] == str(tmp_path / "o.models" / "retriever")  # from the bi-encoder just trained
     assert meta["training"]["recipe"]["max_length"] == 180 and meta["training"]["dev_queries"] > 0
     assert meta["training"]["train_queries"] + meta["training"]["dev_queries"] == len(train_ids)
     metrics = json.loads((tmp_path / "o" / "metrics.json").read_text())
