@@ -328,7 +328,7 @@ def main() -> int:
     args = ap.parse_args()
     import platform
 
-    from twostage import BeirDataset
+    from twostage import BeirDataset, SearchEngine
     from twostage.engine.knobs import settings_for
 
     args.work.mkdir(parents=True, exist_ok=True)
@@ -336,8 +336,8 @@ def main() -> int:
     data = args.data / args.collection
     ds = BeirDataset(data)
     plain = args.engine or engine_dir(args.collection, data, args.work, args.retriever)
-    engine, seconds = with_tokens(plain, args.work, args.collection if args.engine is None else plain.name,
-                                  args.model)
+    plain_name = args.collection if args.engine is None else plain.name  # names its copies with token vectors
+    engine, seconds = with_tokens(plain, args.work, plain_name, args.model)
     reranker = None
     if args.reranker:
         from twostage.models.device import resolve_precision
@@ -372,14 +372,12 @@ def main() -> int:
     result["queries"] = len(split.queries)
     more = []
     for other in args.also_model:  # another model's token vectors over the same engine (e.g. the zero-shot one)
-        variant, _ = with_tokens(plain, args.work, args.collection if args.engine is None else plain.name, other)
+        variant, _ = with_tokens(plain, args.work, plain_name, other)
         label = Path(other).name
         more.append((f"hybrid -> MaxSim ({label})", variant, {**knobs, "rerank": False}))
         if reranker is not None:
             more.append((f"hybrid -> MaxSim ({label}) -> cross-encoder", variant.with_reranker(reranker), dict(knobs)))
     for other_engine in args.also_engine:  # another engine's first stage (e.g. the zero-shot retriever's)
-        from twostage import SearchEngine
-
         other_plain = SearchEngine.load(other_engine, verify=False)
         more.append((f"hybrid ({other_plain.manifest.retriever.name if other_plain.manifest.retriever else '?'})",
                      other_plain, {"maxsim": False, "rerank": False}))
