@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from twostage.indexer.work import WorkScope, WorkStopped, current
 from twostage.models.base import check_texts
 
 logger = logging.getLogger(__name__)
@@ -103,15 +104,18 @@ class MicroBatcher:
         if self._closed:
             raise RuntimeError(f"the {self.name} batcher is closed")
         items = list(items)
+        scope = current()  # a request stopped meanwhile (its client gone, its deadline past) is dropped unrun
+        if scope is not None:
+            scope.check()
         if len(items) <= self.bulk_over:
             done: Future[Any] = Future()
-            self._put(0, _Call(items, group, done))
+            self._put(0, _Call(items, group, done, scope=scope))
             return done.result()
         pieces: list[Future[Any]] = []
         deferrable = not getattr(_caller, "search", False)
         for start in range(0, len(items), self.piece):  # bulk: after every small call, a piece at a time
             pieces.append(Future())
-            self._put(1, _Call(items[start:start + self.piece], group, pieces[-1], deferrable))
+            self._put(1, _Call(items[start:start + self.piece], group, pieces[-1], deferrable, scope))
         parts = [p.result() for p in pieces]
         return np.concatenate([np.asarray(p) for p in parts]) if isinstance(parts[0], np.ndarray) else \
             [x for p in parts for x in p]
@@ -164,20 +168,24 @@ class MicroBatcher:
                 self._compute(batch)
             except BaseException as exc:
                 if len(batch) == 1:
-                    batch[0].done.set_exception(exc)
+                    if not batch[0].done.done():
+                        batch[0].done.set_exception(exc)
                     continue
                 logger.info("%s: a batch of %d requests failed (%s); running each alone", self.name, len(batch), exc)
                 for call in batch:  # one bad item fails its own request only
                     try:
                         self._compute([call])
                     except BaseException as alone:  # noqa: BLE001 - handed to its own caller
-                        call.done.set_exception(alone)
+                        if not call.done.done():
+                            call.done.set_exception(alone)
 
     def _defer(self, piece: tuple[int, int, _Call | None]) -> bool:
         """Hold a bulk piece while searches run (at most ``max_defer_s``); True when a small call came meanwhile
         (the piece is back in the queue, behind it)."""
         if self.busy is None or piece[2] is None or not piece[2].deferrable:
             return False
+        if piece[2].scope is not None and piece[2].scope.stopped:
+            return False  # computed (that is, dropped) at once
         until = time.monotonic() + self.max_defer_s
         while self.busy() > 0 and time.monotonic() < until:
             if self._small_waiting():
@@ -191,6 +199,20 @@ class MicroBatcher:
             return any(entry[0] == 0 for entry in self._queue.queue)
 
     def _compute(self, batch: list[_Call]) -> None:
+        live = []
+        for call in batch:  # the calls of stopped requests leave the batch unrun
+            if call.done.done():
+                continue
+            try:
+                if call.scope is not None:
+                    call.scope.check()
+            except WorkStopped as stopped:
+                call.done.set_exception(stopped)
+                continue
+            live.append(call)
+        if not live:
+            return
+        batch = live
         items = [x for call in batch for x in call.items]
         results = self.fn(items, batch[0].group)
         if len(results) != len(items):
@@ -208,6 +230,7 @@ class _Call:
     group: Any
     done: Future[Any]
     deferrable: bool = False  # a bulk piece of a call that is not a search: it waits while searches run
+    scope: WorkScope | None = None  # the caller's: a stopped one's call is dropped before it is computed
 
 
 class _Wrapper:
@@ -256,3 +279,22 @@ class BatchingReranker(_Wrapper):
 
     def score(self, query: str, documents: Sequence[str], **kw: Any) -> np.ndarray:
         return self.predict([(query, d) for d in documents], **kw)
+
+
+class BatchingLate(_Wrapper):
+    """A late-interaction encoder whose ``encode_tokens`` is batched across callers like the bi-encoder's
+    ``encode`` (queries and documents each a group of their own): a write's token vectors go a piece at a time
+    behind every search."""
+
+    def __init__(self, model: Any, *, batch_size: int = 32, **batcher: Any) -> None:
+        super().__init__(model)
+        self.batcher = MicroBatcher(lambda texts, group: model.encode_tokens(texts, kind=group[0], allow_empty=group[1],
+                                                                             batch_size=batch_size),
+                                    name="late", **batcher)
+
+    def encode_tokens(self, texts: Sequence[str], *, kind: str = "document", allow_empty: bool = False,
+                      **kw: Any) -> list[np.ndarray]:
+        if any(v for k, v in kw.items() if k != "batch_size") or not len(texts):
+            return self.model.encode_tokens(texts, kind=kind, allow_empty=allow_empty, **kw)
+        check_texts(texts, kind, allow_empty=allow_empty)
+        return list(self.batcher(texts, (kind, allow_empty)))

@@ -4,7 +4,10 @@ Limits on a body's shape (texts a request, characters a text) are not enough: a 
 them (a long query against a thousand long documents) can still ask the cross-encoder for minutes of work. A
 :class:`Budgets` bounds the work itself: the tokens the models read for one embeddings or rerank request (each text
 or pair counted after truncation, the way the model will read it), the pairs of one rerank call, the texts of one
-embeddings call, and for writes the characters, metadata fields and metadata bytes of one document. A request over
+embeddings call, the pairs the cross-encoder and the candidates MaxSim read for one search request (a batch's
+summed over its queries; each pair is read truncated to the model's length, so pairs bound its tokens too), and
+for writes the rows (passages) a request makes and the characters, metadata fields and metadata bytes of one
+document: counted before the work, the way the engine will cut it (a CJK character is a word). A request over
 a budget is answered 413 with one line naming the budget and the ``twostage serve`` flag that raises it
 (:meth:`Budgets.refuse`); nothing of it has run. Bulk calls within budget are computed a piece at a time behind
 every search (:mod:`twostage.app.batching`).
@@ -34,6 +37,9 @@ class Budgets:
     document_chars: int = 1_000_000  # characters of one written document (title and text)
     metadata_keys: int = 256  # metadata fields of one written document (nested objects' fields counted too)
     metadata_bytes: int = 65_536  # bytes of one written document's metadata as JSON
+    write_rows: int = 4096  # rows (passages) one write request makes, all its documents together
+    search_pairs: int = 5120  # (query, candidate) pairs the cross-encoder scores for one search request (summed)
+    maxsim_candidates: int = 25_600  # candidates MaxSim reads for one search request (summed over a batch)
     piece: int = 8  # texts or pairs of a bulk call computed at a time, between searches
 
     def __post_init__(self) -> None:
@@ -51,6 +57,13 @@ class Budgets:
         if asked > getattr(self, name):
             raise self.refuse(name, asked, what)
 
+    def check_search(self, work: Any) -> None:
+        """One search request's work (:class:`twostage.engine.search.SearchWork`: a batch's summed over its
+        queries) within the pair and MaxSim budgets."""
+        per = f" ({work.queries} queries)" if work.queries > 1 else ""
+        self.check_count("search_pairs", work.pairs, f"pairs the reranker would score{per}")
+        self.check_count("maxsim_candidates", work.maxsim, f"candidates MaxSim would read{per}")
+
     def check_document(self, doc_id: str, text: str, title: str, metadata: Any) -> None:
         """A written document within the character, metadata-field and metadata-byte budgets."""
         self.check_count("document_chars", len(text) + len(title), f"document {doc_id[:80]!r}: characters")
@@ -67,6 +80,9 @@ HELP = {
     "document_chars": "characters of one written document (title and text)",
     "metadata_keys": "metadata fields of one written document",
     "metadata_bytes": "bytes of one written document's metadata as JSON",
+    "write_rows": "rows (passages) one write request makes, its documents together (a CJK character is a word)",
+    "search_pairs": "pairs the reranker scores for one search request (a batch: summed over its queries)",
+    "maxsim_candidates": "candidates MaxSim reads for one search request (a batch: summed over its queries)",
 }  # the budgets a flag sets (``piece`` is the batchers', not a client's)
 
 

@@ -500,11 +500,18 @@ def _serve(args: argparse.Namespace) -> int:
         raise ConfigError("--protect-reads puts /stats and /metrics behind the API key: give --api-key-env VAR too")
     from twostage.app.budgets import HELP, Budgets
 
+    from twostage.app.server import allowed_hosts_for
+
     budgets = Budgets(**{name: getattr(args, f"max_{name}") for name in HELP})
+    if args.request_timeout is not None and not args.request_timeout > 0:
+        raise ConfigError(f"--request-timeout must be a positive number of seconds, got {args.request_timeout}")
+    hosts = allowed_hosts_for(args.host, args.allowed_hosts)
     app = create_app(args.engine, api_key=api_key, read_only=args.read_only, batching=not args.no_batching,
                      max_wait_ms=args.max_wait_ms, verify=not args.fast, device=args.device, ray=args.ray,
                      ray_address=args.ray_address, replicas=args.replicas, metrics=not args.no_metrics,
-                     budgets=budgets, protect_reads=args.protect_reads)
+                     budgets=budgets, protect_reads=args.protect_reads, request_timeout=args.request_timeout,
+                     allowed_hosts=hosts, max_expensive=args.max_expensive, expensive_wait_s=args.expensive_wait,
+                     max_searches=args.max_searches)
     if not args.no_access_log:  # one JSON line a request on stderr (the library only logs it)
         import logging
 
@@ -731,6 +738,20 @@ def add_commands(sub: Any, only: str | None = None) -> None:
     sv.add_argument("--no-metrics", action="store_true", help="no GET /metrics (Prometheus)")
     sv.add_argument("--no-access-log", action="store_true", help="no JSON access-log line a request on stderr")
     sv.add_argument("--protect-reads", action="store_true", help="/stats and /metrics need the API key too")
+    sv.add_argument("--allowed-hosts", default=None, metavar="NAMES",
+                    help="comma-separated Host names the server answers, and the sites a browser's write may come "
+                         "from ('*': any; default: the loopback names when listening on loopback, else any)")
+    sv.add_argument("--request-timeout", type=float, default=300.0, metavar="S",
+                    help="a request still running after S seconds stops at its next stage boundary and gets a 503 "
+                         "(default 300); a request whose client disconnects stops there too")
+    sv.add_argument("--max-expensive", type=int, default=1, metavar="N",
+                    help="expensive requests (a batch, a bulk write, a rerank or embeddings of over 64 items) run N at "
+                         "a time (default 1); searches never wait for them")
+    sv.add_argument("--expensive-wait", type=float, default=10.0, metavar="S",
+                    help="how long an expensive request waits for its turn before a 503 with Retry-After (default 10)")
+    sv.add_argument("--max-searches", type=int, default=32, metavar="N",
+                    help="with N or more searches in flight, expensive requests get a 503 with Retry-After at once "
+                         "(default 32)")
     if only in (None, "serve"):
         from twostage.app.budgets import HELP, Budgets, flag
 

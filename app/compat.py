@@ -22,14 +22,16 @@ from __future__ import annotations
 
 import base64
 import uuid
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager, nullcontext
 from types import SimpleNamespace
 from typing import Any, Literal
 
 import numpy as np
+from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from twostage.app.admission import Admission, is_expensive
 from twostage.app.budgets import Budgets, pair_tokens, text_tokens
 from twostage.indexer.records import check_encodable
 from twostage.indexer.tokens import maxsim
@@ -107,20 +109,27 @@ def not_blank(value: str) -> str:
 
 
 def add_compat_routes(app: Any, searching: Callable[[], AbstractContextManager[Any]],
-                      error: Callable[..., Any], guard: Callable[[Callable[[], Any]], Any],
-                      budgets: Budgets | None = None) -> None:
+                      error: Callable[..., Any], answer: Callable[[Request, Callable[[], Any]], Awaitable[Any]],
+                      budgets: Budgets | None = None, admission: Admission | None = None) -> None:
     """Register the routes on ``app``: ``searching()`` yields the engine a request uses, ``error(status, text)``
-    makes an error response, ``guard(fn)`` runs ``fn`` and turns a raised error into a response; ``budgets``
-    bounds each request's work before it starts (:mod:`twostage.app.budgets`)."""
+    makes an error response, ``await answer(request, fn)`` runs ``fn`` in a worker thread (stopped when the client
+    leaves) and turns a raised error into a response; ``budgets`` bounds each request's work before it starts
+    (:mod:`twostage.app.budgets`), ``admission`` runs the expensive ones behind the searches
+    (:mod:`twostage.app.admission`)."""
     budgets = budgets or Budgets()
 
+    def admitted(items: int) -> AbstractContextManager[Any]:
+        if admission is None or not is_expensive(items):
+            return nullcontext()
+        return admission.expensive("this request")
+
     @app.post("/v1/embeddings", summary="OpenAI-style embeddings of texts by the engine's retriever")
-    def embeddings(body: EmbeddingsRequest) -> Any:
+    async def embeddings(body: EmbeddingsRequest, request: Request) -> Any:
         texts = [body.input] if isinstance(body.input, str) else list(body.input)
         kind = "query" if body.input_type in ("query", "search_query") else "document"
 
         def run() -> Any:
-            with searching() as engine:
+            with admitted(len(texts)), searching() as engine:
                 if engine.manifest.retriever is None:
                     return error(409, "this engine has no retriever (built BM25-only); build it with --retriever "
                                       "to serve embeddings")
@@ -141,13 +150,13 @@ def add_compat_routes(app: Any, searching: Callable[[], AbstractContextManager[A
             return {"object": "list", "data": data, "model": name,
                     "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
-        return guard(run)
+        return await answer(request, run)
 
-    def rerank(body: RerankRequest) -> Any:
+    async def rerank(body: RerankRequest, request: Request) -> Any:
         texts = body.texts()
 
         def run() -> Any:
-            with searching() as engine:
+            with admitted(len(texts)), searching() as engine:
                 late = engine.manifest.late
                 by_maxsim = late is not None and (engine.manifest.reranker is None
                                                   or body.model in ("maxsim", late.name))
@@ -165,7 +174,7 @@ def add_compat_routes(app: Any, searching: Callable[[], AbstractContextManager[A
                 name = body.model or engine.manifest.reranker.name
             return ranked_answer(body, texts, scores, name, tokens)
 
-        return guard(run)
+        return await answer(request, run)
 
     def maxsim_answer(engine: Any, body: RerankRequest, texts: list[str]) -> Any:
         """The documents ordered by MaxSim of the engine's late-interaction model over the texts given."""

@@ -19,11 +19,12 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import math
 import threading
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from dataclasses import asdict
 from importlib import resources
@@ -40,6 +41,7 @@ from twostage.indexer.errors import (
 )
 from twostage.indexer.records import Document, SearchResult, check_encodable, check_metadata
 from twostage.indexer.versions import WriterBusyError
+from twostage.indexer.work import WorkScope, WorkStopped
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +52,7 @@ try:
     from pydantic import BaseModel, ConfigDict, Field, field_validator
     from starlette.exceptions import HTTPException
 
+    from twostage.app.admission import Admission, Busy, is_expensive
     from twostage.app.budgets import Budgets, OverBudget
     from twostage.app.compat import not_blank
 except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -60,6 +63,10 @@ MAX_K = 1000
 MAX_BATCH = 256
 MAX_DOCUMENTS = 10_000
 MAX_BODY_BYTES = 16 * 1024 * 1024
+MAX_QUERY_CHARS = 10_000  # characters of one query: /search's, /similar's and each of /search/batch's
+REQUEST_TIMEOUT_S = 300.0  # a request still running after this long stops at its next stage boundary (503)
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+DISCONNECTED = "twostage.disconnected"  # the ASGI scope's key of the event set when the client disconnects
 
 
 # ---- requests and responses ------------------------------------------------------------------------
@@ -98,8 +105,9 @@ class SearchOptions(_Strict):
     unlike: list[Annotated[str, Field(min_length=1, max_length=1000)]] | None = Field(
         None, max_length=100, description="less like these documents (ids); left out of the hits")
     include_feedback: bool | None = Field(None, description="keep the liked and unliked documents among the hits")
-    diversity: bool | Annotated[float, Field(ge=0, le=1)] | None = Field(
-        None, description="maximal marginal relevance's weight of diversity (0: relevance alone; true: the default)")
+    diversity: bool | float | None = Field(
+        None, description="maximal marginal relevance's weight of diversity, a number in [0, 1] (0: relevance alone; "
+                          "true: the default)")
     group_by: str | None = Field(None, min_length=1, max_length=200, description="at most group_size hits per value "
                                  "of this metadata field; k and offset count groups")
     group_size: int | None = Field(None, ge=1, le=1000, description="hits per group (default 1)")
@@ -109,6 +117,15 @@ class SearchOptions(_Strict):
                                                                       "engine's)")
     maxsim_blend: Annotated[float, Field(ge=0, le=1)] | Literal["none"] | None = Field(
         None, description="MaxSim's weight against the first stage; \"none\": MaxSim alone (default: the engine's)")
+
+    @field_validator("diversity", mode="before")
+    @classmethod
+    def _diversity(cls, value: Any) -> Any:
+        if value is None or isinstance(value, bool):
+            return value
+        if isinstance(value, (int, float)) and math.isfinite(value) and 0 <= value <= 1:
+            return float(value)
+        raise ValueError(f"must be true, false or a number from 0 to 1, got {json.dumps(value)[:40]}")
 
     def knobs(self) -> dict[str, Any]:
         """The search options given (None: the engine's); old field names pass as they are, mapped by the engine's
@@ -124,7 +141,7 @@ class SearchOptions(_Strict):
 
 
 class SearchRequest(SearchOptions):
-    query: str = Field(..., min_length=1, max_length=10_000)
+    query: str = Field(..., min_length=1, max_length=MAX_QUERY_CHARS)
     page_token: str | None = Field(None, max_length=200, description="a result's next_page: its next k hits, "
                                                                       "from the same engine version")
 
@@ -137,7 +154,7 @@ class SimilarRequest(SearchOptions):
 
 
 class BatchSearchRequest(SearchOptions):
-    queries: list[str] = Field(..., min_length=1, max_length=MAX_BATCH)
+    queries: list[Annotated[str, Field(max_length=MAX_QUERY_CHARS)]] = Field(..., min_length=1, max_length=MAX_BATCH)
 
     @field_validator("queries")
     @classmethod
@@ -342,10 +359,10 @@ class SafeJSONResponse(JSONResponse):
             return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
 
 
-def _error(status: int, message: str, **extra: Any) -> JSONResponse:
+def _error(status: int, message: str, headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
     # a message may quote what the client sent: a lone surrogate in it is written as its escape, not a 500
     return SafeJSONResponse({"error": message.encode("utf-8", "backslashreplace").decode("utf-8"), **extra},
-                            status_code=status)
+                            status_code=status, headers=headers)
 
 
 class _BodyLimit:
@@ -377,15 +394,30 @@ class _BodyLimit:
             if not message.get("more_body"):
                 break
         body, replayed = b"".join(chunks), False
+        import anyio
+
+        gone = anyio.Event()  # set when the client disconnects: the request's work stops (_stoppable)
+        scope[DISCONNECTED] = gone
 
         async def replay() -> dict[str, Any]:
             nonlocal replayed
             if not replayed:
                 replayed = True
                 return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
+            await gone.wait()
+            return {"type": "http.disconnect"}
 
-        await self.app(scope, replay, send)
+        async def watch() -> None:  # the one reader of the connection once the body is in
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone.set()
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(watch)
+            try:
+                await self.app(scope, replay, send)
+            finally:
+                group.cancel_scope.cancel()
 
 
 def _where_of(error: dict[str, Any]) -> str:
@@ -432,7 +464,9 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
                batching: bool = True, max_wait_ms: float = 5.0, max_body_bytes: int = MAX_BODY_BYTES,
                verify: bool = True, device: str = "auto", ray: bool = False, ray_address: str | None = None,
                replicas: int = 1, metrics: bool = True, budgets: Budgets | None = None,
-               protect_reads: bool = False) -> FastAPI:
+               protect_reads: bool = False, request_timeout: float | None = REQUEST_TIMEOUT_S,
+               allowed_hosts: Sequence[str] | None = None, max_expensive: int = 1, expensive_wait_s: float = 10.0,
+               max_searches: int = 32) -> FastAPI:
     """The HTTP app over an engine directory, single or sharded (or an open engine; ``device``: where a directory's
     models run; ``ray``: a sharded engine's shards served by Ray actors).
 
@@ -440,7 +474,14 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
     ``batching``: concurrent searches share model calls, a batch waiting at most ``max_wait_ms`` for requests
     already in flight. ``metrics``: ``GET /metrics`` in Prometheus' format (:mod:`twostage.app.observe`).
     ``budgets``: what one request may make the server do (:mod:`twostage.app.budgets`); ``protect_reads``:
-    ``/stats`` and ``/metrics`` need the API key too.
+    ``/stats`` and ``/metrics`` need the API key too. ``request_timeout``: seconds after which a request stops at
+    its next stage boundary (a 503; None: no limit); a request whose client disconnects stops there too.
+    ``allowed_hosts``: the ``Host`` names answered (others: 421; None: any), and the origins a browser's write may
+    come from (a write whose ``Origin`` is another site's: 403). ``max_expensive``, ``expensive_wait_s``,
+    ``max_searches``: admission of expensive requests (:mod:`twostage.app.admission`).
+
+    Raises:
+        ConfigError: an empty API key, a bad limit, ``protect_reads`` without a key, an engine that cannot open.
     """
     from twostage.app.compat import add_compat_routes
     from twostage.app.observe import ServerMetrics
@@ -451,8 +492,12 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
         raise ConfigError("the API key is empty; set it to a secret string or serve without one")
     if max_wait_ms < 0 or max_body_bytes <= 0:
         raise ConfigError("max_wait_ms must be >= 0 and max_body_bytes positive")
+    if request_timeout is not None and not (isinstance(request_timeout, (int, float)) and request_timeout > 0
+                                            and math.isfinite(request_timeout)):
+        raise ConfigError(f"--request-timeout must be a positive number of seconds, got {request_timeout!r}")
     if protect_reads and api_key is None:
         raise ConfigError("protect_reads needs an API key (--api-key-env VAR): without one nothing can read /stats")
+    hosts = None if allowed_hosts is None else _host_names(allowed_hosts)
     budgets = budgets or Budgets()
     opened = source if isinstance(source, TwoStageSearch) else open_engine(source, verify=verify, device=device,
                                                                             ray=ray, address=ray_address,
@@ -462,6 +507,8 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
     models.prepare(opened)
     holder = EngineHolder(opened, prepare=models.prepare)
     observed = ServerMetrics(lambda: holder.engine, models.batchers, models.load_seconds) if metrics else None
+    admission = Admission(lambda: models.searches, max_expensive=max_expensive, wait_s=expensive_wait_s,
+                          max_searches=max_searches)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -471,43 +518,55 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
 
     app = FastAPI(title="twostage", summary="Search an engine: first stage, then reranked hits.",
                   version=_version(), lifespan=lifespan, default_response_class=SafeJSONResponse)
-    app.state.holder, app.state.stats = holder, stats
+    app.state.holder, app.state.stats, app.state.admission = holder, stats, admission
     app.add_middleware(_BodyLimit, limit=max_body_bytes)
+    if hosts is not None:
+        app.add_middleware(_HostCheck, hosts=hosts)
 
     _add_request_log(app, stats, observed)
     _add_error_handlers(app)
 
-    writer = _writer(read_only, api_key)
+    writer = _writer(read_only, api_key, hosts)
     reader = _key_check(api_key if protect_reads else None, "/stats and /metrics")
 
     def searching(search: bool = False) -> AbstractContextManager[Any]:
         return models.searching(holder, search)
 
+    async def answer(request: Request, run: Callable[[], Any]) -> Any:
+        """``run()`` in a worker thread, stopped when its client leaves or past the request timeout; a raised
+        error as its JSON response."""
+        return await _stoppable(request, lambda: _guarded(run), request_timeout)
+
     def run_search(queries: list[str], options: SearchOptions,
-                   similar: str | None = None) -> tuple[list[SearchResult], str] | JSONResponse:
+                   similar: str | None = None) -> tuple[list[SearchResult], str]:
         t = time.perf_counter()
 
-        def run() -> tuple[list[SearchResult], str]:
-            with searching(True) as engine:
-                token = getattr(options, "page_token", None)
-                if similar is not None:
-                    version = engine.read_page_token(token).version if token is not None else engine.version
-                    k = options.k if token is None or "k" in options.model_fields_set else \
-                        engine.read_page_token(token).k
-                    return [engine.similar(similar, k, where=options.where, offset=options.offset,
-                                           page_token=token, **options.knobs())], version
-                if token is not None:
-                    pinned = engine.read_page_token(token)
-                    k = options.k if "k" in options.model_fields_set else pinned.k  # a token pages at its own k
-                    return [engine.search(queries[0], k, where=options.where, offset=options.offset,
-                                          page_token=token, **options.knobs())], pinned.version
-                return engine.search_batch(queries, options.k, where=options.where, offset=options.offset,
-                                           **options.knobs()), engine.version
+        def run(engine: Any) -> tuple[list[SearchResult], str]:
+            token = getattr(options, "page_token", None)
+            if similar is not None:
+                version = engine.read_page_token(token).version if token is not None else engine.version
+                k = options.k if token is None or "k" in options.model_fields_set else \
+                    engine.read_page_token(token).k
+                return [engine.similar(similar, k, where=options.where, offset=options.offset,
+                                       page_token=token, **options.knobs())], version
+            if token is not None:
+                pinned = engine.read_page_token(token)
+                k = options.k if "k" in options.model_fields_set else pinned.k  # a token pages at its own k
+                return [engine.search(queries[0], k, where=options.where, offset=options.offset,
+                                      page_token=token, **options.knobs())], pinned.version
+            return engine.search_batch(queries, options.k, where=options.where, offset=options.offset,
+                                       **options.knobs()), engine.version
 
-        out = _guarded(run)
-        if isinstance(out, JSONResponse):
-            return out
-        results, version = out
+        work = None if similar is not None else holder.engine.work_of(len(queries), **options.knobs())
+        if work is not None:
+            budgets.check_search(work)  # a 413 before any of it runs
+        if work is not None and is_expensive(work.pairs, work.queries):
+            # a batch or a deep rerank: admitted behind the searches, its model calls after theirs
+            with admission.expensive("this search"), searching(False) as engine:
+                results, version = run(engine)
+        else:
+            with searching(True) as engine:
+                results, version = run(engine)
         request_ms = (time.perf_counter() - t) * 1000 / len(queries)
         for r in results:
             stats.record(_ms(dict(r.timings)), request_ms)
@@ -516,44 +575,51 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
         return results, version
 
     @app.post("/search", response_model=SearchOut, summary="the k best documents for a query")
-    def search(body: SearchRequest) -> Any:
-        out = run_search([body.query], body)
-        if isinstance(out, JSONResponse):
-            return out
-        results, version = out
-        return _search_out(results[0], version, body)
+    async def search(body: SearchRequest, request: Request) -> Any:
+        def run() -> Any:
+            results, version = run_search([body.query], body)
+            return _search_out(results[0], version, body)
+
+        return await answer(request, run)
 
     @app.post("/similar", response_model=SearchOut, summary="the k documents most like a document")
-    def similar(body: SimilarRequest) -> Any:
-        out = run_search([body.id], body, similar=body.id)
-        if isinstance(out, JSONResponse):
-            return out
-        results, version = out
-        return _search_out(results[0], version, body)
+    async def similar(body: SimilarRequest, request: Request) -> Any:
+        def run() -> Any:
+            results, version = run_search([body.id], body, similar=body.id)
+            return _search_out(results[0], version, body)
+
+        return await answer(request, run)
 
     @app.post("/search/batch", response_model=BatchSearchOut, summary="/search for many queries in one call")
-    def search_batch(body: BatchSearchRequest) -> Any:
-        out = run_search(list(body.queries), body)
-        if isinstance(out, JSONResponse):
-            return out
-        results, version = out
-        return BatchSearchOut(version=version, results=[_search_out(r, version, body) for r in results])
+    async def search_batch(body: BatchSearchRequest, request: Request) -> Any:
+        def run() -> Any:
+            results, version = run_search(list(body.queries), body)
+            return BatchSearchOut(version=version, results=[_search_out(r, version, body) for r in results])
 
-    def write(change: Any) -> Any:
+        return await answer(request, run)
+
+    def write(change: Callable[[Any], Any], rows: Callable[[Any], int] | None = None) -> Any:
         # No lock of the server's around the change: the engine encodes new documents first and takes its own
         # writer lock only to commit (on the version current then), so a large document being encoded never
         # holds up another client's write.
-        def run() -> Any:
-            with holder.use() as engine:
+        with holder.use() as engine:
+            n = 0
+            if rows is not None:
+                n = rows(engine)
+                budgets.check_count("write_rows", n, "documents: rows (passages) this write would make")
+            if is_expensive(n):
+                with admission.expensive("this write"):
+                    new = change(engine)
+            else:
                 new = change(engine)
-            holder.swap(new)
-            return new
-
-        return _guarded(run)
+        holder.swap(new)
+        return new
 
     @app.post("/documents", response_model=WriteOut, dependencies=[Depends(writer)],
               summary="add documents (or replace them: upsert) in one atomic version")
-    def add_documents(body: DocumentsRequest) -> Any:
+    async def add_documents(body: DocumentsRequest, request: Request) -> Any:
+        from twostage.indexer.passages import rows_of
+
         ids = [d.id for d in body.documents]
         if len(set(ids)) != len(ids):
             seen: set[str] = set()
@@ -570,16 +636,22 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
                 check_metadata(doc.metadata, f"document {doc.id!r}: metadata")
         except DataError as exc:
             return _error(422, f"documents: {exc}")
-        new = write(lambda engine: engine.upsert(docs) if body.upsert else engine.add(docs))
-        return new if isinstance(new, JSONResponse) else WriteOut(version=new.version, documents=len(new),
-                                                                   changed=len(docs))
+
+        def run() -> Any:
+            new = write(lambda engine: engine.upsert(docs) if body.upsert else engine.add(docs),
+                        lambda engine: rows_of(docs, engine.settings.passages))
+            return WriteOut(version=new.version, documents=len(new), changed=len(docs))
+
+        return await answer(request, run)
 
     @app.delete("/documents", response_model=WriteOut, dependencies=[Depends(writer)],
                 summary="delete documents by id in one atomic version")
-    def delete_documents(body: DeleteRequest) -> Any:
-        new = write(lambda engine: engine.delete(body.ids))
-        return new if isinstance(new, JSONResponse) else WriteOut(version=new.version, documents=len(new),
-                                                                   changed=len(body.ids))
+    async def delete_documents(body: DeleteRequest, request: Request) -> Any:
+        def run() -> Any:
+            new = write(lambda engine: engine.delete(body.ids))
+            return WriteOut(version=new.version, documents=len(new), changed=len(body.ids))
+
+        return await answer(request, run)
 
     @app.get("/health", summary="whether the server answers, and the engine version it serves")
     def health() -> dict[str, Any]:
@@ -601,7 +673,7 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
                 "batching": {b.name: b.stats.to_dict() for b in models.batchers} if batching else None,
                 **stats.snapshot()}
 
-    add_compat_routes(app, searching, _error, _guarded, budgets)
+    add_compat_routes(app, searching, _error, answer, budgets, admission)
 
     @app.get("/metrics", summary="Prometheus metrics: requests, latency per stage, batches, the engine served",
              dependencies=[Depends(reader)])
@@ -642,17 +714,23 @@ class ServedModels:
         loaded_reranker = engine.reranker
         if loaded_reranker is not None:
             self.load_seconds["reranker"] = time.perf_counter() - t
+        loaded_late = None
+        if getattr(engine.manifest, "late", None) is not None:
+            t = time.perf_counter()
+            loaded_late = engine.late
+            self.load_seconds["late"] = time.perf_counter() - t
         if self.batching:
-            from twostage.app.batching import BatchingEncoder, BatchingReranker
+            from twostage.app.batching import BatchingEncoder, BatchingLate, BatchingReranker
 
             options = {"max_wait_s": self.max_wait_s, "expected": lambda: self.in_flight, "piece": self.piece,
                        "busy": lambda: self.searches}
             size = engine.settings.batch_size
             encoder = BatchingEncoder(loaded_encoder, batch_size=size, **options) if loaded_encoder else None
             reranker = BatchingReranker(loaded_reranker, batch_size=size, **options) if loaded_reranker else None
-            engine.use_models(encoder=encoder, reranker=reranker)
+            late = BatchingLate(loaded_late, batch_size=size, **options) if loaded_late else None
+            engine.use_models(encoder=encoder, reranker=reranker, late=late)
             self.retired.extend(self.batchers)
-            self.batchers[:] = [b.batcher for b in (encoder, reranker) if b is not None]
+            self.batchers[:] = [b.batcher for b in (encoder, reranker, late) if b is not None]
 
     @contextmanager
     def searching(self, holder: EngineHolder, search: bool = False) -> Iterator[Any]:
@@ -680,28 +758,112 @@ class ServedModels:
             b.close()
 
 
+async def _stoppable(request: Request, run: Callable[[], Any], timeout: float | None) -> Any:
+    """``run()`` in a worker thread inside a :class:`WorkScope`: cancelled as soon as the client disconnects and past ``timeout`` seconds, the work stopping at its next stage boundary
+    (:func:`twostage.indexer.work.checkpoint`), its model calls dropped from the shared batches."""
+    import anyio
+
+    scope = WorkScope(timeout)
+
+    def work() -> Any:
+        with scope:
+            return run()
+
+    gone = request.scope.get(DISCONNECTED)
+
+    async def watch() -> None:
+        if gone is not None:  # the body limit's reader of the connection says when it closes
+            await gone.wait()
+        else:
+            while not await request.is_disconnected():
+                await anyio.sleep(0.05)
+        scope.cancel("its client disconnected")
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(watch)
+        try:
+            return await anyio.to_thread.run_sync(work)
+        finally:
+            group.cancel_scope.cancel()
+
+
 def _guarded(run: Callable[[], Any]) -> Any:
     """``run()``, or the JSON error response for what it raised (a TwostageError's own status, else a 500)."""
     try:
         return run()
     except OverBudget as exc:
         return _error(413, str(exc))
+    except Busy as exc:
+        return _error(503, str(exc), headers={"Retry-After": str(exc.retry_after)})
     except TwostageError as exc:
         return _twostage_error(exc)
     except Exception as exc:
         return _server_error(exc)
 
 
-def _writer(read_only: bool, api_key: str | None) -> Callable[[Request], None]:
-    """The dependency every write route has: refused on a read-only server, and without the API key when set."""
+def _writer(read_only: bool, api_key: str | None, hosts: frozenset[str] | None = None) -> Callable[[Request], None]:
+    """The dependency every write route has: refused on a read-only server, from a browser page of another site
+    (its ``Origin`` neither this server nor one of ``hosts``), and without the API key when set."""
     check_key = _key_check(api_key, "writes")
 
     def writer(request: Request) -> None:
         if read_only:
             raise HTTPException(403, "this server is read-only (started with --read-only); writes are refused")
+        origin = request.headers.get("origin")
+        if origin is not None and not _same_site(origin, request.headers.get("host") or "", hosts):
+            raise HTTPException(403, f"writes from a page of another site (Origin {origin[:100]!r}) are refused; "
+                                     "write from this server's own page or without a browser, or start the server "
+                                     "with --allowed-hosts naming that site")
         check_key(request)
 
     return writer
+
+
+def _host_names(hosts: Sequence[str]) -> frozenset[str]:
+    """``--allowed-hosts``' names, lower-cased, without ports or IPv6 brackets."""
+    names = frozenset(_bare_host(h) for h in hosts)
+    if not names or "" in names:
+        raise ConfigError("--allowed-hosts needs host names (e.g. localhost,search.example.org), or '*' for any")
+    return names
+
+
+def _bare_host(host: str) -> str:
+    """``host`` (a Host header's value or an origin's netloc) lower-cased, without its port or brackets."""
+    host = host.strip().lower()
+    if host.startswith("["):  # [::1]:8000
+        return host[1:host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def _same_site(origin: str, host: str, hosts: frozenset[str] | None) -> bool:
+    """Whether a browser's ``Origin`` is this server (the ``Host`` it was asked by) or one of ``hosts``."""
+    from urllib.parse import urlsplit
+
+    try:
+        netloc = urlsplit(origin).netloc
+    except ValueError:
+        return False
+    if not netloc:  # "null" (a sandboxed page, a file) is no site of ours
+        return False
+    return netloc.lower() == host.lower() or (hosts is not None and ("*" in hosts or _bare_host(netloc) in hosts))
+
+
+class _HostCheck:
+    """Answer only requests whose ``Host`` is one of ``hosts`` (else 421): a page on another site that makes its
+    own name resolve to this machine (DNS rebinding) sends its own name as ``Host`` and is refused."""
+
+    def __init__(self, app: Any, hosts: frozenset[str]) -> None:
+        self.app, self.hosts = app, hosts
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and "*" not in self.hosts:
+            host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1")
+            if _bare_host(host) not in self.hosts:
+                await _error(421, f"this server answers the host names {', '.join(sorted(self.hosts))}, not "
+                                  f"{host[:100]!r}; start it with --allowed-hosts naming the host you use")(
+                    scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def _key_check(api_key: str | None, what: str) -> Callable[[Request], None]:
@@ -776,6 +938,10 @@ def _twostage_error(exc: TwostageError) -> JSONResponse:
         return _error(503, str(exc))
     if isinstance(exc, PageExpiredError):
         return _error(410, str(exc))
+    if isinstance(exc, WorkStopped):  # past the request timeout (or its client left, and nobody reads this)
+        logger.info("a request stopped: %s", exc)
+        return _error(503, f"{exc}; send a smaller request, or start the server with a longer --request-timeout",
+                      headers={"Retry-After": "1"})
     if isinstance(exc, (ConfigError, DataError)):
         return _error(400, str(exc))
     return _server_error(exc)
@@ -800,11 +966,23 @@ def _version() -> str:
         return "0"
 
 
+def allowed_hosts_for(host: str, given: str | Sequence[str] | None = None) -> tuple[str, ...] | None:
+    """The Host names a server listening on ``host`` answers: ``given`` (comma-separated, or a list; ``*``: any),
+    else the loopback names when it listens on loopback (a page on another site reaching it through DNS rebinding
+    is refused), else any (None)."""
+    if given is not None:
+        names = given.split(",") if isinstance(given, str) else list(given)
+        return tuple(_host_names(names))
+    return LOOPBACK_HOSTS if _bare_host(host) in LOOPBACK_HOSTS else None
+
+
 def serve(engine_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, **options: Any) -> None:
-    """Run the app with uvicorn until interrupted (``options`` as for :func:`create_app`)."""
+    """Run the app with uvicorn until interrupted (``options`` as for :func:`create_app`; ``allowed_hosts``
+    defaults to :func:`allowed_hosts_for` ``host``)."""
     try:
         import uvicorn
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise MissingDependencyError("twostage serve needs uvicorn: pip install 'twostage-search[serve]'") from exc
+    options.setdefault("allowed_hosts", allowed_hosts_for(host))
     app = create_app(engine_dir, **options)
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

@@ -37,6 +37,7 @@ from twostage.indexer.errors import ConfigError, DataError, PageExpiredError
 from twostage.indexer.filters import CheckedFilter, Where, check_filter, parse_filter
 from twostage.indexer.passages import by_document, split_id, word_starts
 from twostage.indexer.records import Document, Explanation, Hit, RankedList, SearchResult, check_encodable, check_k
+from twostage.indexer.work import checkpoint
 from twostage.models.device import resolve_precisions
 
 if TYPE_CHECKING:
@@ -119,7 +120,7 @@ class TwoStageSearch(ABC):
         """Whether ``other`` searches with this engine's loaded models (a version a model swap wrote does not)."""
         return self._models is other._models
 
-    def use_models(self, *, encoder: Any = None, reranker: Any = None) -> None:
+    def use_models(self, *, encoder: Any = None, reranker: Any = None, late: Any = None) -> None:
         """Search with these objects in place of the loaded models, e.g. wrappers that batch across requests
         (:mod:`twostage.app.batching`). They must score exactly like the models they wrap; the engines that
         :meth:`refresh` and the updates return share them."""
@@ -128,6 +129,8 @@ class TwoStageSearch(ABC):
                 self._models.encoder = encoder
             if reranker is not None:
                 self._models.reranker = reranker
+            if late is not None:
+                self._models.late = late
 
     def _load_encoder(self) -> Any:
         """The bi-encoder, loaded (its weights verified against the manifest) on first use."""
@@ -319,6 +322,21 @@ class TwoStageSearch(ABC):
         return self.search(text, k, where=where, offset=offset, page_token=page_token,
                            **{**knobs, "like": [doc_id], "similar": True, "rerank": False})
 
+    def work_of(self, queries: int, **knobs: Any) -> SearchWork:
+        """What searching ``queries`` queries with ``knobs`` asks of the models, counted before any of it runs (a
+        server's budgets): the (query, candidate) pairs the cross-encoder scores and the candidates MaxSim reads,
+        at most, summed over the queries (the first stage may find fewer candidates)."""
+        steer, rest = split_steering(knobs)
+        s, rerank = settings_for(self.settings, rest)
+        pairs = 0
+        if rerank and self.manifest.reranker is not None:
+            alpha = blend_of(s, self._models.reranker, s.first_stage) if s.rerank_blend != "auto" else None
+            if reorders(alpha) or s.min_relevance > 0:
+                pairs = queries * s.rerank_depth
+        maxsim = queries * s.maxsim_depth if s.maxsim and self.manifest.late is not None and not steer.similar \
+            else 0
+        return SearchWork(queries, pairs, maxsim)
+
     def as_retriever(self, *, first_stage: str | None = None, rerank: bool | None = None,
                      rerank_depth: int | None = None, maxsim: bool | None = None) -> EngineRetriever:
         """This engine as a plain retriever (``search`` / ``search_batch`` -> RankedList), e.g. for the harness."""
@@ -391,6 +409,7 @@ class TwoStageSearch(ABC):
             timings["encode_s"] = time.perf_counter() - t
         excluded = steer.excluded
         expansion = feedback.expansion if feedback is not None else None
+        checkpoint()  # a stage boundary: a stopped request (its client gone, its deadline past) ends here
         lists = self.candidates(queries, vectors, stage, n + len(excluded), where, timings, expansion)
         lexical = lists.get("bm25")
         reads = None
@@ -407,6 +426,7 @@ class TwoStageSearch(ABC):
             firsts = [f.truncate(n) for f in lists[stage]]
         timings["fuse_s"] = time.perf_counter() - t
         late, fused = None, firsts
+        checkpoint()
         if s.maxsim and self.manifest.late is not None and not steer.similar:
             t = time.perf_counter()
             encoder = self.late  # loaded on first use
@@ -419,6 +439,7 @@ class TwoStageSearch(ABC):
             timings["load_s"] = loading
         skip_rerank = outside(s.rerank_languages, languages) if reranker is not None else []
         cut = max(n, end) if steer.reorders else end  # diversity and grouping reorder the whole window
+        checkpoint()
         reranked, relevance = self._rerank(queries, firsts, reads, s, reranker, cut, timings, skip_rerank)
         stage_scores = []
         for i, (first, res) in enumerate(zip(fused, reranked)):
@@ -434,6 +455,7 @@ class TwoStageSearch(ABC):
             stage_scores.append(scores)
         finals = [r.ranked for r in reranked]
         diversified = None
+        checkpoint()
         if steer.diversity > 0:
             t = time.perf_counter()
             diversified = diversify(self, finals, reads, steer.diversity,
@@ -580,6 +602,15 @@ class MaxSimScorer:
 
     def score(self, query: str, ids: Sequence[str]) -> np.ndarray:
         return self.engine.token_scores(self.vectors[query], list(ids))
+
+
+@dataclass(frozen=True)
+class SearchWork:
+    """What one search call asks of the models (:meth:`TwoStageSearch.work_of`)."""
+
+    queries: int
+    pairs: int  # (query, candidate) pairs the cross-encoder scores
+    maxsim: int  # candidates MaxSim reads
 
 
 def load_late(path: Path, *, precision: str, **kwargs: Any) -> Any:

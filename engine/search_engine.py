@@ -42,7 +42,7 @@ from twostage.indexer.index import Index, IndexChange
 from twostage.indexer.manifest import verify_files
 from twostage.indexer.passages import best_per_document, group_starts, join, passage_id, split_id
 from twostage.indexer.records import Document, RankedList, top_k
-from twostage.indexer.versions import VERSION, Lease, current_version, open_current
+from twostage.indexer.versions import VERSION, Lease, current_version, open_current, sweep_leftovers
 from twostage.models.device import requested_device
 from twostage.retriever.bm25 import BM25Retriever
 
@@ -93,6 +93,10 @@ class SearchEngine(TwoStageSearch):
         if not root.is_dir():
             raise IndexFormatError(f"{root}: no such engine directory (build one with `twostage build`)")
         models = Models(requested_device=requested_device(device))
+        removed = sweep_leftovers(root)
+        if removed:
+            logger.info("%s: removed %d leftover(s) of a write that was killed mid-way: %s", root, len(removed),
+                        ", ".join(removed))
         return open_current(root, lambda version_dir, lease: cls._open(root, version_dir, lease, verify, models),
                             WHAT)
 

@@ -28,7 +28,9 @@ from twostage.indexer.manifest import library_versions
 from twostage.indexer.passages import split_all
 from twostage.indexer.records import Document
 from twostage.indexer.vectors import BackendConfig
+from twostage.indexer.tokens import CodedTokens
 from twostage.indexer.versions import commit, current_version, open_current, writer_lock
+from twostage.indexer.work import checkpoint
 from twostage.models.device import resolve_device, resolve_precisions
 from twostage.retriever.bm25 import BM25Config, BM25Retriever
 from twostage.retriever.bm25_stats import CorpusStats
@@ -219,21 +221,46 @@ def encode_rows(self: SearchEngine, docs: list[Document], show_progress: bool = 
     vectors = self.index.encode_documents(docs, batch_size=self.settings.batch_size)
     return vectors, int(getattr(encoder, "truncated", 0) or 0)
 
-def token_rows(self: SearchEngine, docs: list[Document], show_progress: bool = False) -> list[np.ndarray] | None:
-    """The token vectors of these rows when the engine has a late-interaction part (None otherwise)."""
-    if self.manifest.late is None:
+WRITE_PIECE = 256  # rows a write encodes into token vectors at a time, each piece coded before the next
+
+
+def token_rows(self: SearchEngine, docs: list[Document], show_progress: bool = False) -> CodedTokens | None:
+    """The token vectors of these rows when the engine has a late-interaction part (None otherwise), encoded
+    :data:`WRITE_PIECE` rows at a time and each piece coded at once in the part's codec, so that a write holds
+    its rows' codes, never all their float vectors."""
+    from tqdm.auto import tqdm
+
+    from twostage.indexer.tokens import code_rows, code_width, codec_key, join_coded
+
+    part = self.tokens
+    if self.manifest.late is None or part is None:
         return None
-    return self.late.encode_tokens([d.full_text for d in docs], kind="document", batch_size=self.settings.batch_size,
-                                   show_progress=show_progress, allow_empty=True)
+    late = self.late
+    pieces = []
+    with tqdm(total=len(docs), desc="token vectors", unit="row", disable=not show_progress) as bar:
+        for start in range(0, len(docs), WRITE_PIECE):
+            checkpoint()
+            texts = [d.full_text for d in docs[start:start + WRITE_PIECE]]
+            vectors = late.encode_tokens(texts, kind="document", batch_size=self.settings.batch_size,
+                                         allow_empty=True)
+            pieces.append(code_rows(vectors, part.model_dim, part.codec))
+            bar.update(len(texts))
+    empty = CodedTokens(np.zeros((0, code_width(part.dim, part.codec.bits)),
+                                 dtype=np.int8 if part.codec.bits == 8 else np.uint8),
+                        np.zeros(0, dtype=np.float16), (), codec_key(part.codec, part.model_dim))
+    return join_coded(pieces, empty)
 
 
-def write_late(directory: Path, base: SearchEngine, change: IndexChange, tokens: list[np.ndarray] | None) -> None:
+def write_late(directory: Path, base: SearchEngine, change: IndexChange, tokens: CodedTokens | None) -> None:
     """The late-interaction part of the version ``change`` makes: kept segments linked, an added segment from
-    ``tokens`` (its rows' token vectors), a compacted one copied from ``base``'s live rows."""
-    from twostage.indexer.tokens import copy_rows, write_part, write_segment
+    ``tokens`` (its rows' token vectors, coded), a compacted one copied from ``base``'s live rows."""
+    from twostage.indexer.tokens import codec_key, copy_rows, write_coded, write_part
 
     part = base.tokens
     assert part is not None
+    if tokens is not None and tokens.codec_key != codec_key(part.codec, part.model_dim):
+        raise DataError("the engine's token vectors were replaced (`twostage late`) while this write was encoded; "
+                        "nothing was written: send the write again")
     starts = {seg.name: seg for seg in change.segments}
     live = np.flatnonzero(~base.index.deleted)  # a compaction's segments hold the live rows in order
 
@@ -242,7 +269,7 @@ def write_late(directory: Path, base: SearchEngine, change: IndexChange, tokens:
         if not callable(data):  # an add or upsert: the new rows, encoded with their dense vectors
             if tokens is None or len(tokens) != len(data[1]):
                 raise DataError(f"{len(data[1])} new rows but {0 if tokens is None else len(tokens)} token vectors")
-            return write_segment(directory, name, tokens, part.model_dim, part.codec)
+            return write_coded(directory, name, tokens)
         seg = starts[name]
         return copy_rows(directory, name, part, live[seg.start:seg.start + seg.rows])
 
@@ -251,7 +278,7 @@ def write_late(directory: Path, base: SearchEngine, change: IndexChange, tokens:
 
 def commit_change(self: SearchEngine, make: Callable[[SearchEngine], tuple[IndexChange, list[Document] | None]],
                   settings: EngineSettings | None = None, *, bm25: BM25Retriever | None = None,
-                  pinned: bool = False, truncated: int = 0, tokens: list[np.ndarray] | None = None,
+                  pinned: bool = False, truncated: int = 0, tokens: CodedTokens | None = None,
                   late: tuple[ModelRef, Path] | None = None) -> SearchEngine:
     """Lock, re-open the version current now, apply ``make`` to it, write every part, commit, return it.
 
@@ -263,9 +290,11 @@ def commit_change(self: SearchEngine, make: Callable[[SearchEngine], tuple[Index
     its part, written for ``make``'s rows (which are unchanged).
     """
     self.check_writable()
+    checkpoint()  # a stopped write (its client gone, its deadline past) ends before it takes the lock
     with writer_lock(self.root):
         base = self if pinned else self.refresh()
         change, new_docs = make(base)
+        checkpoint()
         with commit(self.root) as version:
             base.index.write(version.tmp / "dense", change)
             if late is not None:

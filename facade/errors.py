@@ -20,11 +20,12 @@ from twostage.indexer.errors import (
     ShardUnavailableError,
     TwostageError,
     UntrainedHeadError,
+    WorkStopped,
     WriterBusyError,
 )
 
 __all__ = [
     "TwostageError", "ConfigError", "DataError", "DataNotFoundError", "DownloadError", "FilterError",
     "IndexFormatError", "MissingDependencyError", "ModelNotFoundError", "PageExpiredError", "ShardUnavailableError",
-    "UntrainedHeadError", "WriterBusyError",
+    "UntrainedHeadError", "WorkStopped", "WriterBusyError",
 ]

@@ -70,8 +70,8 @@ def document_from_record(obj: dict[str, Any], where: str) -> Document:
 
 
 def _iter_rows(frame: Any, name: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    for offset, row in enumerate(frame.to_dict("records")):
-        yield f"{name}: row {offset + 1}", row
+    for offset, row in enumerate(frame.to_dict("records")):  # pandas' missing value (NaN) is a missing field
+        yield f"{name}: row {offset + 1}", {k: None if isinstance(v, float) and v != v else v for k, v in row.items()}
 
 
 def _iter_source(source: CorpusSource) -> Iterator[tuple[str, Any]]:

@@ -59,3 +59,12 @@ class FilterError(ConfigError):
 
 class PageExpiredError(ConfigError):
     """A page token names an engine version that is no longer on disk; search again for the first page."""
+
+
+class WorkStopped(TwostageError, RuntimeError):
+    """Work run in a :class:`~twostage.indexer.work.WorkScope` was cancelled (its client left) or ran past its
+    deadline; it stopped at a stage boundary and changed nothing. ``timed_out``: the deadline, not a cancel."""
+
+    def __init__(self, message: str, *, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out

@@ -110,6 +110,14 @@ def passage_count(words: int, shape: PassageShape) -> int:
     return 1 + -(-(words - shape.words) // shape.stride)
 
 
+def rows_of(docs: Iterable[Document], shape: PassageShape) -> int:
+    """How many rows (passages, or whole documents when ``shape`` is off) ``docs`` become, counted without cutting
+    them (a CJK character is a word here, as :func:`split` reads it)."""
+    if not shape.enabled:
+        return sum(1 for _ in docs)
+    return sum(passage_count(len(word_starts(d.text, shape.cjk_characters)), shape) for d in docs)
+
+
 def split_all(docs: Iterable[Document], shape: PassageShape) -> list[Document]:
     return [p for d in docs for p in split(d, shape)]
 

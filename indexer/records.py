@@ -25,6 +25,7 @@ number, lowest first) and the exact merge of per-shard top-k lists.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -66,6 +67,10 @@ def check_metadata(value: Any, what: str, depth: int = 0) -> None:
         # filters compare numbers as float64: a JSON integer past its range could never be compared (or stored)
         raise DataError(f"{what}: the number {str(value)[:20]}... ({len(str(value))} digits) is too large for a "
                         "metadata number (at most 1e308 either way); store it as a string")
+    elif isinstance(value, float) and not math.isfinite(value):
+        # JSON has no NaN or infinity (it would be served back as null), and no filter can compare one
+        raise DataError(f"{what}: {value!r} is not a finite number (NaN, Infinity, or past 1e308 like 1e999); "
+                        "store a finite number, null, or a string")
     elif isinstance(value, Mapping) and depth < 64:
         for k, v in value.items():
             if isinstance(k, str):

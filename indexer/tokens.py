@@ -252,6 +252,53 @@ def write_segment(directory: Path, name: str, vectors: Sequence[np.ndarray], dim
     return _save(directory, name, codes, scales, [len(v) for v in vectors])
 
 
+@dataclass(frozen=True)
+class CodedTokens:
+    """Rows' token vectors already projected and quantised by one codec: what a write holds in memory while it
+    waits to commit (a float32 token vector takes 4 x dim bytes, its code dim or dim / 2 bytes and a 2-byte
+    scale). ``codec_key``: which codec made them (:func:`codec_key`)."""
+
+    codes: np.ndarray
+    scales: np.ndarray
+    lengths: tuple[int, ...]
+    codec_key: str
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+
+def codec_key(codec: TokenCodec, model_dim: int) -> str:
+    """A codec's identity: its bits, the model's dimensions and a digest of its projection."""
+    import hashlib
+
+    projection = "none" if codec.projection is None else \
+        hashlib.sha256(np.ascontiguousarray(codec.projection, dtype=np.float32).tobytes()).hexdigest()[:16]
+    return f"{codec.bits}:{model_dim}:{projection}"
+
+
+def code_rows(vectors: Sequence[np.ndarray], dim: int, codec: TokenCodec) -> CodedTokens:
+    """Rows' float token vectors (each (tokens, ``dim``), ``dim`` the model's) as ``codec``'s codes."""
+    allv = np.concatenate([np.asarray(v, dtype=np.float32).reshape(-1, dim) for v in vectors]) if vectors else \
+        np.zeros((0, dim), dtype=np.float32)
+    codes, scales = quantise(codec.project(allv), codec.bits)
+    return CodedTokens(codes, scales, tuple(len(v) for v in vectors), codec_key(codec, dim))
+
+
+def join_coded(parts: Sequence[CodedTokens], empty: CodedTokens) -> CodedTokens:
+    """Pieces coded one after another, as one (``empty``: the result when there are none)."""
+    if not parts:
+        return empty
+    if len({p.codec_key for p in parts}) > 1:
+        raise ValueError("token pieces coded by different codecs cannot be joined")
+    return CodedTokens(np.concatenate([p.codes for p in parts]), np.concatenate([p.scales for p in parts]),
+                       tuple(n for p in parts for n in p.lengths), parts[0].codec_key)
+
+
+def write_coded(directory: Path, name: str, coded: CodedTokens) -> TokenSegment:
+    """Write one segment from rows already coded (:func:`code_rows`)."""
+    return _save(directory, name, coded.codes, coded.scales, coded.lengths)
+
+
 def copy_rows(directory: Path, name: str, part: TokenPart, rows: Sequence[int] | np.ndarray) -> TokenSegment:
     """Write a segment holding ``rows`` of ``part`` (a compaction), their codes copied as they are."""
     codes, scales, lengths = [], [], []

@@ -200,6 +200,32 @@ def collect_garbage(root: Path, keep: str) -> list[str]:
     return removed
 
 
+def sweep_leftovers(root: Path) -> list[str]:
+    """Remove what writes killed mid-way left behind (half-written ``.vNNNNNN.tmp-*`` versions, ``CURRENT``
+    pointers never switched), when no writer holds the lock: every write fills its temporary version with the
+    lock held, so with the lock free nothing of the kind is still being written. Returns the names removed;
+    a directory that cannot be locked (read-only media) is left as it is."""
+    if fcntl is None or not any(p.name.startswith((".v", ".CURRENT.tmp")) for p in root.iterdir()):
+        return []
+    try:
+        fd = os.open(root / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return []
+    removed = []
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return []  # a writer is at work: its temporary version is its own
+        for p in root.iterdir():
+            if (p.name.startswith(".v") and ".tmp-" in p.name) or p.name.startswith(".CURRENT.tmp"):
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+                removed.append(p.name)
+    finally:
+        os.close(fd)
+    return removed
+
+
 def _try_remove_version(path: Path) -> bool:
     if fcntl is None:  # pragma: no cover
         shutil.rmtree(path, ignore_errors=True)

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from twostage.indexer.errors import ConfigError, DataError, UntrainedHeadError
+from twostage.indexer.work import checkpoint
 from twostage.models.base import (
     HFModel,
     arrays,
@@ -138,11 +139,13 @@ class CrossEncoder(HFModel):
         slices = [order[start:start + batch_size] for start in range(0, len(pairs), batch_size)]
         if self.runtime is not None:  # OpenVINO
             for idx in tqdm(slices, desc="rerank", unit="batch", disable=not show_progress):
+                checkpoint()
                 raw = self.runtime(self.features([queries[i] for i in idx], [docs[i] for i in idx], "np")).reshape(-1)
                 out[idx] = 1.0 / (1.0 + np.exp(-raw)) if activation == "sigmoid" else raw
             return out
         with torch.inference_mode():
             for idx in tqdm(slices, desc="rerank", unit="batch", disable=not show_progress):
+                checkpoint()
                 logits = self.forward(self.tokenize([queries[i] for i in idx], [docs[i] for i in idx])).float()
                 out[idx] = (torch.sigmoid(logits) if activation == "sigmoid" else logits).cpu().numpy()
         return out

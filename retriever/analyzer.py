@@ -45,7 +45,11 @@ def _ascii_words(least: int) -> re.Pattern[str]:
 _FOLDABLE = re.compile(r"[^\W\d_]")  # a letter (folding applies to tokens of Latin, Greek or Cyrillic letters)
 
 
+QUERY_CACHE = 256  # queries whose terms term_spans keeps (a batch holds at most 256)
+
+
 @dataclass(frozen=True)
+
 class AnalyzerConfig:
     """How text becomes terms. Saved next to every lexical index so queries are analysed the same way.
 
@@ -259,11 +263,9 @@ class Analyzer:
         """Where the query's terms occur in ``text``: (start, end) of every token of ``text`` that analyses to one
         of the query's terms (so "running" marks "runs" when stemming), in order, overlapping spans (a CJK run's
         characters and bigrams) merged."""
+        language, terms = self._query_terms(query)
         if self.config.language is None:
-            terms = set(self(query))
             return self._legacy_spans(text, terms) if terms and text else []
-        language = self.language_of(query)
-        terms = set(self._terms_as(query, language))
         if not terms or not text:
             return []
         spans = sorted((a, b) for t, a, b in self._words(text, language) if t in terms)
@@ -274,6 +276,22 @@ class Analyzer:
             else:
                 merged.append((a, b))
         return merged
+
+    def _query_terms(self, query: str) -> tuple[str, frozenset[str]]:
+        """The language and terms of a query whose hits are being highlighted, analysed once for all of its hits
+        (the last :data:`QUERY_CACHE` queries kept: a batch's hits highlight the same few queries many times)."""
+        cache = self.__dict__.setdefault("_query_cache", {})
+        found = cache.get(query)
+        if found is None:
+            if self.config.language is None:
+                found = ("en", frozenset(self(query)))
+            else:
+                language = self.language_of(query)
+                found = (language, frozenset(self._terms_as(query, language)))
+            if len(cache) >= QUERY_CACHE:
+                cache.clear()
+            cache[query] = found
+        return found
 
     def _terms_as(self, text: str, language: str) -> list[str]:
         return [t for t, _, _ in self._words(text, language)]

@@ -21,6 +21,7 @@ import torch
 from twostage.indexer.atomic import from_json_dict, to_json_dict
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.manifest import EncoderInfo
+from twostage.indexer.work import checkpoint
 from twostage.models.base import (
     HFModel,
     arrays,
@@ -228,12 +229,14 @@ class BiEncoder(HFModel):
         slices = [order[start:start + batch_size] for start in range(0, len(texts), batch_size)]
         if self.runtime is not None:  # OpenVINO
             for idx in tqdm(slices, desc=f"encode {kind}s", unit="batch", disable=not show_progress):
+                checkpoint()
                 out[idx] = self.runtime(padded(self.tokenizer, rows, idx, "np"))
             return out
         was_training = self.training
         self.eval()
         with torch.inference_mode():
             for idx in tqdm(slices, desc=f"encode {kind}s", unit="batch", disable=not show_progress):
+                checkpoint()
                 features = padded(self.tokenizer, rows, idx, "pt")
                 emb = self.forward({k: v.to(self.device) for k, v in features.items()})
                 out[idx] = emb.float().cpu().numpy()

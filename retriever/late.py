@@ -33,6 +33,7 @@ import torch
 
 from twostage.indexer.atomic import from_json_dict, to_json_dict
 from twostage.indexer.errors import ConfigError
+from twostage.indexer.work import checkpoint
 from twostage.models.base import (
     HFModel,
     arrays,
@@ -344,6 +345,7 @@ class LateEncoder(HFModel):
         with torch.inference_mode():
             for start in tqdm(range(0, len(texts), batch_size), desc=f"token vectors of {kind}s", unit="batch",
                               disable=not show_progress):
+                checkpoint()
                 idx = order[start:start + batch_size]
                 features = self.features([texts[i] for i in idx], kind, "np")
                 if self.runtime is not None:  # OpenVINO
