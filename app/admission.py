@@ -13,13 +13,20 @@ What counts as expensive is the request's own work, counted before it runs (:fun
 from __future__ import annotations
 
 import math
+import os
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from typing import Any, TypeVar
 
 from twostage.indexer.errors import ConfigError
+from twostage.indexer.work import current
+
+T = TypeVar("T")
 
 EXPENSIVE_ITEMS = 64  # texts, documents or pairs a request may hold and still be cheap (a batcher's bulk_over)
+EXPENSIVE_NICE = 10  # the niceness of the threads expensive requests run in (Linux): the scheduler favours searches
 
 
 class Busy(Exception):
@@ -51,8 +58,28 @@ class Admission:
             max_searches
         self._slots = threading.Semaphore(max_expensive)
         self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=max_expensive, thread_name_prefix="expensive",
+                                        initializer=_lower_priority)
         self.running = 0
         self.refused = 0
+
+    def run(self, what: str, fn: Callable[[], T]) -> T:
+        """``fn()`` as an expensive request: in its slot (:meth:`expensive`), on a thread of lower priority than the
+        searches' (its own work, such as scoring long queries or cutting documents, yields the cores to theirs),
+        inside the caller's work scope (a stopped request still stops)."""
+        scope = current()
+
+        def work() -> T:
+            if scope is None:
+                return fn()
+            with scope:
+                return fn()
+
+        with self.expensive(what):
+            return self._pool.submit(work).result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     @contextmanager
     def expensive(self, what: str) -> Iterator[None]:
@@ -78,3 +105,11 @@ class Admission:
     def _refuse(self) -> None:
         with self._lock:
             self.refused += 1
+
+
+def _lower_priority() -> Any:
+    """Run the calling thread at :data:`EXPENSIVE_NICE` (a no-op where threads have no niceness of their own)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), EXPENSIVE_NICE)
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        pass

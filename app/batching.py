@@ -78,7 +78,8 @@ class MicroBatcher:
     rerank request, a search reranking hundreds of candidates) is cut into pieces of ``piece`` items that queue
     behind every small call, so a search waits at most for the one piece being computed, never for the whole bulk
     call; while ``busy()`` says searches are running (in this model's batcher or another's: the cores are shared), a
-    piece waits for them, at most ``max_defer_s`` a piece so that bulk work still moves. Items carry a ``group`` (for instance
+    piece waits for them, at most ``max_defer_s`` a piece so that bulk work still moves; such a piece (of a call
+    that is not a search's) holds ``defer_piece`` items, so that a search arriving meanwhile waits for little. Items carry a ``group`` (for instance
     the side of a bi-encoder): a batch holds one group, ``fn(items, group)`` computes it. When a batch of several
     callers fails, each caller is run again alone, so one bad item fails its own request only.
     """
@@ -86,12 +87,13 @@ class MicroBatcher:
     def __init__(self, fn: Callable[[list[Any], Any], Sequence[Any] | np.ndarray], *, name: str,
                  max_wait_s: float = 0.005, max_items: int = 1024, piece: int = 8, bulk_over: int = 64,
                  expected: Callable[[], int] | None = None, busy: Callable[[], int] | None = None,
-                 max_defer_s: float = 0.25) -> None:
+                 max_defer_s: float = 1.0, defer_piece: int = 2) -> None:
         if max_wait_s < 0 or max_items <= 0 or piece <= 0 or bulk_over <= 0:
             raise ValueError("max_wait_s must be >= 0, max_items, piece and bulk_over positive")
         self.fn, self.name, self.max_wait_s, self.max_items = fn, name, max_wait_s, max_items
         self.piece, self.bulk_over = piece, bulk_over
         self.expected, self.busy, self.max_defer_s = expected, busy, max_defer_s
+        self.defer_piece = max(1, min(defer_piece, piece))
         self.stats = BatchStats()
         self._queue: queue.PriorityQueue[tuple[int, int, _Call | None]] = queue.PriorityQueue()
         self._order = itertools.count()
@@ -113,9 +115,10 @@ class MicroBatcher:
             return done.result()
         pieces: list[Future[Any]] = []
         deferrable = not getattr(_caller, "search", False)
-        for start in range(0, len(items), self.piece):  # bulk: after every small call, a piece at a time
+        size = self.defer_piece if deferrable else self.piece  # a search's own bulk call goes in larger pieces
+        for start in range(0, len(items), size):  # bulk: after every small call, a piece at a time
             pieces.append(Future())
-            self._put(1, _Call(items[start:start + self.piece], group, pieces[-1], deferrable, scope))
+            self._put(1, _Call(items[start:start + size], group, pieces[-1], deferrable, scope))
         parts = [p.result() for p in pieces]
         return np.concatenate([np.asarray(p) for p in parts]) if isinstance(parts[0], np.ndarray) else \
             [x for p in parts for x in p]
@@ -251,11 +254,14 @@ class BatchingEncoder(_Wrapper):
 
     def __init__(self, model: Any, *, batch_size: int = 32, **batcher: Any) -> None:
         super().__init__(model)
-        self.batcher = MicroBatcher(lambda texts, kind: model.encode(texts, kind=kind, batch_size=batch_size),
+        self.batcher = MicroBatcher(lambda texts, kind: model.encode(texts, kind=kind, batch_size=batch_size,
+                                                                     allow_empty=kind != "query"),
                                     name="encoder", **batcher)
 
     def encode(self, texts: Sequence[str], *, kind: str = "document", **kw: Any) -> np.ndarray:
-        if any(v for k, v in kw.items() if k != "batch_size") or not len(texts):
+        # a document may be empty (a write's, allow_empty=True): the batched call allows it for documents
+        passes = {k: v for k, v in kw.items() if k != "batch_size" and not (k == "allow_empty" and kind != "query")}
+        if any(passes.values()) or not len(texts):
             return self.model.encode(texts, kind=kind, **kw)
         check_texts(texts, kind, allow_empty=kind != "query")
         return np.asarray(self.batcher(texts, kind))

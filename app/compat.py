@@ -23,7 +23,7 @@ from __future__ import annotations
 import base64
 import uuid
 from collections.abc import Awaitable, Callable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from types import SimpleNamespace
 from typing import Any, Literal
 
@@ -118,10 +118,11 @@ def add_compat_routes(app: Any, searching: Callable[[], AbstractContextManager[A
     (:mod:`twostage.app.admission`)."""
     budgets = budgets or Budgets()
 
-    def admitted(items: int) -> AbstractContextManager[Any]:
+    def admitted(items: int, fn: Callable[[], Any]) -> Any:
+        """``fn()``, as an expensive request when it reads more than a few items."""
         if admission is None or not is_expensive(items):
-            return nullcontext()
-        return admission.expensive("this request")
+            return fn()
+        return admission.run("this request", fn)
 
     @app.post("/v1/embeddings", summary="OpenAI-style embeddings of texts by the engine's retriever")
     async def embeddings(body: EmbeddingsRequest, request: Request) -> Any:
@@ -129,7 +130,10 @@ def add_compat_routes(app: Any, searching: Callable[[], AbstractContextManager[A
         kind = "query" if body.input_type in ("query", "search_query") else "document"
 
         def run() -> Any:
-            with admitted(len(texts)), searching() as engine:
+            return admitted(len(texts), compute)
+
+        def compute() -> Any:
+            with searching() as engine:
                 if engine.manifest.retriever is None:
                     return error(409, "this engine has no retriever (built BM25-only); build it with --retriever "
                                       "to serve embeddings")
@@ -156,7 +160,10 @@ def add_compat_routes(app: Any, searching: Callable[[], AbstractContextManager[A
         texts = body.texts()
 
         def run() -> Any:
-            with admitted(len(texts)), searching() as engine:
+            return admitted(len(texts), compute)
+
+        def compute() -> Any:
+            with searching() as engine:
                 late = engine.manifest.late
                 by_maxsim = late is not None and (engine.manifest.reranker is None
                                                   or body.model in ("maxsim", late.name))

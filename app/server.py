@@ -513,6 +513,7 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
+        admission.close()
         models.close()
         holder.close()
 
@@ -562,8 +563,11 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
             budgets.check_search(work)  # a 413 before any of it runs
         if work is not None and is_expensive(work.pairs, work.queries):
             # a batch or a deep rerank: admitted behind the searches, its model calls after theirs
-            with admission.expensive("this search"), searching(False) as engine:
-                results, version = run(engine)
+            def expensive() -> tuple[list[SearchResult], str]:
+                with searching(False) as engine:
+                    return run(engine)
+
+            results, version = admission.run("this search", expensive)
         else:
             with searching(True) as engine:
                 results, version = run(engine)
@@ -607,11 +611,7 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
             if rows is not None:
                 n = rows(engine)
                 budgets.check_count("write_rows", n, "documents: rows (passages) this write would make")
-            if is_expensive(n):
-                with admission.expensive("this write"):
-                    new = change(engine)
-            else:
-                new = change(engine)
+            new = admission.run("this write", lambda: change(engine)) if is_expensive(n) else change(engine)
         holder.swap(new)
         return new
 

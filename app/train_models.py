@@ -71,13 +71,14 @@ def load_settings(path: str | Path) -> TrainSettings:
 
 
 def train(recipe: RetrieverRecipe | RerankerConfig, data: str | Path | BeirDataset, split: str, out: str | Path, *,
-          base: str = TrainSettings.base, dev_fraction: float = TrainSettings.dev_fraction,
+          base: str = TrainSettings.base, dev_fraction: float | None = None,
           dev_metric: DevMetric | None = None, retriever: str | Path | None = None,
           settings: EngineSettings | None = None, show_progress: bool = False) -> FitResult:
     """Train one model from ``base`` on a BEIR split into ``out``: a bi-encoder for a :class:`RetrieverRecipe`, a
     cross-encoder reranker for a :class:`RerankerConfig`.
 
-    ``dev_fraction`` of the split's queries are held out (0: none); they choose the epoch (and the reranker's blend
+    ``dev_fraction`` of the split's queries are held out (0: none; None: a RetrieverRecipe's own ``dev_fraction``
+    when it sets one, else 0.1); they choose the epoch (and the reranker's blend
     with each first stage) by ``dev_metric`` (default: nDCG@10, :func:`twostage.eval.metrics.ndcg10_by_query`) of
     an engine with ``settings`` (the engine defaults) searching them, so what is chosen is what such an engine
     serves. ``retriever`` (a reranker's only): the bi-encoder that mines its dense negatives and is its dev engine's
@@ -94,10 +95,15 @@ def train(recipe: RetrieverRecipe | RerankerConfig, data: str | Path | BeirDatas
         if retriever is not None:
             raise ConfigError("retriever= names the bi-encoder a reranker mines with; a RetrieverRecipe trains the "
                               "bi-encoder itself (to mine its negatives with a trained one: mine_with)")
-        return train_retriever_on(data, split, base, out, replace(recipe, dev_fraction=dev_fraction),
+        if dev_fraction is not None and recipe.dev_fraction and recipe.dev_fraction != dev_fraction:
+            raise ConfigError(f"dev_fraction {dev_fraction} and the recipe's dev_fraction {recipe.dev_fraction} "
+                              "disagree; give it once")
+        held = dev_fraction if dev_fraction is not None else recipe.dev_fraction or TrainSettings.dev_fraction
+        return train_retriever_on(data, split, base, out, replace(recipe, dev_fraction=held),
                                   dev_metric=dev_metric, settings=settings, show_progress=show_progress)
     if isinstance(recipe, RerankerConfig):
-        return train_reranker_on(data, split, base, out, recipe, dev_fraction=dev_fraction,
+        return train_reranker_on(data, split, base, out, recipe,
+                                 dev_fraction=TrainSettings.dev_fraction if dev_fraction is None else dev_fraction,
                                  rerank_depth=(settings or EngineSettings()).rerank_depth, dev_metric=dev_metric,
                                  retriever=retriever, settings=settings, show_progress=show_progress)
     raise ConfigError(f"train() takes a RetrieverRecipe or a RerankerConfig, got {type(recipe).__name__}")

@@ -17,8 +17,9 @@ from __future__ import annotations
 import importlib.util
 import logging
 import threading
+import unicodedata
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,9 @@ from twostage.indexer.errors import ConfigError, MissingDependencyError
 logger = logging.getLogger(__name__)
 
 CORPUS_SHARE = 0.01  # a language is the corpus's when at least this share of its documents is detected as it
+CONFIDENT = 0.5  # a document counts towards a corpus language when detected with at least this probability
+SHORT_LETTERS = 4  # a text of fewer letters takes the corpus's main language
+WEAK = 0.2  # ... and so does one whose best guess among the corpus's languages is less likely than this
 DETECT_CHARS = 1000  # detection reads a text's first characters (a longer text changes no decision measured)
 
 # the 176 languages lid.176 tells apart (its labels, less the __label__ prefix)
@@ -141,6 +145,32 @@ def _bm25s_stopwords() -> Any:
     return module
 
 
+# the scripts a language is written in (lid.176's codes); a code not listed is written in Latin letters
+LATIN = frozenset({"Latin"})
+_CYRILLIC = ("ru", "uk", "be", "bg", "mk", "kk", "ky", "tg", "mn", "tt", "ba", "cv", "sah", "ce", "os", "kv", "av",
+             "bxr", "krc", "lez", "mhr", "mrj", "myv", "rue", "tyv", "xal", "udm")
+_ARABIC = ("ar", "arz", "azb", "ckb", "fa", "lrc", "mzn", "pnb", "ps", "sd", "ug", "ur")
+_DEVANAGARI = ("hi", "mr", "ne", "sa", "bh", "new", "mai", "gom", "dty")
+SCRIPTS: dict[str, frozenset[str]] = {
+    **{c: frozenset({"Cyrillic"}) for c in _CYRILLIC}, "sr": frozenset({"Cyrillic", "Latin"}),
+    "sh": frozenset({"Cyrillic", "Latin"}), "el": frozenset({"Greek"}),
+    **{c: frozenset({"Arabic"}) for c in _ARABIC}, "he": frozenset({"Hebrew"}), "yi": frozenset({"Hebrew"}),
+    **{c: frozenset({"Devanagari"}) for c in _DEVANAGARI}, "bn": frozenset({"Bengali"}), "as": frozenset({"Bengali"}),
+    "bpy": frozenset({"Bengali"}), "pa": frozenset({"Gurmukhi"}), "gu": frozenset({"Gujarati"}),
+    "or": frozenset({"Oriya"}), "ta": frozenset({"Tamil"}), "te": frozenset({"Telugu"}), "kn": frozenset({"Kannada"}),
+    "ml": frozenset({"Malayalam"}), "si": frozenset({"Sinhala"}), "th": frozenset({"Thai"}), "lo": frozenset({"Lao"}),
+    "km": frozenset({"Khmer"}), "my": frozenset({"Myanmar"}), "bo": frozenset({"Tibetan"}),
+    "ka": frozenset({"Georgian"}), "xmf": frozenset({"Georgian"}), "hy": frozenset({"Armenian"}),
+    "am": frozenset({"Ethiopic"}), "dv": frozenset({"Thaana"}),
+    "zh": frozenset({"Han"}), "wuu": frozenset({"Han"}), "yue": frozenset({"Han"}),
+    "ja": frozenset({"Han", "Hiragana", "Katakana"}), "ko": frozenset({"Hangul", "Han"}),
+}  # fmt: skip
+_SCRIPT_NAMES = ("Latin", "Cyrillic", "Greek", "Arabic", "Hebrew", "Devanagari", "Bengali", "Gurmukhi", "Gujarati",
+                 "Oriya", "Tamil", "Telugu", "Kannada", "Malayalam", "Sinhala", "Thai", "Lao", "Khmer", "Myanmar",
+                 "Tibetan", "Georgian", "Armenian", "Ethiopic", "Thaana", "Han", "Hiragana", "Katakana", "Hangul")
+_SCRIPT_RUNS = "|".join(rf"(\p{{Script={name}}}+)" for name in _SCRIPT_NAMES)
+
+
 class _Detector:
     """fastText's lid.176 model, loaded once per process."""
 
@@ -156,7 +186,7 @@ class _Detector:
     def ranked(self, text: str, k: int = -1) -> list[tuple[str, float]]:
         """The ``k`` most likely languages (-1: every one) with their probabilities for ``text``, most likely
         first."""
-        line = " ".join(text[:DETECT_CHARS].split())
+        line = unicodedata.normalize("NFKC", " ".join(text[:DETECT_CHARS].split())).casefold()
         line = line.encode("utf-8", "replace").decode("utf-8")
         labels, probs = self.model.predict(line, k=k)
         return [(label[9:], float(p)) for label, p in zip(labels, probs)]
@@ -185,29 +215,84 @@ def _detector() -> _Detector:
 
 
 def detect(text: str, among: Sequence[str] = ()) -> str:
-    """The language of ``text``: the detector's most likely code, or the most likely of ``among`` when given."""
+    """The language of ``text``: the detector's most likely code, or the most likely of ``among`` (a corpus's
+    languages, its main one first) when given.
+
+    The text is read case-folded and NFKC-normalised (English in capitals is English); a language whose script the
+    text does not contain is never chosen (Latin letters are not Chinese, Cyrillic is not English); a text of fewer
+    than :data:`SHORT_LETTERS` letters, or whose best guess among ``among`` has a probability under :data:`WEAK`,
+    takes the corpus's main language when that language's script is in it."""
     if len(among) == 1:  # a corpus of one language: nothing to tell apart
         return among[0]
-    if not among:
-        ranked = _detector().ranked(text, 1)
-        return ranked[0][0] if ranked else "en"
-    allowed = set(among)
+    return detect_scored(text, among)[0]
+
+
+def detect_scored(text: str, among: Sequence[str] = ()) -> tuple[str, float]:
+    """:func:`detect`, with the detector's probability of the language chosen (0 where a rule chose it)."""
+    present = scripts_of(text)
+    letters = sum(present.values())
+    fits = (lambda code: bool(SCRIPTS.get(code, LATIN) & present.keys())) if present else (lambda code: True)
+    allowed = [c for c in among if fits(c)] if among else None
+    if among and not allowed:  # none of the corpus's languages is written in this text's scripts
+        allowed = list(among)
+    best: tuple[str, float] | None = None
     for k in (8, -1):  # the few most likely first (cheaper than ranking all 176)
-        code = next((code for code, _ in _detector().ranked(text, k) if code in allowed), None)
-        if code is not None:
-            return code
-    return among[0]
+        ranked = _detector().ranked(text, k)
+        best = next(((code, p) for code, p in ranked if fits(code) and (allowed is None or code in allowed)), None)
+        if best is not None or len(ranked) < k:
+            break
+    if among:
+        main = allowed[0] if allowed else among[0]
+        if best is None or letters < SHORT_LETTERS or best[1] < WEAK:
+            return main, 0.0
+        return best
+    if best is None:
+        return fallback_language(present), 0.0
+    return best
+
+
+def fallback_language(present: Mapping[str, int]) -> str:
+    """A language for a text nothing was detected for: English for Latin letters (or none), else the first language
+    written in its main script."""
+    if not present:
+        return "en"
+    script = max(present, key=present.__getitem__)
+    return next((code for code, written in SCRIPTS.items() if script in written), "en")
+
+
+def scripts_of(text: str) -> dict[str, int]:
+    """The scripts of ``text``'s letters (of its first :data:`DETECT_CHARS` characters), each with its count; a
+    script of under a tenth of the letters is left out unless it is the only one."""
+    import regex  # type: ignore[import-untyped]  # no types shipped
+
+    counts: Counter[str] = Counter()
+    for m in regex.finditer(_SCRIPT_RUNS, text[:DETECT_CHARS]):
+        counts[next(name for name, run in zip(_SCRIPT_NAMES, m.groups()) if run)] += len(m.group())
+    total = sum(counts.values())
+    return {name: n for name, n in counts.items() if n >= 0.1 * total}
 
 
 def corpus_languages(texts: Iterable[str], previous: Sequence[str] = ()) -> tuple[str, ...]:
     """The languages of a corpus: ``previous`` (an engine's, kept in their order), then each language detected as
-    the most likely for at least :data:`CORPUS_SHARE` of ``texts`` (and two of them), most frequent first. A corpus
-    where no language reaches that share has its most frequent one."""
-    counts = Counter(detect(t) for t in texts)
-    total = sum(counts.values())
-    found = [code for code, n in counts.most_common() if n >= max(2, CORPUS_SHARE * total)]
-    if not found and counts and not previous:
-        found = [counts.most_common(1)[0][0]]
+    the most likely for at least :data:`CORPUS_SHARE` of ``texts`` (and two of them) holding at least that share of
+    their characters, counting only texts whose detection is confident (a probability of :data:`CONFIDENT` or
+    more), most frequent first. A corpus where no language reaches that share has its most frequent one."""
+    counts: Counter[str] = Counter()
+    chars: Counter[str] = Counter()
+    total = total_chars = 0
+    anyway: Counter[str] = Counter()
+    for t in texts:
+        code, p = detect_scored(t)
+        total += 1
+        total_chars += len(t)
+        anyway[code] += 1
+        if p >= CONFIDENT:
+            counts[code] += 1
+            chars[code] += len(t)
+    found = [code for code, n in counts.most_common()
+             if n >= max(2, CORPUS_SHARE * total) and chars[code] >= CORPUS_SHARE * total_chars]
+    if not found and anyway and not previous:
+        found = [anyway.most_common(1)[0][0]]
     out = tuple(previous) + tuple(code for code in found if code not in previous)
     logger.info("languages of %d texts: %s", total, ", ".join(f"{c} {counts[c]}" for c in out) or "none")
     return out

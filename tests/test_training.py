@@ -411,3 +411,19 @@ def test_one_training_entry_takes_either_recipe_and_nothing_else(tmp_path, tiny_
     with pytest.raises(ConfigError, match="retriever= names the bi-encoder a reranker mines with"):
         train_model(RetrieverRecipe(), ds, "train", tmp_path / "m", base=str(tiny_bert_dir), retriever=tiny_bert_dir)
     assert not (tmp_path / "m").exists()
+
+
+def test_train_keeps_the_recipe_s_dev_fraction(monkeypatch, tmp_path):
+    """#82: twostage.train(RetrieverRecipe(dev_fraction=...)) used to overwrite it with its own default 0.1."""
+    from twostage.app import train_models
+    from twostage.retriever.recipe import RetrieverRecipe
+
+    seen = []
+    monkeypatch.setattr(train_models, "train_retriever_on", lambda *a, **kw: seen.append(a[4].dev_fraction))
+    train_models.train(RetrieverRecipe(dev_fraction=0.3), tmp_path, "train", tmp_path / "out")
+    train_models.train(RetrieverRecipe(), tmp_path, "train", tmp_path / "out")
+    train_models.train(RetrieverRecipe(), tmp_path, "train", tmp_path / "out", dev_fraction=0.0)
+    train_models.train(RetrieverRecipe(dev_fraction=0.3), tmp_path, "train", tmp_path / "out", dev_fraction=0.3)
+    assert seen == [0.3, 0.1, 0.0, 0.3]
+    with pytest.raises(ConfigError, match="disagree"):
+        train_models.train(RetrieverRecipe(dev_fraction=0.3), tmp_path, "train", tmp_path / "out", dev_fraction=0.2)
