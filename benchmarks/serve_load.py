@@ -668,9 +668,84 @@ def hostile_main(argv: list[str]) -> int:
         print("crash", json.dumps(rows["crash"]), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     target = Path(f"{args.out}-{args.label}.json")
-    target.write_text(json.dumps({"label": args.label, "command": " ".join(sys.argv), "rows": rows}, indent=1) + "\n")
+    command = "python benchmarks/serve_load.py " + " ".join(sys.argv[1:])
+    target.write_text(json.dumps({"label": args.label, "command": command, "rows": rows}, indent=1) + "\n")
     print(f"wrote {target}")
+    runs = {label: Path(f"{args.out}-{label}.json") for label in ("before", "after")}
+    if all(p.is_file() for p in runs.values()):
+        md = Path(f"{args.out}.md")
+        md.write_text(hostile_markdown({k: json.loads(p.read_text()) for k, p in runs.items()}), encoding="utf-8")
+        print(f"wrote {md}")
     return 0
+
+
+HOSTILE_CASES = {
+    "1": "`POST /documents`, one document of 1,000,000 Han characters",
+    "1e": "`POST /documents`, one document of 999,000 English characters",
+    "2": "`POST /documents`, two documents of 500,000 Han characters",
+    "3": "`/search/batch`, one query of 1 MB, k=200",
+    "3b": "`/search/batch`, 256 queries of 9,900 characters at depth 20 (in budget), client gives up after 3 s",
+    "4": "`/search/batch`, 64 queries at rerank_depth 1000",
+    "6": "metadata `NaN`, `Infinity`, `1e999`",
+    "7": "a write with `Host: attacker.example`",
+    "7o": "a write with `Origin: http://attacker.example`",
+    "8": "`diversity: NaN`",
+}
+
+
+def _cell(row: dict[str, Any] | None) -> str:
+    if row is None:
+        return "-"
+    out = [str(row.get("status"))]
+    if "seconds" in row:
+        out.append(f"{row['seconds']:.1f} s")
+    if "peak_rss_gb" in row:
+        start = f" (from {row['rss_before_gb']:.2f})" if "rss_before_gb" in row else ""
+        out.append(f"peak RSS {row['peak_rss_gb']:.2f} GB{start}")
+    if "cpu_s_in_5s_after" in row:
+        out.append(f"server CPU in the 5 s after: {row['cpu_s_in_5s_after']:.2f} s")
+    if row.get("tmp_left"):
+        out.append(f"left behind: {', '.join(row['tmp_left'])}")
+    if row.get("error"):
+        out.append(f"\"{row['error'][:160]}\"")
+    return "; ".join(out).replace("|", "\\|")
+
+
+def hostile_markdown(runs: dict[str, dict[str, Any]]) -> str:
+    """The before/after table of the hostile client's cases."""
+    before, after = runs["before"]["rows"], runs["after"]["rows"]
+    lines = ["# A hostile client: writes and batches with a work budget (#79)", "",
+             f"Before: `{runs['before']['command']}`", "", f"After: `{runs['after']['command']}`", "",
+             "The engine: the demo's sample engine (205 documents, its trained reranker, token vectors of "
+             "all-MiniLM-L6-v2 at 128 dims and 4 bits), served by `twostage serve` with its defaults on 127.0.0.1, "
+             "a fresh server and engine copy per case; peak RSS is the server process's (VmHWM, reset before the "
+             "case); 2 shared cores. Before: the code at the commit before #79 (installed with `pip install "
+             "--no-deps --target`), the same script.", "",
+             "| # | input | before | after |", "|---|---|---|---|"]
+    for key, what in HOSTILE_CASES.items():
+        lines.append(f"| {key} | {what} | {_cell(before.get(key))} | {_cell(after.get(key))} |")
+    lines += ["", "## 5: three searching clients, alone and beside one client sending the worst inputs that fit "
+              "the budgets (each given up after 10 s)", "",
+              "| | alone p50 / p99 ms | mixed p50 / p99 ms | p50 ratio | p99 ratio | failed (searching) | "
+              "the hostile client's requests |", "|---|---|---|---|---|---|---|"]
+    for label, rows in (("before", before), ("after", after)):
+        m = rows.get("5")
+        if m:
+            lines.append(f"| {label} | {m['alone']['p50_ms']:.0f} / {m['alone']['p99_ms']:.0f} | "
+                         f"{m['mixed']['p50_ms']:.0f} / {m['mixed']['p99_ms']:.0f} | {m['p50_ratio']:.2f}x | "
+                         f"**{m['p99_ratio']:.2f}x** | {m['alone']['failed'] + m['mixed']['failed']} of "
+                         f"{m['alone']['requests'] + m['mixed']['requests']} | "
+                         + ", ".join(f"{k}: {v}" for k, v in sorted(m["hostile"].items())) + " |")
+    lines += ["", "## A write killed mid-way (SIGKILL), then the engine opened", "",
+              "| | killed | at s | left before the open | left after | version before -> after | "
+              "documents before -> after |", "|---|---|---|---|---|---|---|"]
+    for label, rows in (("before", before), ("after", after)):
+        for t in (rows.get("crash") or {}).get("tries", []):
+            lines.append(f"| {label} | {t.get('killed', 'at random')} | {t['killed_at_s']} | "
+                         f"{', '.join(t['left_before_open']) or 'nothing'} | "
+                         f"{', '.join(t['left_after_open']) or 'nothing'} | {t['version_before']} -> "
+                         f"{t['version_after']} | {t['documents_before']} -> {t['documents_after']} |")
+    return "\n".join(lines) + "\n"
 
 
 def machine() -> str:

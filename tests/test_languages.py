@@ -337,3 +337,43 @@ def test_a_multilingual_model_with_prompts_works_end_to_end(tmp_path):
     bm25 = engine.ranked(QUERIES["zh3"], 5, first_stage="bm25", rerank=False)
     assert str(hybrid.ids[0]) == "zh3" and hybrid.scores.tolist() != bm25.scores.tolist()
     engine.close()
+
+
+# ---- detection that case, script and short texts cannot fool (#80) ----------------------------------------------
+def test_english_in_capitals_is_english():
+    from twostage.retriever.languages import detect
+
+    text = "0-DIMENSIONAL BIOMATERIALS LACK INDUCTIVE PROPERTIES IN BONE REPAIR AND TISSUE ENGINEERING"
+    assert detect(text) == "en"
+    assert detect(text, ("en", "ja", "de", "es", "zh", "ru")) == "en"
+    assert detect("SCHNEE FÄLLT IM WINTER AUF DIE BERGE UND DIE TÄLER DES LANDES", ("en", "de")) == "de"
+
+
+def test_a_language_outside_the_text_s_scripts_is_never_chosen():
+    from twostage.retriever.languages import detect, scripts_of
+
+    assert scripts_of("Привет мир, hello") == {"Cyrillic": 9, "Latin": 5}
+    assert set(scripts_of("東京は日本の首都です")) == {"Han", "Hiragana"}
+    for text in ("BANANA SPLIT", "XYZ QRS TUV", "Mao Zedong Deng Xiaoping", "Tokyo Osaka Kyoto"):
+        assert detect(text, ("en", "zh", "ja", "ru")) == "en", text
+    assert detect("Москва", ("en", "ru")) == "ru"  # Cyrillic is not English, however short
+    assert detect("北京", ("en", "zh")) == "zh"
+
+
+def test_short_or_weak_texts_take_the_corpus_s_main_language():
+    from twostage.retriever.languages import detect
+
+    assert detect("ok", ("de", "en")) == "de"
+    assert detect("42 7", ("fr", "en")) == "fr"
+    assert detect("the weather in the mountains is cold in winter", ("de", "en")) == "en"  # long enough to tell
+
+
+def test_a_language_joins_a_corpus_only_with_enough_evidence():
+    from twostage.retriever.languages import corpus_languages
+
+    english = [f"the river {i} freezes in winter and the villagers skate on it every morning" for i in range(150)]
+    assert corpus_languages(english + ["Der Fluss friert im Winter zu."]) == ("en",)
+    shouting = [t.upper() for t in english]
+    assert corpus_languages(shouting) == ("en",)
+    german = [f"Der Fluss {i} friert im Winter zu und die Leute laufen jeden Morgen Schlittschuh" for i in range(30)]
+    assert corpus_languages(english + german) == ("en", "de")
