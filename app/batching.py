@@ -79,7 +79,8 @@ class MicroBatcher:
     behind every small call, so a search waits at most for the one piece being computed, never for the whole bulk
     call; while ``busy()`` says searches are running (in this model's batcher or another's: the cores are shared), a
     piece waits for them, at most ``max_defer_s`` a piece so that bulk work still moves; such a piece (of a call
-    that is not a search's) holds ``defer_piece`` items, so that a search arriving meanwhile waits for little. Items carry a ``group`` (for instance
+    that is not a search's) holds ``defer_piece`` items, so that a search arriving meanwhile waits for little (with
+    no search running, consecutive pieces are computed together, up to ``idle_piece`` items). Items carry a ``group`` (for instance
     the side of a bi-encoder): a batch holds one group, ``fn(items, group)`` computes it. When a batch of several
     callers fails, each caller is run again alone, so one bad item fails its own request only.
     """
@@ -87,13 +88,13 @@ class MicroBatcher:
     def __init__(self, fn: Callable[[list[Any], Any], Sequence[Any] | np.ndarray], *, name: str,
                  max_wait_s: float = 0.005, max_items: int = 1024, piece: int = 8, bulk_over: int = 64,
                  expected: Callable[[], int] | None = None, busy: Callable[[], int] | None = None,
-                 max_defer_s: float = 1.0, defer_piece: int = 2) -> None:
+                 max_defer_s: float = 1.0, defer_piece: int = 2, idle_piece: int = 16) -> None:
         if max_wait_s < 0 or max_items <= 0 or piece <= 0 or bulk_over <= 0:
             raise ValueError("max_wait_s must be >= 0, max_items, piece and bulk_over positive")
         self.fn, self.name, self.max_wait_s, self.max_items = fn, name, max_wait_s, max_items
         self.piece, self.bulk_over = piece, bulk_over
         self.expected, self.busy, self.max_defer_s = expected, busy, max_defer_s
-        self.defer_piece = max(1, min(defer_piece, piece))
+        self.defer_piece, self.idle_piece = max(1, min(defer_piece, piece)), max(1, idle_piece)
         self.stats = BatchStats()
         self._queue: queue.PriorityQueue[tuple[int, int, _Call | None]] = queue.PriorityQueue()
         self._order = itertools.count()
@@ -137,8 +138,10 @@ class MicroBatcher:
         priority, _, call = first
         assert call is not None
         batch, size = [call], len(call.items)
+        if priority > 0:
+            return self._gather_idle(batch, size) if call.deferrable else batch
         deadline = time.monotonic() + self.max_wait_s
-        while size < self.max_items and priority == 0:  # a bulk piece is computed alone
+        while size < self.max_items:
             try:
                 entry = self._queue.get_nowait()
             except queue.Empty:
@@ -157,6 +160,27 @@ class MicroBatcher:
                 break
             batch.append(nxt)
             size += len(nxt.items)
+        return batch
+
+    def _gather_idle(self, batch: list[_Call], size: int) -> list[_Call]:
+        """More deferrable bulk pieces of the same group, up to ``idle_piece`` items in all, while ``busy()`` says
+        no search runs (nor ran a moment ago): a write or a bulk call alone on the server goes at a model's batch
+        speed; beside searches, a piece at a time."""
+        while size < self.idle_piece and self.busy is not None and self.busy() == 0:
+            with self._queue.mutex:
+                head = self._queue.queue[0] if self._queue.queue else None
+            if head is None or head[0] != 1 or head[2] is None or not head[2].deferrable \
+                    or head[2].group != batch[0].group or size + len(head[2].items) > self.idle_piece:
+                break
+            try:
+                entry = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if entry is not head:  # another call came first: back in the queue, and this batch is done
+                self._queue.put(entry)
+                break
+            batch.append(entry[2])
+            size += len(entry[2].items)
         return batch
 
     def _run(self) -> None:

@@ -66,6 +66,7 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 MAX_QUERY_CHARS = 10_000  # characters of one query: /search's, /similar's and each of /search/batch's
 REQUEST_TIMEOUT_S = 300.0  # a request still running after this long stops at its next stage boundary (503)
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+QUIET_S = 0.5  # the server is idle for bulk work once no search has run for this long
 DISCONNECTED = "twostage.disconnected"  # the ASGI scope's key of the event set when the client disconnects
 
 
@@ -699,6 +700,7 @@ class ServedModels:
         self.batching, self.max_wait_s, self.piece = batching, max_wait_ms / 1000, piece
         self.in_flight = 0
         self.searches = 0  # searches in flight (the embeddings and rerank routes not counted): bulk work waits
+        self.last_search = float("-inf")  # when the last search ended (monotonic seconds)
         self.lock = threading.Lock()
         self.batchers: list[Any] = []  # the served version's (the list object is shared with the metrics)
         self.retired: list[Any] = []  # a swapped-out version's: closed when the app stops
@@ -723,7 +725,7 @@ class ServedModels:
             from twostage.app.batching import BatchingEncoder, BatchingLate, BatchingReranker
 
             options = {"max_wait_s": self.max_wait_s, "expected": lambda: self.in_flight, "piece": self.piece,
-                       "busy": lambda: self.searches}
+                       "busy": self.busy}
             size = engine.settings.batch_size
             encoder = BatchingEncoder(loaded_encoder, batch_size=size, **options) if loaded_encoder else None
             reranker = BatchingReranker(loaded_reranker, batch_size=size, **options) if loaded_reranker else None
@@ -731,6 +733,13 @@ class ServedModels:
             engine.use_models(encoder=encoder, reranker=reranker, late=late)
             self.retired.extend(self.batchers)
             self.batchers[:] = [b.batcher for b in (encoder, reranker, late) if b is not None]
+
+    def busy(self) -> int:
+        """Searches in flight, or 1 when one ended less than :data:`QUIET_S` ago (a client between two of its
+        searches still counts): bulk work waits while this is not 0."""
+        if self.searches:
+            return self.searches
+        return int(time.monotonic() - self.last_search < QUIET_S)
 
     @contextmanager
     def searching(self, holder: EngineHolder, search: bool = False) -> Iterator[Any]:
@@ -752,6 +761,8 @@ class ServedModels:
             with self.lock:
                 self.in_flight -= 1
                 self.searches -= search
+                if search:
+                    self.last_search = time.monotonic()
 
     def close(self) -> None:
         for b in self.batchers + self.retired:

@@ -235,7 +235,7 @@ def test_a_bulk_call_does_not_hold_searches_behind_it(served):
         thread.join()
         assert "bulk" in done and search_s < done["bulk"]
         stats = client.get("/stats").json()["batching"]["encoder"]
-        assert stats["model_calls"] >= 100  # 400 texts in pieces of 4
+        assert stats["model_calls"] >= 400 // 16  # pieces of 2 beside the search, of up to 16 with none running
 
 
 # ---- metrics, logs and reads -----------------------------------------------------------------------------------

