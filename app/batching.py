@@ -176,11 +176,12 @@ class MicroBatcher:
                 entry = self._queue.get_nowait()
             except queue.Empty:
                 break
-            if entry is not head:  # another call came first: back in the queue, and this batch is done
+            nxt = entry[2]
+            if entry is not head or nxt is None:  # another call came first: back in the queue, this batch is done
                 self._queue.put(entry)
                 break
-            batch.append(entry[2])
-            size += len(entry[2].items)
+            batch.append(nxt)
+            size += len(nxt.items)
         return batch
 
     def _run(self) -> None:

@@ -357,8 +357,8 @@ class ShardedEngine(TwoStageSearch):
         if settings.passage_words:
             logger.info("a sharded engine holds whole documents: passage_words %d set to 0", settings.passage_words)
             settings = replace(settings, passage_words=0)
-        retriever = choose_retriever(retriever, corpus, settings)
-        enc = encode_corpus(corpus, root, settings, retriever, reranker, chunk_size, resume, show_progress)
+        chosen = choose_retriever(retriever, corpus, settings)
+        enc = encode_corpus(corpus, root, settings, chosen, reranker, chunk_size, resume, show_progress)
         settings = with_model_languages(resolved_blends(settings, enc.models.reranker), enc.retriever, enc.reranker)
         total = sum(int(c["rows"]) for c in enc.done)
         bounds = contiguous_bounds(total, shards)

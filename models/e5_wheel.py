@@ -41,6 +41,9 @@ QK = 32  # values a Q4_0 block holds
 BLOCK_BYTES = 2 + QK // 2
 F32, Q4 = 0, 1  # the directory's dtype codes
 NAME = "multilingual-e5-small"
+# twostage.json's name and format (twostage.models.base's FILE, FORMAT, FORMAT_VERSION: base imports the model card,
+# which resolves weights, which call this converter, so it cannot import base; a test checks they agree)
+META_FILE, META_FORMAT, META_VERSION = "twostage.json", "twostage.model", 1
 
 # the languages of XLM-R's training data (CC-100), which multilingual-e5-small's card lists
 LANGUAGES = (
@@ -231,7 +234,7 @@ def tokenizer(model: E5File) -> Any:
     def char_class(cps: list[int]) -> str:
         return "[" + "".join(f"\\x{{{cp:x}}}" for cp in cps) + "]"
 
-    steps = []
+    steps: list[Any] = []
     if removed:
         steps.append(normalizers.Replace(Regex(char_class(removed)), ""))
     if spaced:
@@ -265,7 +268,6 @@ def convert(source: Path, out: Path, *, origin: str = "") -> Path:
     from safetensors.torch import save_file
 
     from twostage.indexer.atomic import atomic_directory, sha256_file
-    from twostage.models.base import FILE, FORMAT, FORMAT_VERSION
 
     model, data = read(source)
     weights = state_dict(model, data)
@@ -297,12 +299,12 @@ def convert(source: Path, out: Path, *, origin: str = "") -> Path:
         (tmp / "README.md").write_text(_card(origin), encoding="utf-8")
         settings = {"pooling": "mean", "normalize": True, "max_length": model.positions, "query_prefix": "query: ",
                     "document_prefix": "passage: "}  # the bi-encoder's config (twostage.retriever.biencoder)
-        meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "kind": "bi-encoder", "base": NAME,
+        meta = {"format": META_FORMAT, "format_version": META_VERSION, "kind": "bi-encoder", "base": NAME,
                 "settings": settings, "languages": list(LANGUAGES),
                 "training": {"converted_from": origin or str(source), "source_sha256": sha256_file(source),
                              "weights_sha256": sha256_file(tmp / "model.safetensors"),
                              "original": "intfloat/multilingual-e5-small (full precision, on the Hugging Face hub)"}}
-        (tmp / FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     logger.info("converted %s into %s", source, out)
     return Path(out)
 

@@ -265,7 +265,7 @@ class Analyzer:
         characters and bigrams) merged."""
         language, terms = self._query_terms(query)
         if self.config.language is None:
-            return self._legacy_spans(text, terms) if terms and text else []
+            return self._legacy_spans(text, set(terms)) if terms and text else []
         if not terms or not text:
             return []
         spans = sorted((a, b) for t, a, b in self._words(text, language) if t in terms)

@@ -166,9 +166,20 @@ def test_train_retriever_second_round_nli_and_distillation_flags(tmp_path, sampl
     assert meta["sets"]["nli"] == 2 and meta["recipe"]["mine_with"] == str(tiny_bert_dir)
 
 
-def test_dense_without_a_model_is_a_clear_error(tmp_path, sample_dir, capsys):
+def test_dense_without_a_model_takes_the_build_s_choice(tmp_path, sample_dir, capsys, monkeypatch):
+    """#80: no --retriever-model means the build's `auto` (twostage.engine.writes.choose_retriever)."""
+    from twostage import errors as twostage_errors
+    from twostage.engine.search_engine import SearchEngine
+
+    asked = []
+
+    def build(*args, **kwargs):
+        asked.append(kwargs.get("retriever"))
+        raise twostage_errors.ConfigError("stop here")
+
+    monkeypatch.setattr(SearchEngine, "build", build)
     assert main(["-q", "bench", "--data", str(sample_dir), "--systems", "dense", "--out", str(tmp_path / "o")]) == 2
-    assert "--retriever-model" in capsys.readouterr().err
+    assert asked == ["auto"] and "stop here" in capsys.readouterr().err
 
 
 def test_unresolvable_model_name(tmp_path, sample_dir, capsys, monkeypatch):

@@ -68,6 +68,13 @@ def write_e5s1(path: Path, seed: int = 0) -> dict[str, np.ndarray]:
     return tensors
 
 
+def test_the_converter_writes_twostage_json_as_the_models_read_it():
+    from twostage.models import base
+
+    assert (e5_wheel.META_FILE, e5_wheel.META_FORMAT, e5_wheel.META_VERSION) == \
+        (base.FILE, base.FORMAT, base.FORMAT_VERSION)
+
+
 def test_blocks_dequantise_as_the_c_engine_reads_them():
     values = np.linspace(-1, 1, 64, dtype=np.float32)
     got = e5_wheel.dequantise(q4_blocks(values), 64)
