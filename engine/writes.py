@@ -279,7 +279,7 @@ def token_rows(self: SearchEngine, docs: list[Document], show_progress: bool = F
     its rows' codes, never all their float vectors."""
     from tqdm.auto import tqdm
 
-    from twostage.indexer.tokens import code_rows, code_width, codec_key, join_coded
+    from twostage.indexer.tokens import code_rows, join_coded
 
     part = self.tokens
     if self.manifest.late is None or part is None:
@@ -294,10 +294,7 @@ def token_rows(self: SearchEngine, docs: list[Document], show_progress: bool = F
                                          allow_empty=True)
             pieces.append(code_rows(vectors, part.model_dim, part.codec))
             bar.update(len(texts))
-    empty = CodedTokens(np.zeros((0, code_width(part.dim, part.codec.bits)),
-                                 dtype=np.int8 if part.codec.bits == 8 else np.uint8),
-                        np.zeros(0, dtype=np.float16), (), codec_key(part.codec, part.model_dim))
-    return join_coded(pieces, empty)
+    return join_coded(pieces or [code_rows([], part.model_dim, part.codec)])
 
 
 def write_late(directory: Path, base: SearchEngine, change: IndexChange, tokens: CodedTokens | None) -> None:

@@ -246,10 +246,7 @@ def write_segment(directory: Path, name: str, vectors: Sequence[np.ndarray], dim
                   codec: TokenCodec = TokenCodec()) -> TokenSegment:
     """Write one segment's rows (each a (tokens, dim) float array, ``dim`` the model's) as codes, scales and
     offsets, projected and quantised by ``codec``."""
-    allv = np.concatenate([np.asarray(v, dtype=np.float32).reshape(-1, dim) for v in vectors]) if vectors else \
-        np.zeros((0, dim), dtype=np.float32)
-    codes, scales = quantise(codec.project(allv), codec.bits)
-    return _save(directory, name, codes, scales, [len(v) for v in vectors])
+    return write_coded(directory, name, code_rows(vectors, dim, codec))
 
 
 @dataclass(frozen=True)
@@ -284,11 +281,9 @@ def code_rows(vectors: Sequence[np.ndarray], dim: int, codec: TokenCodec) -> Cod
     return CodedTokens(codes, scales, tuple(len(v) for v in vectors), codec_key(codec, dim))
 
 
-def join_coded(parts: Sequence[CodedTokens], empty: CodedTokens) -> CodedTokens:
-    """Pieces coded one after another, as one (``empty``: the result when there are none)."""
-    if not parts:
-        return empty
-    if len({p.codec_key for p in parts}) > 1:
+def join_coded(parts: Sequence[CodedTokens]) -> CodedTokens:
+    """Pieces coded one after another (at least one), as one."""
+    if len({p.codec_key for p in parts}) != 1:
         raise ValueError("token pieces coded by different codecs cannot be joined")
     return CodedTokens(np.concatenate([p.codes for p in parts]), np.concatenate([p.scales for p in parts]),
                        tuple(n for p in parts for n in p.lengths), parts[0].codec_key)
