@@ -181,7 +181,9 @@ def _metrics_as_python() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        return _unrecognised(parser, args, unknown)
     _metrics_as_python()
     args.command_line = "twostage " + " ".join(shlex.quote(a) for a in argv)
     level = logging.INFO if args.verbose else logging.WARNING
@@ -209,8 +211,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except TwostageError as exc:
-        if args.verbose:
-            raise
+        if args.verbose:  # the traceback too, and the same exit status (2: the input, not the program)
+            import traceback
+
+            traceback.print_exc()
         print(f"twostage: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -219,13 +223,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # the disk, not the library: say which file and what to do
         import errno
 
-        if args.verbose or exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS, errno.EMFILE):
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS, errno.EMFILE):
             raise
+        if args.verbose:
+            import traceback
+
+            traceback.print_exc()
         where = f" ({exc.filename})" if exc.filename else ""
         hint = "free some space" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "check the permissions"
         print(f"twostage: error: {exc.strerror}{where}; {hint} and run the command again (nothing was committed)",
               file=sys.stderr)
         return 2
+
+
+def _unrecognised(parser: argparse.ArgumentParser, args: argparse.Namespace, unknown: list[str]) -> int:
+    """One line for flags the command does not have: each one, the command's closest flag where one is close
+    (``--kk``: did you mean ``--k``?), and where the list is; exit status 2, as argparse's own errors."""
+    import contextlib
+    import difflib
+    import io
+    import re
+
+    command = getattr(args, "cmd", None)
+    shown = io.StringIO()  # the command's own flags, as its --help lists them
+    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(shown):
+        parser.parse_args([command, "--help"] if command else ["--help"])
+    known = sorted(set(re.findall(r"(?<![\w-])--[a-z][\w-]*", shown.getvalue())))
+    said = []
+    for word in unknown:
+        flag = word.split("=", 1)[0]
+        close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6) if flag.startswith("-") else []
+        said.append(f"{word} (did you mean {close[0]}?)" if close else word)
+    where = f"twostage {command}" if command else "twostage"
+    print(f"{where}: error: unrecognized arguments: {', '.join(said)}; `{where} --help` lists the options",
+          file=sys.stderr)
+    return 2
 
 
 # commands that write nothing and leave nothing running: their process ends as soon as the answer is out

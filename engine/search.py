@@ -432,7 +432,9 @@ class TwoStageSearch(ABC):
             encoder = self.late  # loaded on first use
             loading += time.perf_counter() - t
             t = time.perf_counter()
-            late = self._maxsim(queries, firsts, reads, s, encoder, dense_off)
+            # MaxSim steps aside for a query in a language its model's card does not list (English token states
+            # never reorder a Chinese query's candidates)
+            late = self._maxsim(queries, firsts, reads, s, encoder, outside(self.late_languages(), languages))
             firsts = [r.ranked for r in late]
             timings["maxsim_s"] = time.perf_counter() - t
         if loading > 0.005:  # a model loaded by this search: its own line, not the encoding's
@@ -482,7 +484,7 @@ class TwoStageSearch(ABC):
         """Each first-stage list with its top ``maxsim_depth`` reordered by MaxSim (blended with the first stage by
         ``maxsim_blend``; in a passage engine a document scores its best passage among those it was found by), the
         rest following in order; the lists keep their length. ``skip``: queries left as they are (a language the
-        dense model does not know, whose tokens it reads no better)."""
+        late-interaction model's card does not list)."""
         vectors = encoder.encode_tokens(queries, kind="query", batch_size=s.batch_size)
         scorer = MaxSimScorer(self, dict(zip(queries, vectors)))
         per_query = [lambda d, r=r: list(dict.fromkeys(r[d])) for r in reads] if reads is not None else None
@@ -503,9 +505,24 @@ class TwoStageSearch(ABC):
                               "vectors, and this engine was built without a retriever (BM25 only); rebuild it with "
                               "--retriever")
 
+    def late_languages(self) -> tuple[str, ...] | None:
+        """The languages the late-interaction model's card lists (None: no such model, or its card does not say:
+        every language), read once per model."""
+        ref = self.manifest.late
+        if ref is None:
+            return None
+        cached = self.__dict__.get("_late_languages")
+        if cached is None or cached[0] != ref.sha256:
+            from twostage.models.model_card import model_languages
+
+            cached = (ref.sha256, model_languages(ref.path) if Path(ref.path).is_dir() else None)
+            self.__dict__["_late_languages"] = cached
+        return cached[1]
+
     def query_languages(self, queries: list[str], s: EngineSettings) -> list[str] | None:
         """Each query's language as the engine's analysis reads it, when a model's languages make it matter."""
-        if s.language is None or (s.dense_languages is None and s.rerank_languages is None):
+        if s.language is None or (s.dense_languages is None and s.rerank_languages is None
+                                  and (not s.maxsim or self.late_languages() is None)):
             return None
         analyzer = self.analyzer()
         return [analyzer.language_of(q) for q in queries]

@@ -54,6 +54,7 @@ def model_ref(name: str | Path, trust_remote_code: bool = False) -> ModelRef:
 ENGLISH_RETRIEVER = "all-MiniLM-L6-v2"
 MULTILINGUAL_RETRIEVER = "multilingual-e5-small"
 SAMPLE_DOCUMENTS = 2000  # documents whose languages choose an ``auto`` retriever
+SAMPLE_FILES = 200  # of a folder of files
 
 
 def choose_retriever(retriever: str | Path | None, corpus: CorpusSource, settings: EngineSettings) -> str | Path | None:
@@ -94,9 +95,17 @@ def corpus_languages_of(corpus: CorpusSource, settings: EngineSettings) -> tuple
 
     if settings.language not in (None, "auto"):
         return (str(settings.language),)
-    if settings.language is None or not isinstance(corpus, (str, Path, pd.DataFrame, Sequence)):
+    from twostage.indexer.corpus import CorpusFields
+    from twostage.indexer.files import FolderCorpus
+
+    sample = SAMPLE_DOCUMENTS
+    if isinstance(corpus, FolderCorpus):  # read again, quietly, and fewer (files can be slow to read: PDFs)
+        corpus, sample = replace(corpus, show_progress=False, skipped=[]), SAMPLE_FILES
+    readable = (str, Path, pd.DataFrame, Sequence, FolderCorpus)
+    source = corpus.source if isinstance(corpus, CorpusFields) else corpus
+    if settings.language is None or not isinstance(source, readable):
         return ("en",)
-    return corpus_languages(d.full_text for d in itertools.islice(iter_documents(corpus), SAMPLE_DOCUMENTS))
+    return corpus_languages(d.full_text for d in itertools.islice(iter_documents(corpus), sample))
 
 
 def build(cls: Any, corpus: CorpusSource, path: str | Path, *, retriever: str | Path | None = "auto",

@@ -41,9 +41,10 @@ class CorpusFields:
                 continue
             if given not in rec:
                 raise DataError(f"{where}: no field {given!r} ({flag}); its fields are: {', '.join(map(str, rec))}")
+            value = out.pop(given)  # first: the field given may itself be one of the aliases (--text-field body)
             for alias in ((*ID_KEYS,) if ours == "_id" else (*TEXT_KEYS,) if ours == "text" else ("title",)):
                 out.pop(alias, None)
-            out[ours] = out.pop(given)
+            out[ours] = value
         return out
 
 

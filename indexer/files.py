@@ -1,4 +1,4 @@
-"""A folder of files as a corpus: .txt, .md, .html and .pdf read as they are.
+"""A folder of files as a corpus: .txt, .md, .html and .pdf read as a reader sees them (Markdown rendered to text).
 
 Every file below the folder whose suffix is one of :data:`SUFFIXES` is one document (hidden files and folders are
 passed over): its id is its path relative to the folder (with ``/``), its title comes from the file (the HTML
@@ -48,6 +48,10 @@ class UnreadableFile(Exception):
     """Why one file cannot be a document (the message completes "PATH: ...")."""
 
 
+class ContentsPage(Exception):
+    """A Markdown file that is a table of contents: left out of a folder's documents (not an error)."""
+
+
 @dataclass(frozen=True)
 class FoundFile:
     """A file the folder holds: where it is, its id (the path relative to the folder) and its size in bytes."""
@@ -71,7 +75,9 @@ class FolderCorpus:
     show_progress: bool = False
     follow_symlinks: bool = False
     max_file_bytes: int = MAX_FILE_BYTES
+    keep_contents: bool = False  # read tables of contents too (a Markdown page that is mostly links)
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (relative path, why), from the last read
+    contents: list[str] = field(default_factory=list)  # tables of contents left out by the last read
     read: int = 0  # documents read by the last iteration
     ignored: int = 0  # files with another suffix
 
@@ -93,7 +99,7 @@ class FolderCorpus:
         from tqdm.auto import tqdm
 
         files, self.ignored, passed = walk(self.root, self.follow_symlinks, self.max_file_bytes)
-        self.skipped, self.read = [], 0
+        self.skipped, self.contents, self.read = [], [], 0
         for rel, why in passed:
             self._skip(rel, why)
         if not files:
@@ -105,7 +111,11 @@ class FolderCorpus:
                   disable=not self.show_progress) as bar:
             for i, f in enumerate(files, 1):
                 try:
-                    doc = read_file(f.path, f.rel, self.max_file_bytes)
+                    doc = read_file(f.path, f.rel, self.max_file_bytes, keep_contents=self.keep_contents)
+                except ContentsPage:
+                    logger.info("left out %s: a table of contents (its text is mostly links to other pages)",
+                                self.root / f.rel)
+                    self.contents.append(f.rel)
                 except UnreadableFile as exc:
                     self._skip(f.rel, str(exc))
                 else:
@@ -124,7 +134,9 @@ class FolderCorpus:
     def summary(self) -> str:
         skipped = f", {len(self.skipped)} skipped (each named above)" if self.skipped else ""
         ignored = f", {self.ignored} other files ignored" if self.ignored else ""
-        return f"{self.read} files read{skipped}{ignored}"
+        contents = (f", {len(self.contents)} table{'s' if len(self.contents) > 1 else ''} of contents left out ({', '.join(self.contents[:3])}"
+                    + (", ..." if len(self.contents) > 3 else "") + ")") if self.contents else ""
+        return f"{self.read} files read{skipped}{contents}{ignored}"
 
 
 def walk(root: Path, follow_symlinks: bool, max_bytes: int) -> tuple[list[FoundFile], int, list[tuple[str, str]]]:
@@ -189,9 +201,10 @@ def is_folder_corpus(path: Path) -> bool:
     return path.is_dir() and not (path / "corpus.jsonl").exists()
 
 
-def read_file(path: Path, rel: str, max_bytes: int = MAX_FILE_BYTES) -> Document:
+def read_file(path: Path, rel: str, max_bytes: int = MAX_FILE_BYTES, *, keep_contents: bool = True) -> Document:
     """One file as a Document (id ``rel``); UnreadableFile says why it cannot be one (one over ``max_bytes``
-    too: it is read no further than that)."""
+    too: it is read no further than that); ContentsPage, unless ``keep_contents``, that a Markdown file is a table
+    of contents (:func:`twostage.indexer.markdown_text.is_contents`)."""
     kind = SUFFIXES[path.suffix.lower()]
     try:
         with open(path, "rb") as fh:
@@ -216,7 +229,7 @@ def read_file(path: Path, rel: str, max_bytes: int = MAX_FILE_BYTES) -> Document
         if kind == "markdown":
             fields, source = front_matter(source, rel)
             front = {k: v for k, v in ((k, _plain(v)) for k, v in fields.items()) if v is not None}
-            title, text = _markdown(source)
+            title, text = _markdown(source, keep_contents)
             title = str(front.pop("title", "") or "").strip() or title
         else:
             title, text = _html(source) if kind == "html" else ("", source)
@@ -286,21 +299,15 @@ def _plain(value: object) -> object:
     return None
 
 
-def _markdown(source: str) -> tuple[str, str]:
-    """The first heading (``# Title`` or a line underlined with ``===``/``---``) and the text, headings without
-    their attribute blocks."""
-    source = _HEADING_ATTRIBUTES.sub(r"\1", source)
-    lines = source.splitlines()
-    for i, line in enumerate(lines):
-        stripped = line.strip()
-        if stripped.startswith("#"):
-            heading = stripped.lstrip("#")
-            if not heading or heading.startswith(" "):
-                return heading.strip().rstrip("#").strip(), source
-        if stripped and i + 1 < len(lines) and set(lines[i + 1].strip()) in ({"="}, {"-"}) \
-                and len(lines[i + 1].strip()) >= 3:
-            return _ATTRIBUTES.sub("", stripped), source
-    return "", source
+def _markdown(source: str, keep_contents: bool = True) -> tuple[str, str]:
+    """The first heading (ATX or setext) and the text as a rendered page shows it
+    (:func:`twostage.indexer.markdown_text.render`), headings without their attribute blocks."""
+    from twostage.indexer.markdown_text import is_contents, render
+
+    page = render(_HEADING_ATTRIBUTES.sub(r"\1", source))
+    if not keep_contents and is_contents(page):
+        raise ContentsPage
+    return _ATTRIBUTES.sub("", page.title), page.text
 
 
 class _Text(HTMLParser):

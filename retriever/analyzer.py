@@ -18,6 +18,7 @@ import re
 import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from twostage.indexer.errors import ConfigError, MissingDependencyError
 
@@ -34,6 +35,13 @@ _WORD = rf"[[\p{{L}}\p{{N}}\p{{M}}\p{{Pc}}]--[{_CJK}{_SEA}]]+"
 # words shorter than this are dropped (English keeps the rule of its legacy analysis, `\w\w+`: on XQuAD-R en dev,
 # 0.869 with it against 0.867 without; every other language measured keeps single characters)
 MIN_CHARS = {"en": 2}
+
+
+@functools.cache
+def _cjk_char() -> Any:
+    import regex  # type: ignore[import-untyped]  # no types shipped
+
+    return regex.compile(rf"[{_CJK}]", regex.V1)
 
 
 @functools.cache
@@ -275,6 +283,11 @@ class Analyzer:
                 merged[-1] = (merged[-1][0], max(b, merged[-1][1]))
             else:
                 merged.append((a, b))
+        cjk = _cjk_char()
+        if any(len(t) > 1 and cjk.match(t) for t in terms):
+            # a lone CJK character (在, 何) matched by itself marks noise where the query has longer runs: a
+            # reader sees its words (bigrams and longer), as a search page marks them
+            merged = [(a, b) for a, b in merged if b - a > 1 or not cjk.match(text, a)]
         return merged
 
     def _query_terms(self, query: str) -> tuple[str, frozenset[str]]:

@@ -33,11 +33,19 @@ def test_missing_data_dir(tmp_path, capsys):
     assert "no such dataset directory" in capsys.readouterr().err
 
 
-def test_verbose_shows_the_traceback(tmp_path):
-    from twostage.indexer.errors import DataNotFoundError
+def test_verbose_shows_the_traceback_and_keeps_the_exit_status(tmp_path, capsys):
+    """#81: -v adds the traceback; the exit status stays 2 (bad input), not 1."""
+    assert main(["-v", "bench", "--data", str(tmp_path / "none"), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "DataNotFoundError" in err and "no such dataset directory" in err.splitlines()[-1]
 
-    with pytest.raises(DataNotFoundError):
-        main(["-v", "bench", "--data", str(tmp_path / "none"), "--out", str(tmp_path / "o")])
+
+def test_a_misspelled_flag_says_the_closest_one_in_one_line(tmp_path, capsys):
+    assert main(["search", str(tmp_path), "a query", "--kk", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--kk (did you mean --k?)" in err and "twostage search --help" in err
+    assert main(["search", str(tmp_path), "q", "--zzzzzz"]) == 2
+    assert "did you mean" not in capsys.readouterr().err
 
 
 def test_help_and_argument_errors_import_neither_torch_nor_the_models():

@@ -107,6 +107,44 @@ def test_replicas_spread_answer_as_local_shards_and_survive_a_lost_node(cluster,
         local.close()
 
 
+@pytest.mark.slow
+def test_ray_replicas_answer_exactly_as_one_engine_on_a_corpus_of_several_languages(cluster, tmp_path, models):
+    """#84: the queries' analysis in Ray mode is the shards' own (the corpus's languages included). Before, it was
+    one of the engine's language alone, which read "ADAR1 binds to Dicer to cleave pre-miRNA." (a SciFact test
+    query) as Latin: with a retriever whose card says English, that query was searched by BM25 alone."""
+    import shutil
+
+    from twostage import Document, SearchEngine
+    from twostage.indexer.beir import BeirDataset
+
+    retriever, _ = models
+    english = tmp_path / "bi"
+    shutil.copytree(retriever, english)
+    (english / "README.md").write_text("---\nlanguage: en\n---\n# a tiny English bi-encoder\n")
+    corpus = list(BeirDataset(SAMPLE).corpus) + [
+        Document("x-adar", "ADAR1 binds to Dicer to cleave pre-miRNA and edits double-stranded RNA.", "ADAR1"),
+        Document("x-azt", "N348I mutations cause resistance to zidovudine (AZT) in HIV reverse transcriptase."),
+        *[Document(f"x-de{i}", f"Der Rhein fließt durch viele Städte und mündet in die Nordsee, Abschnitt {i}.")
+          for i in range(6)],
+        *[Document(f"x-zh{i}", f"长江是中国最长的河流，流经许多城市，第{i}段。") for i in range(6)]]
+    single = SearchEngine.build(corpus, tmp_path / "one", retriever=str(english), backend="flat", passage_words=0)
+    local = ShardedEngine.build(corpus, tmp_path / "e", shards=2, retriever=str(english), backend="flat")
+    remote = ShardedEngine.load(local.root, ray=True, replicas=1)
+    try:
+        assert remote.analyzer().config == single.analyzer().config and remote.language == single.language
+        queries = [*QUERIES[:12], "ADAR1 binds to Dicer to cleave pre-miRNA.",
+                   "N348I mutations cause resistance to zidovudine (AZT).", "Wohin fließt der Rhein?", "中国最长的河流"]
+        for q in queries:
+            for stage in ("bm25", "hybrid"):
+                got, want = remote.ranked(q, 10, first_stage=stage, rerank=False), single.ranked(
+                    q, 10, first_stage=stage, rerank=False)
+                assert list(got.ids) == list(want.ids) and got.scores.tolist() == want.scores.tolist(), (q, stage)
+    finally:
+        remote.close()
+        local.close()
+        single.close()
+
+
 def test_replicas_need_ray(tmp_path):
     with pytest.raises(ConfigError, match="replicas need ray=True"):
         ShardedEngine.load(tmp_path, replicas=2)

@@ -152,3 +152,26 @@ def test_an_auto_retriever_follows_the_corpus_s_languages(monkeypatch, caplog):
     assert writes.choose_retriever("auto", german, EngineSettings(language="en")) == "all-MiniLM-L6-v2"
     assert writes.choose_retriever("my/model", german, settings) == "my/model"
     assert writes.choose_retriever(None, german, settings) is None
+
+
+def test_an_auto_retriever_reads_a_folder_and_renamed_fields_as_the_cli_gives_them(monkeypatch, tmp_path):
+    """The CLI hands the build a FolderCorpus (or CorpusFields): both are read again for their languages (a
+    folder of German files once got the English model)."""
+    from twostage.engine import writes
+    from twostage.indexer.corpus import CorpusFields
+    from twostage.indexer.engine_dir import EngineSettings
+    from twostage.indexer.files import FolderCorpus
+    from twostage.models import weights
+
+    monkeypatch.setattr(weights, "available", lambda name: True)
+    for i in range(6):
+        (tmp_path / f"d{i}.md").write_text(f"# Fluss {i}\n\nDer Fluss friert im Winter zu und die Leute laufen "
+                                           "jeden Morgen Schlittschuh auf dem Eis.\n", encoding="utf-8")
+    folder = FolderCorpus(tmp_path, show_progress=True)
+    assert writes.choose_retriever("auto", folder, EngineSettings()) == "multilingual-e5-small"
+    assert folder.read == 0 and folder.skipped == []  # the caller's corpus untouched (its read is the build's)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(f'{{"key": "k{i}", "body": "Der Fluss friert im Winter zu und die Leute laufen jeden '
+                            f'Morgen Schlittschuh {i}"}}\n' for i in range(6)), encoding="utf-8")
+    fields = CorpusFields(str(rows), id="key", text="body")
+    assert writes.choose_retriever("auto", fields, EngineSettings()) == "multilingual-e5-small"

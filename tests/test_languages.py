@@ -244,6 +244,27 @@ def test_a_dense_model_that_does_not_know_the_query_language_steps_aside(tmp_pat
     engine.close()
 
 
+def test_an_english_cross_encoder_never_reads_a_query_in_another_language(tmp_path, models):
+    """#80: a reranker whose card says English reorders the English query's candidates and leaves the Chinese and
+    German queries' first stage as it is (no pair of theirs is scored)."""
+    import shutil
+
+    retriever, reranker = models
+    english = tmp_path / "ce"
+    shutil.copytree(reranker, english)
+    (english / "README.md").write_text("---\nlanguage: en\n---\n# a tiny English cross-encoder\n")
+    engine = SearchEngine.build(MIXED, tmp_path / "e", retriever=retriever, reranker=str(english), backend="flat",
+                                passage_words=0)
+    assert engine.settings.rerank_languages == ("en",)
+    for query, reranked in ((QUERIES["zh1"], False), (QUERIES["de2"], False), (QUERIES["en2"], True)):
+        hits = engine.search(query, k=5).hits
+        first = engine.ranked(query, 5, rerank=False)
+        assert all(("rerank" in h.stage_scores) == reranked for h in hits), query
+        if not reranked:
+            assert [h.id for h in hits] == list(first.ids), query
+    engine.close()
+
+
 def test_model_card_languages_are_read_safely(tmp_path):
     from twostage.models.model_card import model_languages
 
@@ -377,3 +398,16 @@ def test_a_language_joins_a_corpus_only_with_enough_evidence():
     assert corpus_languages(shouting) == ("en",)
     german = [f"Der Fluss {i} friert im Winter zu und die Leute laufen jeden Morgen Schlittschuh" for i in range(30)]
     assert corpus_languages(english + german) == ("en", "de")
+
+
+def test_chinese_highlights_mark_words_not_lone_characters():
+    """#81: a query's lone characters (在, 何) matched by themselves are not marked when it has longer runs."""
+    from dataclasses import replace as changed
+
+    from twostage.retriever.analyzer import for_language
+
+    zh = Analyzer(changed(for_language("auto"), languages=("zh",)))
+    text = "在全局环境中，何时使用箭头函数？箭头函数没有自己的 this。"
+    marked = [text[a:b] for a, b in zh.term_spans(text, "箭头函数在何处使用 this")]
+    assert marked == ["使用箭头函数", "箭头函数", "this"]
+    assert [text[a:b] for a, b in zh.term_spans(text, "在")] == ["在"]  # a one-character query still marks it

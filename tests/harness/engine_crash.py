@@ -1,6 +1,6 @@
 """Crash test of the search engine: add, upsert, delete and compact killed with SIGKILL at random moments.
 
-Run small by tests/test_index_crash.py, at full size (and reported) by ``python benchmarks/engine_crash.py``.
+Run small by tests/test_index_crash.py, at full size (and reported) by ``python benchmarks/concurrency.py --kind crash``.
 
 Each round picks an operation, runs it to the end on a copy (in a subprocess, as the real one) to learn the
 answers of the new state, then runs it on the real engine in a subprocess and kills it after a random delay
