@@ -28,11 +28,11 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
 from twostage.indexer.errors import ConfigError, DataError, DataNotFoundError
+from twostage.indexer.html_text import html_text
 from twostage.indexer.records import Document, check_metadata
 
 logger = logging.getLogger(__name__)
@@ -232,7 +232,7 @@ def read_file(path: Path, rel: str, max_bytes: int = MAX_FILE_BYTES, *, keep_con
             title, text = _markdown(source, keep_contents)
             title = str(front.pop("title", "") or "").strip() or title
         else:
-            title, text = _html(source) if kind == "html" else ("", source)
+            title, text = html_text(source) if kind == "html" else ("", source)
     if not text.strip() and not title.strip():
         raise UnreadableFile("no text in it")
     metadata: dict[str, object] = {"path": rel, "type": kind, "modified": modified.strftime("%Y-%m-%dT%H:%M:%SZ")}
@@ -308,51 +308,6 @@ def _markdown(source: str, keep_contents: bool = True) -> tuple[str, str]:
     if not keep_contents and is_contents(page):
         raise ContentsPage
     return _ATTRIBUTES.sub("", page.title), page.text
-
-
-class _Text(HTMLParser):
-    """Visible text of an HTML page and its <title>."""
-
-    SKIP = {"script", "style", "head", "noscript", "template", "svg"}
-    BLOCKS = {"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "section", "article", "header",
-              "footer", "blockquote", "pre", "table", "ul", "ol", "dd", "dt", "hr", "main", "nav", "aside"}
-
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.parts: list[str] = []
-        self.title: list[str] = []
-        self.skipping = 0
-        self.in_title = False
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "title":
-            self.in_title = True
-        elif tag in self.SKIP:
-            self.skipping += 1
-        elif tag in self.BLOCKS:
-            self.parts.append("\n")
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag == "title":
-            self.in_title = False
-        elif tag in self.SKIP:
-            self.skipping = max(0, self.skipping - 1)
-        elif tag in self.BLOCKS:
-            self.parts.append("\n")
-
-    def handle_data(self, data: str) -> None:
-        if self.in_title:
-            self.title.append(data)
-        elif not self.skipping:
-            self.parts.append(data)
-
-
-def _html(source: str) -> tuple[str, str]:
-    parser = _Text()
-    parser.feed(source)
-    parser.close()
-    lines = (" ".join(line.split()) for line in "".join(parser.parts).splitlines())
-    return " ".join("".join(parser.title).split()), "\n".join(line for line in lines if line)
 
 
 def _pdf(raw: bytes) -> tuple[str, str]:

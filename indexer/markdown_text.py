@@ -23,8 +23,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from html.parser import HTMLParser
 from typing import Any
+
+from twostage.indexer.html_text import VisibleText, html_text
 
 __all__ = ["Rendered", "is_contents", "markdown_text", "render"]
 
@@ -98,7 +99,7 @@ def render(source: str) -> Rendered:
             if code.strip():
                 lines.append(code)
         elif kind == "html_block":
-            shown = visible_html(tok.content)
+            shown = html_text(tok.content)[1]
             if shown:
                 lines.append(shown)
     return Rendered(title or "", "\n".join(lines), counted[0], counted[1])
@@ -106,7 +107,7 @@ def render(source: str) -> Rendered:
 
 def _inline(children: list[Any], counted: list[int] | None = None) -> str:
     parts: list[str] = []
-    tags = _Visible()
+    tags = VisibleText()
     in_link = False
     for tok in children:
         kind = tok.type
@@ -130,41 +131,3 @@ def _inline(children: list[Any], counted: list[int] | None = None) -> str:
             if tok.content.startswith("<br"):
                 parts.append(" ")
     return " ".join("".join(parts).split())
-
-
-class _Visible(HTMLParser):
-    """The visible text of some HTML: tags and comments removed, scripts and styles dropped."""
-
-    HIDDEN = {"script", "style", "template", "svg", "noscript"}
-    BREAKS = {"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "pre", "table", "blockquote",
-              "figcaption", "dd", "dt"}
-
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.parts: list[str] = []
-        self.skipping = 0
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag in self.HIDDEN:
-            self.skipping += 1
-        elif tag in self.BREAKS:
-            self.parts.append("\n")
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag in self.HIDDEN:
-            self.skipping = max(0, self.skipping - 1)
-        elif tag in self.BREAKS:
-            self.parts.append("\n")
-
-    def handle_data(self, data: str) -> None:
-        if not self.skipping:
-            self.parts.append(data)
-
-
-def visible_html(source: str) -> str:
-    """The visible text of an HTML fragment, one line a block, blank lines dropped."""
-    parser = _Visible()
-    parser.feed(source)
-    parser.close()
-    lines = (" ".join(line.split()) for line in "".join(parser.parts).splitlines())
-    return "\n".join(line for line in lines if line)
