@@ -134,8 +134,8 @@ class FolderCorpus:
     def summary(self) -> str:
         skipped = f", {len(self.skipped)} skipped (each named above)" if self.skipped else ""
         ignored = f", {self.ignored} other files ignored" if self.ignored else ""
-        contents = (f", {len(self.contents)} table{'s' if len(self.contents) > 1 else ''} of contents left out ({', '.join(self.contents[:3])}"
-                    + (", ..." if len(self.contents) > 3 else "") + ")") if self.contents else ""
+        n, names = len(self.contents), ", ".join(self.contents[:3]) + (", ..." if len(self.contents) > 3 else "")
+        contents = f", {n} table{'s' if n > 1 else ''} of contents left out ({names})" if n else ""
         return f"{self.read} files read{skipped}{contents}{ignored}"
 
 
