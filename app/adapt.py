@@ -4,10 +4,14 @@
    sentences with the sentence cut out of the positive, keyword queries); a seeded part is held out as dev.
 2. The bi-encoder trains on them with in-batch negatives plus hard negatives mined from BM25 (the false-negative
    guard drops candidates that score nearly as high as the source document); with more than one epoch the epoch is
-   chosen on the dev pseudo-queries.
+   chosen on the dev pseudo-queries. The adapted bi-encoder is kept only where the dev pseudo-queries score it at
+   least as high as the base model; else the base is kept (and the rest of the run uses it).
 3. The reranker (from the same base) trains listwise on groups of (pseudo-query, source document, negatives mined
    from BM25 and the adapted bi-encoder); its epoch and its blend with the engine's hybrid first stage (fused as
-   the recipe says) are chosen on the dev pseudo-queries.
+   the recipe says) are chosen on the dev pseudo-queries; a reranker whose chosen weight is 0 (it did not beat the
+   first stage there) is not kept.
+
+:attr:`AdaptResult.notes` says, a line per stage, what was kept and why (the build summary prints them).
 
 Output: ``OUT/retriever`` and ``OUT/reranker`` (model directories: ``SearchEngine.build(retriever=, reranker=)``,
 every ``--retriever-model`` / ``--reranker-model`` takes them) and ``OUT/adapt.json`` (the recipe, the counts, the
@@ -78,6 +82,7 @@ class AdaptResult:
     seconds: dict[str, float]
     dev: dict[str, float]
     checkpoints_removed_mb: float = 0.0
+    notes: tuple[str, ...] = ()  # a line per stage: what was kept, and why
 
 
 def _sample_docs(corpus: Corpus, n: int, seed: int) -> list[Any]:
@@ -147,8 +152,17 @@ def adapt(corpus: CorpusSource | Corpus, out: str | Path, *, base: str = "all-Mi
     fit_wall = time.perf_counter() - fit_started
     trained = BiEncoder.load(out / "retriever", max_length=base_model.config.max_length, device=where)
     trained.save(out / "retriever", training=result.training)  # searches with the base's token limit
+    kept: Any = out / "retriever"
+    notes: list[str] = []
     if dev_q:
         dev_scores["retriever"] = dev(trained)
+        ours, theirs = dev_scores["retriever"], dev_scores["retriever_base"]
+        if ours < theirs:  # never a retriever its own dev scores worse than the one it replaces
+            kept, trained = base, base_model
+            notes.append(f"retriever: the base {base} kept: on the dev pseudo-queries it scored {theirs:.3f}, the "
+                         f"adapted one {ours:.3f} (left unused in {out / 'retriever'})")
+        else:
+            notes.append(f"retriever: adapted ({ours:.3f} on the dev pseudo-queries, the base {theirs:.3f})")
     # the loop's own clock counts an earlier run's training when this one resumed it
     seconds["train_retriever_s"] = result.seconds
     seconds["retriever_dev_s"] = time.perf_counter() - t - fit_wall
@@ -172,7 +186,7 @@ def adapt(corpus: CorpusSource | Corpus, out: str | Path, *, base: str = "all-Mi
         seed_everything(config.seed)
         model_ce = CrossEncoder.load(base, allow_untrained_head=True, device=where)
         reranker_dir = out / "reranker"
-        with temporary_engine(corpus, out / "retriever", settings, device=where) as engine:
+        with temporary_engine(corpus, kept, settings, device=where, show_progress=show_progress) as engine:
             dev_fn = dev_scorer(engine, dev_queries, dev_qrels, settings.rerank_depth, ndcg10_by_query,
                                 ("hybrid",)) if dev_q else None
             fit_started = time.perf_counter()
@@ -187,13 +201,19 @@ def adapt(corpus: CorpusSource | Corpus, out: str | Path, *, base: str = "all-Mi
                 dev_scores["reranker_blend"] = float(chosen.training["interpolation"]["alpha"])
         seconds["train_reranker_s"] = res.seconds
         seconds["reranker_mining_and_blend_s"] = time.perf_counter() - t - fit_wall
+        verdict = reranker_verdict(dev_scores)
+        if verdict:
+            notes.append(f"reranker: {verdict}")
+        if dev_scores.get("reranker_blend") == 0.0:  # it did not beat the first stage: not kept
+            reranker_dir = None
     removed = 0.0 if keep_checkpoints else remove_training_work(out)
     write_json(out / "adapt.json", {"base": base, "documents": len(corpus), "pseudo_queries": len(train_q),
                                     "dev_queries": len(dev_q), "recipe": to_json_dict(recipe), "seconds": seconds,
                                     "dev": dev_scores, "settings": to_json_dict(settings),
-                                    "checkpoints_removed_mb": round(removed, 1)})
-    return AdaptResult(str(out / "retriever"), str(reranker_dir) if reranker_dir else None, settings, seconds,
-                       dev_scores, removed)
+                                    "kept": {"retriever": str(kept), "reranker": str(reranker_dir or "")},
+                                    "notes": notes, "checkpoints_removed_mb": round(removed, 1)})
+    return AdaptResult(str(kept), str(reranker_dir) if reranker_dir else None, settings, seconds,
+                       dev_scores, removed, tuple(notes))
 
 
 def reranker_verdict(dev: dict[str, float]) -> str:
@@ -203,11 +223,11 @@ def reranker_verdict(dev: dict[str, float]) -> str:
         return ""
     first = f"the adapted retriever {dev['retriever']:.3f}" if "retriever" in dev else "no dev score"
     if alpha == 0.0:
-        return (f"the reranker is switched off (weight 0.0): on the dev pseudo-queries it did not beat the first stage "
-                f"({first}, the reranker alone {dev.get('reranker', float('nan')):.3f}); searches skip it, and "
-                "--rerank-blend 0.5 forces it on. A reranker trained on labelled pairs, or a published one "
-                "(docs/models.md), is the way to a second stage that helps")
-    return f"the reranker reorders the hybrid top with weight {alpha:g} (chosen on the dev pseudo-queries)"
+        return (f"not kept: on the dev pseudo-queries it did not beat the first stage ({first}, the reranker "
+                f"alone {dev.get('reranker', float('nan')):.3f}); the engine has no second stage. A reranker trained "
+                "on labelled pairs (docs/models.md) is the way to one that helps")
+    return (f"kept: it reorders the hybrid top with weight {alpha:g}, chosen on the dev pseudo-queries ({first}, the "
+            f"reranker alone {dev.get('reranker', float('nan')):.3f})")
 
 
 def remove_training_work(models: Path) -> float:

@@ -182,6 +182,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
     args, unknown = parser.parse_known_args(argv)
+    if len(unknown) == 1 and not unknown[0].startswith("-") and getattr(args, "query", "") is None:
+        # `search ENGINE --k 3 "the query"`: argparse gives an optional positional its default (None) before the
+        # flags, and leaves the query after them over
+        args.query, unknown = unknown[0], []
     if unknown:
         return _unrecognised(parser, args, unknown)
     _metrics_as_python()
@@ -250,7 +254,8 @@ def _unrecognised(parser: argparse.ArgumentParser, args: argparse.Namespace, unk
         parser.parse_args([command, "--help"] if command else ["--help"])
     known = sorted(set(re.findall(r"(?<![\w-])--[a-z][\w-]*", shown.getvalue())))
     said = []
-    for word in unknown:
+    flags = [w for w in unknown if w.startswith("-")]
+    for word in flags or unknown:  # a flag's value, and a query after it, are not what went wrong
         flag = word.split("=", 1)[0]
         close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6) if flag.startswith("-") else []
         said.append(f"{word} (did you mean {close[0]}?)" if close else word)

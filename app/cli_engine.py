@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -196,15 +197,21 @@ def _build(args: argparse.Namespace) -> int:
     from twostage.engine.search_engine import SearchEngine
     from twostage.engine.sharded import ShardedEngine
 
+    from twostage.models.weights import check_model_name
+
     settings = _settings(args)
     retriever, reranker = args.retriever, args.reranker
+    if args.adapt is not None and args.reranker:
+        raise ConfigError("--adapt trains the reranker: give --adapt or --reranker, not both")
+    for model in (retriever, reranker, args.late_interaction):  # before the corpus is read or a model loads
+        if model is not None and str(model).lower() not in ("none", "auto", ""):
+            check_model_name(model)
     if str(retriever).lower() == "none":  # BM25 only (with --reranker: BM25's candidates reranked)
         if args.adapt is not None or args.shards:
             raise ConfigError("--retriever none builds one BM25-only engine: leave out --adapt and --shards")
         retriever = None
+    adapted: Any = None
     if args.adapt is not None:
-        if args.reranker:
-            raise ConfigError("--adapt trains the reranker: give --adapt or --reranker, not both")
         from dataclasses import replace
 
         from twostage.app.adapt import adapt
@@ -248,6 +255,8 @@ def _build(args: argparse.Namespace) -> int:
     print(f"built {args.out}: {len(engine)} documents{shards}, version {engine.version}; first stage {s.first_stage}, "
           f"{s.backend} index; language {engine.language}")
     print(f"second stage: {second_stage(s, rr.name if rr else None)}")
+    for note in adapted.notes if adapted is not None else ():
+        print(f"adapt: {note}")
     _print_reading(engine, corpus)
     return 0
 
@@ -298,7 +307,7 @@ def _print_result(result: Any, as_json: bool, timings: bool = True) -> None:
         group = f" ({one_line(str(hit.group))})" if hit.group is not None else ""
         print(f"{hit.rank:3d}. [{hit.score:.4f}] {one_line(hit.id)}{group}: {label}")
         if hit.passage is not None:
-            print(f"       {one_line(passage_line(hit.passage))}")
+            print(f"       {passage_line(hit.passage)}")
         if hit.explanation is not None:
             for line in hit.explanation.lines():
                 print(f"       | {one_line(line)}")
@@ -315,20 +324,37 @@ def one_line(text: str) -> str:
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
-def passage_line(passage: Any, width: int = 200) -> str:
-    """A hit's best passage on one line, about ``width`` characters around its first query term, the terms in
-    [brackets]."""
+def passage_line(passage: Any, width: int = 200, marks: tuple[str, str] | None = None) -> str:
+    """A hit's best passage on one line, about ``width`` characters around its first query term (cut at a sentence
+    or word boundary), the terms between ``marks``: :func:`term_marks` by default."""
+    from twostage.indexer.passages import snippet
+
+    open_mark, close_mark = marks if marks is not None else term_marks()
     text, spans = passage.text, list(passage.spans)
-    lo = max(0, (spans[0][0] if spans else 0) - width // 3)
-    hi = min(len(text), lo + width)
+    lo, hi = snippet(text, spans, width)
     out, at = [], lo
     for start, end in spans:
         if start >= at and end <= hi:
-            out += [text[at:start], "[", text[start:end], "]"]
+            out += [_words(text[at:start]), open_mark, _words(text[start:end]), close_mark]
             at = end
-    out.append(text[at:hi])
-    line = " ".join("".join(out).split())
+    out.append(_words(text[at:hi]))
+    line = "".join(out).strip()
     return ("... " if lo else "") + line + (" ..." if hi < len(text) else "")
+
+
+def _words(text: str) -> str:
+    """``text`` with each run of white space one space (kept at either end), safe on one line (:func:`one_line`)."""
+    core = " ".join(text.split())
+    lead = " " if text[:1].isspace() else ""
+    return one_line(lead + core + (" " if core and text[-1].isspace() else ""))
+
+
+def term_marks() -> tuple[str, str]:
+    """How the CLI marks a query's terms: bold on a terminal (unless ``NO_COLOR`` is set), else ⟦ and ⟧, which
+    a document's own brackets (Markdown links, citations, code) do not use."""
+    if sys.stdout.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb":
+        return "\x1b[1m", "\x1b[0m"
+    return "\u27e6", "\u27e7"
 
 
 def _search(args: argparse.Namespace) -> int:

@@ -197,7 +197,7 @@ def add_commands(sub: Any, only: str | None = None) -> None:
 
 
 def _adapt(args: argparse.Namespace) -> int:
-    from twostage.app.adapt import AdaptRecipe, adapt, reranker_verdict
+    from twostage.app.adapt import AdaptRecipe, adapt
     from twostage.app.cli_engine import corpus_of
 
     recipe = AdaptRecipe()
@@ -215,9 +215,8 @@ def _adapt(args: argparse.Namespace) -> int:
           + f"; search settings in {Path(args.out) / 'adapt.json'}"
           + (f"; training checkpoints removed ({result.checkpoints_removed_mb:.0f} MB)"
              if result.checkpoints_removed_mb else ""))
-    verdict = reranker_verdict(result.dev)
-    if verdict:
-        print(verdict[0].upper() + verdict[1:] + ".")
+    for note in result.notes:
+        print(note)
     return 0
 
 

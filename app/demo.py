@@ -84,13 +84,22 @@ def run_demo(data: str | Path, out: str | Path, *, base: str = "all-MiniLM-L6-v2
     gap = float(table.loc[default, "ndcg@10"] - table.loc[best_first, "ndcg@10"])
     say(f"\nThe engine as tuned on dev ({default}) is {gap:+.3f} nDCG@10 against the best first stage ({best_first}) "
         "on the test queries." + ("" if gap >= 0 else " It is below: the dev queries chose otherwise than test would."))
-    say(reranker_sentence(engine, table, len(dev)))
+    sentence = reranker_sentence(engine, table, len(dev))
+    say(sentence)
+    from twostage.engine.fusion import reorders
+    from twostage.engine.knobs import blend_of
+
+    second = engine.reranks and reorders(blend_of(engine.settings, engine.reranker, engine.settings.first_stage))
+    # the lists side by side differ where the engine has a second stage that reorders; else BM25 beside the engine
+    left_stage = best_first if second else "bm25"
+    if not second:
+        say("So on this sample the second stage changes nothing; below, BM25 beside the engine instead.")
     for query in result.split.queries[:3]:
         relevant = result.split.qrels.relevant(query.id)
-        first = engine.search(query.text, k=5, first_stage=best_first, rerank=False)
+        first = engine.search(query.text, k=5, first_stage=left_stage, rerank=False)
         reranked = engine.search(query.text, k=5)
         say(f"\nquery {query.id}: {query.text}")
-        say(f"  {best_first + ' first stage':<48} | {default + ' (the engine)':<48}")
+        say(f"  {left_stage + (' first stage' if second else ''):<48} | {default + ' (the engine)':<48}")
         for a, b in zip(first.hits, reranked.hits):
             left = f"{'*' if a.id in relevant else ' '} {a.id}: {a.title}"[:48]
             right = f"{'*' if b.id in relevant else ' '} {b.id}: {b.title}"[:48]

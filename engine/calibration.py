@@ -141,7 +141,7 @@ def calibration_queries(engine: Any, data: Any, split: str) -> tuple[list[Query]
     from pathlib import Path
 
     from twostage.indexer.beir import BeirDataset
-    from twostage.models.base import read_model_meta
+    from twostage.models.model_meta import read_model_meta
 
     ds = data if isinstance(data, BeirDataset) else BeirDataset(data)
     sp = ds.split(split)

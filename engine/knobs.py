@@ -49,7 +49,7 @@ def dev_choice(model_dir: str | Path | None) -> DevChoice:
 
 @lru_cache(maxsize=64)
 def _dev_choice(path: str, _mtime: int) -> DevChoice:
-    from twostage.models.base import read_model_meta
+    from twostage.models.model_meta import read_model_meta
 
     meta = read_model_meta(Path(path).parent)
     if meta is None or meta[0] != "cross-encoder":

@@ -36,6 +36,7 @@ class Models:
     encoder: Any = None
     reranker: Any = None
     late: Any = None  # the late-interaction encoder (MaxSim's query token vectors)
+    query: Any = None  # the retriever's query side without torch (QueryEncoder); False: none to be had
     lock: threading.Lock = field(default_factory=threading.Lock)
     requested_device: str = "cpu"  # where they run: cpu, cuda[:N], or auto (resolved on first use, with torch)
     weights: tuple[str, str | None, str | None] | None = None  # the sha256 of the retriever's, reranker's and
@@ -79,6 +80,37 @@ class Models:
                                                precision=resolve_precision(precision, role, self.device),
                                                device=self.device, trust_remote_code=ref.trust_remote_code))
         return getattr(self, slot)
+
+
+def query_encoder(models: Models, ref: ModelRef, precision: str) -> Any:
+    """The retriever's queries encoded without torch (:class:`~twostage.retriever.query_encoder.QueryEncoder`, from
+    the OpenVINO export the full model wrote), or None: the bi-encoder is loaded already (it encodes them), the
+    models may run on a GPU, the precision is not OpenVINO's, the model runs code of its own
+    (``trust_remote_code``), or the export is missing, stale or damaged. Opened
+    once (across threads); its weights are the ones the export's manifest names, checked against ``ref``'s sha256,
+    so the weights file itself is never read."""
+    if models.encoder is not None:
+        return None
+    if models.query is None:
+        with models.lock:
+            if models.query is None:
+                models.query = _open_query_side(models, ref, precision) or False
+    return models.query or None
+
+
+def _open_query_side(models: Models, ref: ModelRef, precision: str) -> Any:
+    from twostage.models.device import surely_cpu
+    from twostage.models.weights import resolve_model
+    from twostage.retriever.query_encoder import QueryEncoder
+
+    if models.encoder is not None or ref.trust_remote_code or not surely_cpu(models.device_as_known):
+        return None  # (a model with code of its own may tokenise in Python: it loads as it was built)
+    resolved = resolve_precision(precision, "retriever", "cpu")
+    try:
+        path = Path(ref.path) if Path(ref.path).is_dir() else resolve_model(ref.name)
+    except (ConfigError, OSError):
+        return None
+    return QueryEncoder.open(path, ref.sha256, resolved, name=ref.name)
 
 
 NO_RETRIEVER = "none"  # the retriever's name (and weights) in an engine built without one

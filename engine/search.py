@@ -28,7 +28,7 @@ import numpy as np
 
 from twostage.engine.fusion import Reranked, dense_weights, fuse, reorders, rerank_lists
 from twostage.engine.knobs import blend_of, outside, settings_for
-from twostage.engine.models import Models, NoRetriever
+from twostage.engine.models import Models, NoRetriever, query_encoder
 from twostage.engine.pages import PageToken, decode_page_token, encode_page_token, fingerprint, page_key
 from twostage.engine.steer import Expansion, Steering, diversify, group_pages, rocchio, split_steering
 from twostage.engine.steer import feedback as steer_feedback
@@ -142,6 +142,17 @@ class TwoStageSearch(ABC):
             return self._models.encoder
         return self._models.loaded("encoder", self.manifest.retriever, "retriever", BiEncoder.load,
                                    self.settings.precision)
+
+    @property
+    def query_side(self) -> Any:
+        """What encodes queries: the bi-encoder once it is loaded, before that its queries without torch where its
+        OpenVINO export allows (:func:`~twostage.engine.models.query_encoder`: a cold search in about a second),
+        else the bi-encoder, loaded now."""
+        if self.manifest.retriever is not None and self._models.encoder is None:
+            fast = query_encoder(self._models, self.manifest.retriever, self.settings.precision)
+            if fast is not None:
+                return fast
+        return self.encoder
 
     @property
     def reranker(self) -> Any:
@@ -400,7 +411,7 @@ class TwoStageSearch(ABC):
         feedback = steer_feedback(self, steer, stage) if steer.feedback else None
         if stage in ("dense", "hybrid"):
             t = time.perf_counter()
-            encoder = None if steer.similar else self.encoder  # loaded (and exported) on first use
+            encoder = None if steer.similar else self.query_side  # loaded (and exported) on first use
             loading += time.perf_counter() - t
             t = time.perf_counter()
             vectors = None if encoder is None else encoder.encode(queries, kind="query", batch_size=s.batch_size)

@@ -25,7 +25,7 @@ from twostage.indexer.engine_dir import EngineManifest, EngineSettings, ModelRef
 from twostage.indexer.errors import ConfigError, DataError
 from twostage.indexer.index import Index, IndexChange, link_or_copy, write_index_files
 from twostage.indexer.manifest import library_versions
-from twostage.indexer.passages import split_all
+from twostage.indexer.passages import SEP, split_all
 from twostage.indexer.records import Document
 from twostage.indexer.vectors import BackendConfig
 from twostage.indexer.tokens import CodedTokens
@@ -223,16 +223,19 @@ def late_interaction(self: SearchEngine, model: str | Path, *, dim: int = 0, bit
                 rows = np.arange(seg.start, seg.start + seg.rows)
                 live = rows[~index.deleted[rows]]
                 vectors = [np.zeros((0, late.dim), dtype=np.float32)] * seg.rows  # a deleted row keeps none
-                for at, docs in index.store.document_chunks(live):
-                    encoded = late.encode_tokens([d.full_text for d in docs], kind="document",
-                                                 batch_size=base.settings.batch_size, allow_empty=True)
-                    for row, v in zip(at, encoded):
-                        vectors[int(row) - seg.start] = v
-                    if codec is None:  # the projection, fitted on the first tokens encoded
-                        sample = np.concatenate(encoded)
-                        pick = np.random.default_rng(0).permutation(len(sample))[:65536]
-                        codec = TokenCodec(bits, fit_projection(sample[pick], dim))
-                    bar.update(len(docs))
+                for group_rows, group_docs in index.store.document_chunks(live):
+                    step = WRITE_PIECE  # a row group is read at once, encoded (and the bar moved) a piece at a time
+                    for start in range(0, len(group_docs), step):
+                        at, docs = group_rows[start:start + step], group_docs[start:start + step]
+                        encoded = late.encode_tokens([d.full_text for d in docs], kind="document",
+                                                     batch_size=base.settings.batch_size, allow_empty=True)
+                        for row, v in zip(at, encoded):
+                            vectors[int(row) - seg.start] = v
+                        if codec is None:  # the projection, fitted on the first tokens encoded
+                            sample = np.concatenate(encoded)
+                            pick = np.random.default_rng(0).permutation(len(sample))[:65536]
+                            codec = TokenCodec(bits, fit_projection(sample[pick], dim))
+                        bar.update(len(docs))
                 segments.append(write_segment(out, seg.name, vectors, late.dim, codec or TokenCodec(bits)))
         write_manifest(out, late.dim, segments, codec or TokenCodec(bits))
 
@@ -272,6 +275,17 @@ def configure(self: SearchEngine, settings: EngineSettings | None = None, **chan
     if resolve_precisions(new.precision) != resolve_precisions(self.settings.precision):
         engine._models = Models(requested_device=self._models.device_as_known)  # loaded again, new precision
     return engine
+
+def _count_of(corpus: Any) -> int | None:
+    """How many documents ``corpus`` holds, where that is known without reading them: its length, or a folder's
+    file count (an upper bound: the bar ends at the documents read)."""
+    if isinstance(corpus, (str, Path)):
+        return None
+    if hasattr(corpus, "__len__"):
+        return len(corpus)
+    files = getattr(corpus, "files", None)
+    return len(files()) if callable(files) else None
+
 
 def encode_rows(self: SearchEngine, docs: list[Document], show_progress: bool = False) -> tuple[np.ndarray, int]:
     """The vectors of these rows (documents or passages), and how many were longer than the encoder reads."""
@@ -485,9 +499,11 @@ def encode_corpus(corpus: CorpusSource, out: Path, settings: EngineSettings, ret
         encoder = RayEncoder(retriever_ref.path, models.encoder, num_actors=ray_actors,  # type: ignore[union-attr]
                              precision=precision["retriever"], address=ray_address)
     try:
+        # a passage engine's bar counts documents (their first passages), against the corpus's length if it has one
+        first = (lambda rows: sum(1 for r in rows if r.id.endswith(SEP + "0"))) if settings.passages.enabled else None
         encode_chunks(rows, encoder, work, plan, done, metric=settings.metric, dim=info.dim,
                       chunk_size=chunk_size, batch_size=settings.batch_size, show_progress=show_progress,
-                      unit="passage" if settings.passages.enabled else "doc")
+                      total=_count_of(corpus), counted=first)
     finally:
         if encoder is not models.encoder:
             encoder.close()

@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -90,6 +90,9 @@ def write_chunk(work: Path, plan: dict[str, Any], done: list[dict[str, Any]], ve
     os.replace(state_tmp, work / "state.json")
 
 
+PIECE = 512  # rows encoded at a time inside a chunk: the progress bar moves every piece
+
+
 def check_out_dir(out: Path, what: str = "an index directory") -> None:
     """``out`` may be created, or is already a versioned directory (CURRENT) to replace; anything else is refused."""
     if out.exists() and not out.is_dir():
@@ -100,33 +103,48 @@ def check_out_dir(out: Path, what: str = "an index directory") -> None:
 
 def encode_chunks(corpus: CorpusSource, encoder: Any, work: Path, plan: dict[str, Any], done: list[dict[str, Any]], *,
                   metric: str, dim: int | None, chunk_size: int, batch_size: int, show_progress: bool,
-                  unit: str = "doc") -> None:
+                  unit: str = "doc", total: int | None = None,
+                  counted: Callable[[Sequence[Document]], int] | None = None) -> None:
     """Encode the corpus ``chunk_size`` rows (documents, or ``unit``) at a time into ``work``, skipping chunks
-    already done."""
+    already done. The progress bar counts ``unit`` against ``total`` (default: the corpus's length, where it has
+    one); ``counted`` says how many units some rows are (default: one each; a passage engine counts documents)."""
     from tqdm.auto import tqdm
 
     bar = None
     try:
         for i, docs in enumerate(_chunks(corpus, chunk_size)):
             if bar is None:  # created after the first read, so that a bad file shows only its error
-                bar = tqdm(desc="encode corpus", unit=unit, disable=not show_progress)
+                if total is None and counted is None and hasattr(corpus, "__len__") \
+                        and not isinstance(corpus, (str, Path)):
+                    total = len(corpus)
+                bar = tqdm(desc="encode corpus", unit=unit, total=total, disable=not show_progress)
             if i < len(done) and done[i]["ids"] == _ids_hash(docs) and \
                     (work / "segments" / f"{done[i]['name']}.npy").is_file():
-                bar.update(len(docs))
+                bar.update(counted(docs) if counted is not None else len(docs))
                 continue
             del done[i:]
-            vectors = encoder.encode([d.full_text for d in docs], kind="document", batch_size=batch_size,
-                                     allow_empty=True)
-            vectors = prepare(vectors, metric, dim, f"document vectors (chunk {i})")
+            texts = [d.full_text for d in docs]
+            step = max(PIECE, batch_size)  # a chunk is encoded (and the bar moved) a piece at a time
+            pieces, truncated = [], 0
+            for start in range(0, len(texts), step):
+                pieces.append(encoder.encode(texts[start:start + step], kind="document", batch_size=batch_size,
+                                             allow_empty=True))
+                truncated += int(getattr(encoder, "truncated", 0) or 0)  # texts cut by this call
+                piece = docs[start:start + step]
+                bar.update(counted(piece) if counted is not None else len(piece))
+            vectors = prepare(np.concatenate(pieces) if len(pieces) > 1 else pieces[0], metric, dim,
+                              f"document vectors (chunk {i})")
             dim = vectors.shape[1]
-            write_chunk(work, plan, done, vectors, docs, truncated=int(getattr(encoder, "truncated", 0) or 0))
-            bar.update(len(docs))
+            write_chunk(work, plan, done, vectors, docs, truncated=truncated)
     except BaseException:
         if bar is not None:  # clear the bar's line so that the error is the one line the user reads
             bar.leave = False
             bar.close()
         raise
     if bar is not None:
+        if bar.total is not None and bar.n < bar.total:  # fewer than counted (a folder's skipped files)
+            bar.total = bar.n
+            bar.refresh()
         bar.close()
 
 

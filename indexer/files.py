@@ -3,7 +3,8 @@
 Every file below the folder whose suffix is one of :data:`SUFFIXES` is one document (hidden files and folders are
 passed over): its id is its path relative to the folder (with ``/``), its title comes from the file (the HTML
 ``<title>``, the first Markdown heading, the PDF's metadata; none for plain text), and its metadata holds the path,
-the type and the modification time (an ISO date, so ``{"modified": {"$gte": "2026-01-01"}}`` filters by it).
+its folder (``guide/setup``; ``.`` at the top) and section (the folder's first part: ``guide``), the type and the
+modification time (an ISO date, so ``{"modified": {"$gte": "2026-01-01"}}`` filters by it).
 
 Markdown front matter (YAML between ``---`` lines, TOML between ``+++`` lines, at the top of the file, as mkdocs,
 Jekyll, Hugo and pandoc write it) is metadata, not text: its ``title`` is the document's title, its other fields
@@ -235,7 +236,9 @@ def read_file(path: Path, rel: str, max_bytes: int = MAX_FILE_BYTES, *, keep_con
             title, text = html_text(source) if kind == "html" else ("", source)
     if not text.strip() and not title.strip():
         raise UnreadableFile("no text in it")
-    metadata: dict[str, object] = {"path": rel, "type": kind, "modified": modified.strftime("%Y-%m-%dT%H:%M:%SZ")}
+    folder = rel.rpartition("/")[0] or "."
+    metadata: dict[str, object] = {"path": rel, "folder": folder, "section": folder.partition("/")[0], "type": kind,
+                                   "modified": modified.strftime("%Y-%m-%dT%H:%M:%SZ")}
     metadata = {**{k: v for k, v in front.items() if k not in metadata}, **metadata}
     return Document(rel, text.strip(), title.strip(), metadata)
 

@@ -1,5 +1,5 @@
 """HTML as a reader sees it: the visible text of a page (or of a fragment, Markdown's HTML blocks and tags) and its
-<title>; scripts, styles, the head and comments left out, a line for each block."""
+<title>; scripts, styles, the head and comments left out, a line for each block, a ``caption`` attribute shown."""
 
 from __future__ import annotations
 
@@ -30,6 +30,11 @@ class VisibleText(HTMLParser):
             self.skipping += 1
         elif tag in self.BLOCKS:
             self.parts.append("\n")
+        caption = dict(attrs).get("caption")
+        if caption and not self.skipping:  # mdBook's <Listing number="4-1" caption="...">: shown above the code
+            number = dict(attrs).get("number")
+            label = f"{tag.capitalize()} {number}: " if number else ""
+            self.parts.append(f"\n{label}{caption.replace('`', '')}\n")
 
     def handle_endtag(self, tag: str) -> None:
         if tag == "title":

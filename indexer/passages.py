@@ -12,7 +12,10 @@ The title is stored with every passage (and so read by both first stages in fron
 ``title_in_front``; otherwise only with the first.
 
 The passage a hit shows (:func:`hit_passage`): the part of its document that scored best, with the query's terms
-marked.
+marked, grown to the start of the sentence it begins in and the end of the one it ends in (each within
+:data:`REACH` characters; else its ends are moved in to the nearest sentence boundary, a sentence's end or a line
+break, within its first and last quarter where no marked term is lost). :func:`snippet` cuts a line of about a width around the first term at a sentence start or a word's
+start, and at a word's end.
 
 A passage engine knows which passage scored best (the one the reranker read, or the first stage's best); a
 whole-document engine shows the window of :data:`WINDOW` words that holds the most distinct query terms. Term
@@ -37,6 +40,9 @@ WORD = re.compile(r"\S+")
 # Han and Kana characters (Chinese and Japanese, written without spaces), each one word; between them, words as above
 _HAN_KANA = "\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f"
 WORD_CJK = re.compile(rf"[{_HAN_KANA}]|(?:(?![{_HAN_KANA}])\S)+")
+# a sentence's end: . ! ? (or the ideographic 。！？) and any closing quotes or brackets, then space; or a line break
+_SENTENCE_END = re.compile(r"[.!?](?:[\"'\u201d\u2019)\]]*)\s+|[\u3002\uff01\uff1f]\s*|\n\s*")
+_CJK_CHAR = re.compile(rf"[{_HAN_KANA}]")
 
 
 @dataclass(frozen=True)
@@ -211,9 +217,90 @@ def hit_passage(query: str, doc: Document, passages: Sequence[Document], starts:
 
 
 def _passage(query: str, text: str, start: int, end: int, analyzer: Any) -> Passage:
+    start, end = sentence_bounds(text, start, end)
     piece = text[start:end]
+    spans = analyzer.term_spans(piece, query)
+    ends = text[:end].rstrip().endswith(_ENDS) or end >= len(text)
+    lo, hi = sentence_trim(piece, spans, head=not _at_sentence_start(text, start), tail=not ends)
+    piece = piece[lo:hi]
     lead = len(piece) - len(piece.lstrip())
     piece = piece.strip()
-    start += lead
+    start += lo + lead
     spans = tuple(analyzer.term_spans(piece, query))
     return Passage(piece, start, start + len(piece), spans)
+
+
+REACH = 200  # characters a shown passage may grow by at either end, to a sentence's start or end
+
+
+def sentence_bounds(text: str, start: int, end: int, reach: int = REACH) -> tuple[int, int]:
+    """``text[start:end]`` (a passage of a document) grown to the start of the sentence it begins in and to the end
+    of the one it ends in, each where that lies within ``reach`` characters (else left as it is)."""
+    if start > 0 and not _at_sentence_start(text, start):
+        begins = [m.end() for m in _SENTENCE_END.finditer(text, max(0, start - reach), start) if m.end() <= start]
+        if begins:
+            start = begins[-1]
+        elif start <= reach:
+            start = 0  # the document's first sentence
+    if end < len(text):
+        close = _SENTENCE_END.search(text, max(start, end - 1), min(len(text), end + reach))
+        if close is not None:
+            group = close.group(0)
+            end = max(end, close.end() - (len(group) - len(group.rstrip())))
+        elif len(text) - end <= reach:
+            end = len(text)
+    return start, end
+
+
+_ENDS = (".", "!", "?", "\u3002", "\uff01", "\uff1f")  # what a sentence ends with
+
+
+def _at_sentence_start(text: str, at: int) -> bool:
+    before = text[:at].rstrip(" \t")
+    return not before or before.endswith(("\n", ":", *_ENDS))
+
+
+def sentence_trim(text: str, spans: Sequence[tuple[int, int]], share: float = 0.25, *, head: bool = True,
+                  tail: bool = True) -> tuple[int, int]:
+    """Where ``text`` (a passage) is cut to start at a sentence's start (with ``head``) and end at a sentence's end
+    (with ``tail``): the first sentence boundary in its first ``share`` of characters and the last in its last
+    ``share``, each kept only where no span (a marked term) lies in the part cut off."""
+    n = len(text)
+    if n == 0:
+        return 0, 0
+    first = min((a for a, _ in spans), default=n)
+    last = max((b for _, b in spans), default=0)
+    lo = 0
+    opening = _SENTENCE_END.search(text, 0, int(n * share)) if head else None
+    if opening is not None and opening.end() <= first and opening.end() < n:
+        lo = opening.end()
+    hi = n
+    closing = [m for m in _SENTENCE_END.finditer(text, max(lo, int(n * (1 - share))))] if tail else []
+    if closing:
+        cut = closing[-1].end() - (len(closing[-1].group(0)) - len(closing[-1].group(0).rstrip()))
+        if last <= cut and cut > lo:
+            hi = cut
+    return lo, hi
+
+
+def snippet(text: str, spans: Sequence[tuple[int, int]], width: int) -> tuple[int, int]:
+    """Where a line of about ``width`` characters around the first span of ``text`` starts and ends: at the start
+    of the sentence that holds it where that is at most ``width // 2`` before it, else at the first word's start
+    from ``width // 3`` before it; it ends at a sentence's or a word's end (each Han or Kana character a word)."""
+    first = spans[0][0] if spans else 0
+    first_end = spans[0][1] if spans else 0
+    lo = max(0, first - width // 3)
+    if lo > 0:
+        begins = [m.end() for m in _SENTENCE_END.finditer(text, max(0, first - width // 2), first) if m.end() <= first]
+        if begins:
+            lo = begins[-1]
+        elif not (text[lo - 1].isspace() or _CJK_CHAR.match(text, lo - 1) or _CJK_CHAR.match(text, lo)):
+            rest = re.compile(r"\S*\s+").match(text, lo)  # the rest of a word cut in two, and the space after it
+            lo = min(first, rest.end()) if rest is not None else first
+    hi = min(len(text), lo + width)
+    if hi < len(text) and not (text[hi].isspace() or _CJK_CHAR.match(text, hi) or _CJK_CHAR.match(text, hi - 1)):
+        ends = [m.start() + 1 for m in _SENTENCE_END.finditer(text, lo + (2 * width) // 3, hi)]
+        space = max(text.rfind(" ", lo, hi), text.rfind("\n", lo, hi))
+        cut = ends[-1] if ends else space
+        hi = cut if cut >= max(first_end, lo + 1) else hi
+    return lo, hi

@@ -40,7 +40,6 @@ import torch
 
 from twostage.indexer.atomic import atomic_directory
 from twostage.indexer.errors import ConfigError, DataError
-from twostage.indexer.manifest import library_versions
 from twostage.indexer.records import check_encodable
 from twostage.models.runtime import OpenVINORunner, is_openvino, openvino_runner
 from twostage.models.weights import ModelNotFoundError, resolve_model
@@ -365,60 +364,3 @@ def with_precision(model: Any, precision: str) -> Any:
     if precision == "int8":
         return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
     return model
-
-
-FILE = "twostage.json"
-FORMAT, FORMAT_VERSION = "twostage.model", 1
-KINDS = ("bi-encoder", "cross-encoder", "late-interaction")
-_LEGACY_CROSS = ("max_length", "head_trained", "interpolation")
-
-
-def write_model_meta(directory: Path, kind: str, base: str, settings: dict[str, Any],
-                     training: dict[str, Any] | None) -> None:
-    if kind not in KINDS:
-        raise ConfigError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
-    from twostage.models.model_card import base_languages
-
-    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "kind": kind, "base": base, "settings": settings,
-            "training": training or {}, "versions": library_versions()}
-    languages = base_languages(base)
-    if languages:  # what the base model's card says it covers (twostage.models.model_card)
-        meta["languages"] = list(languages)
-    (directory / FILE).write_text(json.dumps(meta, indent=2, default=str) + "\n", encoding="utf-8")
-
-
-def read_json_object(path: Path, remedy: str = "restore the model directory") -> dict[str, Any]:
-    """A model directory's JSON file as an object; unreadable or not an object: one ConfigError ending in ``remedy``."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path}: unreadable ({exc}); {remedy}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: not a JSON object; {remedy}")
-    return data
-
-
-def read_model_meta(directory: Path) -> tuple[str, dict[str, Any], dict[str, Any]] | None:
-    """(kind, settings, training) of a model directory, or None when it has no ``twostage.json``."""
-    f = Path(directory) / FILE
-    if not f.is_file():
-        return None
-    meta = read_json_object(f, "restore the model directory or train it again")
-    kind = meta.get("kind", "bi-encoder")
-    if kind not in KINDS:
-        raise ConfigError(f"{f}: unknown model kind {kind!r} (expected {' or '.join(KINDS)})")
-    if "format" in meta:
-        if meta["format"] != FORMAT or not isinstance(meta.get("format_version"), int):
-            raise ConfigError(f"{f}: not a twostage model description; restore the model directory")
-        if meta["format_version"] > FORMAT_VERSION:
-            raise ConfigError(f"{f}: format version {meta['format_version']} is newer than this library reads "
-                              f"({FORMAT_VERSION}); upgrade twostage")
-        settings = meta.get("settings")
-    elif kind == "bi-encoder":
-        settings = meta.get("encoder", {})
-    else:
-        settings = {k: meta[k] for k in _LEGACY_CROSS if k in meta}
-    training = meta.get("training", {})
-    if not isinstance(settings, dict) or not isinstance(training, dict):
-        raise ConfigError(f"{f}: settings and training must be objects; restore the model directory")
-    return kind, settings, training

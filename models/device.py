@@ -8,6 +8,7 @@ apply: ``auto`` precision means fp32 there, and asking for a CPU-only precision 
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from twostage.indexer.engine_dir import PRECISIONS
@@ -50,6 +51,18 @@ def resolve_device(device: str | None = "auto") -> str:
                               f"numbered from 0")
         return name
     raise ConfigError(f"unknown device {device!r}; use cpu, cuda, cuda:N or auto")
+
+
+def surely_cpu(device: str) -> bool:
+    """Whether models asked to run on ``device`` (as :func:`requested_device` returns it) run on the CPU, answered
+    without importing torch: ``cpu``, or ``auto`` where the machine has no GPU device node (``/dev/nvidia*``, AMD's
+    ``/dev/kfd``, WSL's ``/dev/dxg``); in doubt, False (then torch decides)."""
+    if device == "cpu":
+        return True
+    if device != "auto" or sys.platform != "linux":
+        return sys.platform == "darwin" and device == "auto"  # torch has no CUDA on macOS
+    dev = Path("/dev")
+    return not any(dev.glob("nvidia*")) and not (dev / "kfd").exists() and not (dev / "dxg").exists()
 
 
 def precision_on(device: str, precision: str) -> str:

@@ -41,8 +41,8 @@ QK = 32  # values a Q4_0 block holds
 BLOCK_BYTES = 2 + QK // 2
 F32, Q4 = 0, 1  # the directory's dtype codes
 NAME = "multilingual-e5-small"
-# twostage.json's name and format (twostage.models.base's FILE, FORMAT, FORMAT_VERSION: base imports the model card,
-# which resolves weights, which call this converter, so it cannot import base; a test checks they agree)
+# twostage.json's name and format (twostage.models.model_meta's FILE, FORMAT, FORMAT_VERSION: it imports the model card,
+# which resolves weights, which call this converter, so it cannot import model_meta; a test checks they agree)
 META_FILE, META_FORMAT, META_VERSION = "twostage.json", "twostage.model", 1
 
 # the languages of XLM-R's training data (CC-100), which multilingual-e5-small's card lists

@@ -16,6 +16,9 @@ cache lives under ``$TWOSTAGE_CACHE/openvino/<weights sha256>`` (sentence-transf
 folder is another one). The saved model directory is untouched: sentence-transformers and transformers load it as
 before.
 
+This module imports torch only where it converts a model: a query encoded from an export
+(:mod:`twostage.retriever.query_encoder`) reads and compiles it without torch.
+
 Why int8 here: this runtime's int8 matrix products use the CPU's VNNI instructions, measured 2.7x torch's fp32
 GEMM on the 2-core development machine (``benchmarks/results/inference_speed.md``), and the quantisation scales come
 from the user's corpus (``calibration``), not from a public data set.
@@ -37,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from twostage.indexer.atomic import atomic_directory
 from twostage.indexer.errors import ConfigError, IndexFormatError
@@ -90,15 +92,20 @@ def spread(items: Sequence[Any], n: int = CALIBRATION_SIZE) -> list[Any]:
     return [items[int(i * step)] for i in range(n)]
 
 
-class Forward(torch.nn.Module):
-    """``model(features)`` as a module taking the tokenizer's tensors positionally (what the converter traces)."""
+def traceable(model: Any, names: Sequence[str]) -> Any:
+    """``model(features)`` as a torch module taking the tokenizer's tensors positionally (what the converter
+    traces). torch is imported here, not with this module: a query encoded from an export never needs it."""
+    import torch
 
-    def __init__(self, model: torch.nn.Module, names: Sequence[str]) -> None:
-        super().__init__()
-        self.model, self.names = model, tuple(names)
+    class Forward(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model, self.names = model, tuple(names)
 
-    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
-        return self.model(dict(zip(self.names, tensors)))
+        def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+            return self.model(dict(zip(self.names, tensors)))
+
+    return Forward().eval()
 
 
 class OpenVINORunner:
@@ -113,9 +120,9 @@ class OpenVINORunner:
     """
 
     def __init__(self, compiled: Any, names: Sequence[str], where: Path, streams: int = 1,
-                 single: Any = None) -> None:
+                 single: Any = None, weights_sha256: str = "") -> None:
         self.compiled, self.names, self.where, self.streams = compiled, tuple(names), where, max(1, int(streams))
-        self.single = single
+        self.single, self.weights_sha256 = single, weights_sha256  # the weights it was exported from
         self._local = threading.local()
 
     def __call__(self, features: Mapping[str, Any]) -> np.ndarray:
@@ -163,9 +170,10 @@ def export_root(model_dir: Path, weights_sha256: str) -> Path:
     return cache_dir() / "openvino" / weights_sha256
 
 
-def _fresh_export(where: Path, weights_sha256: str, precision: str, names: Sequence[str]) -> dict[str, Any] | None:
-    """The export's manifest when it was made from these weights in this precision and every file checks out;
-    None (with the reason logged) when it must be rebuilt."""
+def fresh_export(where: Path, weights_sha256: str, precision: str,
+                 names: Sequence[str] | None) -> dict[str, Any] | None:
+    """The export's manifest when it was made from these weights in this precision (with these input ``names``;
+    None: any) and every file checks out; None (with the reason logged) when it must be rebuilt."""
     if not (where / "manifest.json").is_file():
         return None
     try:
@@ -174,7 +182,7 @@ def _fresh_export(where: Path, weights_sha256: str, precision: str, names: Seque
         if set(files) != {"model.xml", "model.bin"}:
             raise IndexFormatError(f"{where}/manifest.json: files must be model.xml and model.bin")
         if data.get("source_weights_sha256") != weights_sha256 or data.get("precision") != precision \
-                or list(data.get("inputs", ())) != list(names):
+                or (names is not None and list(data.get("inputs", ())) != list(names)):
             logger.warning("%s was exported from other weights or settings; exporting again", where)
             return None
         verify_files(where, files)
@@ -193,10 +201,11 @@ def _features_hash(batches: Sequence[Mapping[str, np.ndarray]]) -> str:
     return h.hexdigest()
 
 
-def _export(module: torch.nn.Module, example: Mapping[str, torch.Tensor], where: Path, weights_sha256: str,
+def _export(module: Any, example: Mapping[str, Any], where: Path, weights_sha256: str,
             precision: str, calibration: Calibration | None) -> None:
-    """Convert (and for int8 quantise) ``module`` into ``where``, atomically."""
+    """Convert (and for int8 quantise) ``module`` (a torch module) into ``where``, atomically."""
     import openvino
+    import torch
 
     names = list(example)
     with torch.inference_mode(), warnings.catch_warnings():
@@ -237,7 +246,7 @@ def _export(module: torch.nn.Module, example: Mapping[str, torch.Tensor], where:
             encoding="utf-8")
 
 
-def openvino_runner(model: torch.nn.Module, example: Mapping[str, torch.Tensor], model_dir: Path | None,
+def openvino_runner(model: Any, example: Mapping[str, Any], model_dir: Path | None,
                     precision: str, calibration: Calibration | None = None,
                     threads: int | None = None, streams: int | None = None, kind: str = "") -> OpenVINORunner:
     """The OpenVINO model of ``model`` (a module whose forward takes the tokenizer's features as a dict; traced with
@@ -259,14 +268,24 @@ def openvino_runner(model: torch.nn.Module, example: Mapping[str, torch.Tensor],
     where = root / (f"{kind}-{precision}" if kind else precision)
     names = list(example)
     with writer_lock(root):  # one process exports at a time; the others then read its export
-        if _fresh_export(where, digest, precision, names) is None:
+        if fresh_export(where, digest, precision, names) is None:
             logger.info("exporting %s to OpenVINO %s: once per weights, about half a minute on 2 cores", model_dir,
                         precision, extra=ONE_TIME)
-            _export(Forward(model, names).eval(), example, where, digest, precision, calibration)
-            if _fresh_export(where, digest, precision, names) is None:  # pragma: no cover - a broken writer
+            _export(traceable(model, names), example, where, digest, precision, calibration)
+            if fresh_export(where, digest, precision, names) is None:  # pragma: no cover - a broken writer
                 raise IndexFormatError(f"{where}: the export just written does not verify; remove it and retry")
-        ir = _core().read_model(str(where / "model.xml"), str(where / "model.bin"))
-    threads = int(threads or torch.get_num_threads())
+        ir = read_export(where)
+    if threads is None:
+        import torch
+
+        threads = torch.get_num_threads()
+    return compiled_runner(ir, names, where, precision, int(threads), streams, digest)
+
+
+def compiled_runner(ir: Any, names: Sequence[str], where: Path, precision: str, threads: int,
+                    streams: int | None = None, weights_sha256: str = "") -> OpenVINORunner:
+    """An OpenVINO model read from ``where`` compiled for this CPU: ``threads`` shared by ``streams`` (default 2,
+    at most ``threads``), and once more with one stream for single queries."""
     streams = min(2, threads) if streams is None else max(1, min(int(streams), threads))
 
     def compiled(n: int) -> Any:
@@ -276,5 +295,10 @@ def openvino_runner(model: torch.nn.Module, example: Mapping[str, torch.Tensor],
             config["INFERENCE_PRECISION_HINT"] = "f32"  # never bf16 behind the user's back on bf16 machines
         return _core().compile_model(ir, "CPU", config)
 
-    return OpenVINORunner(compiled(streams), names, where, streams, compiled(1) if streams > 1 else None)
+    return OpenVINORunner(compiled(streams), names, where, streams, compiled(1) if streams > 1 else None,
+                          weights_sha256)
 
+
+def read_export(where: Path) -> Any:
+    """The OpenVINO model of an export (checked by :func:`fresh_export` first)."""
+    return _core().read_model(str(where / "model.xml"), str(where / "model.bin"))

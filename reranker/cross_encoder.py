@@ -26,9 +26,8 @@ from twostage.models.base import (
     check_texts,
     cut_pairs,
     pair_lengths,
-    read_model_meta,
-    write_model_meta,
 )
+from twostage.models.model_meta import read_model_meta, write_model_meta
 from twostage.models.runtime import sample_texts, spread
 
 logger = logging.getLogger(__name__)

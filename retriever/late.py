@@ -40,10 +40,8 @@ from twostage.models.base import (
     cap_max_length,
     check_texts,
     head_words,
-    read_json_object,
-    read_model_meta,
-    write_model_meta,
 )
+from twostage.models.model_meta import read_json_object, read_model_meta, write_model_meta
 from twostage.models.runtime import sample_texts, spread
 from twostage.models.weights import ModelNotFoundError
 

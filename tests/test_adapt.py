@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -121,14 +122,21 @@ def test_adapt_trains_both_models_from_the_corpus_alone(tmp_path, tiny_bert_dir,
     result = adapt(sample_dir / "corpus.jsonl", tmp_path / "models", base=str(tiny_bert_dir), recipe=recipe,
                    keep_checkpoints=True)
     assert sorted(p.name for p in (tmp_path / "models").glob("*.train")) == ["reranker.train", "retriever.train"]
-    enc, ce = BiEncoder.load(result.retriever), CrossEncoder.load(result.reranker)
+    enc, ce = BiEncoder.load(tmp_path / "models" / "retriever"), CrossEncoder.load(tmp_path / "models" / "reranker")
     base = BiEncoder.load(tiny_bert_dir)
+    # what is kept is what the dev pseudo-queries scored no worse than what it replaces, and the notes say so
+    dev = result.dev
+    assert result.retriever == (str(tmp_path / "models" / "retriever") if dev["retriever"] >= dev["retriever_base"]
+                                else str(tiny_bert_dir))
+    assert (result.reranker is None) == (dev["reranker_blend"] == 0.0)
+    assert [n.split(":")[0] for n in result.notes] == ["retriever", "reranker"]
+    assert ("kept" in result.notes[1]) and (("not kept" in result.notes[1]) == (result.reranker is None))
     assert enc.config.max_length == base.config.max_length  # trained at 128 tokens, saved with the base's limit
     moved = [not torch.equal(a, b) for a, b in zip(enc.model.state_dict().values(), base.model.state_dict().values())]
     assert any(moved)
     from twostage.engine.knobs import dev_choice
 
-    assert ce.head_trained and dev_choice(result.reranker).blend is not None  # chosen on the dev pseudo-queries
+    assert ce.head_trained and dev_choice(str(tmp_path / "models" / "reranker")).blend is not None  # chosen on dev
     record = json.loads((tmp_path / "models" / "adapt.json").read_text())
     assert record["pseudo_queries"] + record["dev_queries"] <= 80 and record["dev_queries"] == 16
     assert {"retriever_base", "retriever"} <= set(record["dev"])
@@ -180,3 +188,26 @@ def test_engine_blend_fusion_and_its_tuning(tmp_path, models, sample_dir, monkey
     assert engine.settings.fusion == "rrf"  # apply=False wrote nothing
     _, few = tune_engine(engine, qs[:5], sp.qrels, apply=False)
     assert few.fusion is None and few.settings.fusion == "rrf"
+
+
+def test_adapt_never_keeps_a_retriever_its_dev_scores_worse_than_the_base(tmp_path, tiny_bert_dir, sample_dir,
+                                                                          monkeypatch):
+    """#81: the dev pseudo-queries scored the adapted retriever 0.866 against the base's 0.901, and the engine was
+    built with the adapted one, without a word."""
+    from twostage.app import adapt as adapt_module
+    from twostage.app.adapt import AdaptRecipe, adapt
+    from twostage.retriever.trainer import TrainConfig
+
+    def rigged(*_: object, **__: object):
+        def scorer(*_: object):
+            return lambda model: 0.9 if Path(str(getattr(model, "path", ""))) == Path(tiny_bert_dir) else 0.8
+        return scorer
+
+    monkeypatch.setattr(adapt_module, "retriever_dev", rigged)
+    recipe = AdaptRecipe(max_documents=40, dev_queries=8, retriever=TrainConfig(epochs=1, batch_size=8, bf16=False),
+                         reranker=None)
+    result = adapt(sample_dir / "corpus.jsonl", tmp_path / "m", base=str(tiny_bert_dir), recipe=recipe)
+    assert result.retriever == str(tiny_bert_dir) and result.dev == {"retriever_base": 0.9, "retriever": 0.8}
+    assert result.notes == (f"retriever: the base {tiny_bert_dir} kept: on the dev pseudo-queries it scored 0.900, "
+                            f"the adapted one 0.800 (left unused in {tmp_path / 'm' / 'retriever'})",)
+    assert json.loads((tmp_path / "m" / "adapt.json").read_text())["kept"]["retriever"] == str(tiny_bert_dir)

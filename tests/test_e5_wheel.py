@@ -69,10 +69,10 @@ def write_e5s1(path: Path, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def test_the_converter_writes_twostage_json_as_the_models_read_it():
-    from twostage.models import base
+    from twostage.models import model_meta
 
     assert (e5_wheel.META_FILE, e5_wheel.META_FORMAT, e5_wheel.META_VERSION) == \
-        (base.FILE, base.FORMAT, base.FORMAT_VERSION)
+        (model_meta.FILE, model_meta.FORMAT, model_meta.FORMAT_VERSION)
 
 
 def test_blocks_dequantise_as_the_c_engine_reads_them():

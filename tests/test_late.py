@@ -586,7 +586,7 @@ def test_a_late_interaction_model_trains_with_the_retrievers_loop(tmp_path, tiny
     chosen by MaxSim over the dev pool; the saved model is a PyLate-layout late-interaction model that an engine
     reads; a recipe mixing it with bi-encoder-only data is one clear error."""
     from twostage.app.train_models import train
-    from twostage.models.base import read_model_meta
+    from twostage.models.model_meta import read_model_meta
     from twostage.retriever.recipe import RetrieverRecipe
     from twostage.retriever.trainer import TrainConfig
 

@@ -308,6 +308,7 @@ def test_folder_corpus_reads_each_kind_and_names_each_bad_file(tmp_path, caplog)
     assert " ".join(docs["part3/file003.pdf"].text.split()) == words["part3/file003.pdf"]
     meta = docs["part0/file000.txt"].metadata
     assert meta["path"] == "part0/file000.txt" and meta["type"] == "text" and meta["modified"].endswith("Z")
+    assert meta["folder"] == meta["section"] == "part0"  # what --group-by folder groups by
     assert [p for p, _ in corpus.skipped] == ["binary.txt", "broken.pdf", "empty.md"] and corpus.ignored == 1
     why = dict(corpus.skipped)
     assert "binary" in why["binary.txt"] and "PDF" in why["broken.pdf"] and "empty" in why["empty.md"]
@@ -341,6 +342,7 @@ def test_markdown_front_matter_is_metadata_and_heading_attributes_leave_titles(t
     post = docs["post.md"]
     assert post.metadata["date"] == "2024-07-01" and post.metadata["tags"] == ["weather", "snow"]
     assert post.metadata["draft"] is False and post.metadata["path"] == "post.md" and "layout:" not in post.text
+    assert post.metadata["folder"] == post.metadata["section"] == "."
     assert "\nWhy\n" in post.text and "#" not in post.text and "{ #fastapi }" not in docs["index.md"].text
     assert docs["hugo.md"].metadata["weight"] == 3 and "params" not in docs["hugo.md"].metadata
     assert docs["rule.md"].text == "Not front matter: a rule above a paragraph."  # a rule, not fields: its text kept
@@ -400,6 +402,9 @@ lets you compare a value against a series of patterns. See <https://example.org/
 
 ```rust
 {{#rustdoc_include ../listings/ch06/listing-06-03/src/main.rs:here}}
+# enum Coin { Penny }
+#
+#[derive(Debug)]
 fn value_in_cents(coin: Coin) -> u8 {
     match coin { Coin::Penny => 1 }
 }
@@ -427,6 +432,8 @@ fn value_in_cents(coin: Coin) -> u8 {
     assert lines[0] == "The match Control Flow Construct"
     assert "Rust has an extremely powerful control flow construct called match that lets you compare a value " \
            "against a series of patterns. See https://example.org/guide." in lines
+    assert "Listing 6-3: An enum and a match expression" in lines  # mdBook shows the caption above the code
+    assert "# enum Coin { Penny }" not in text and "#" not in lines and "#[derive(Debug)]" in lines  # hidden lines
     assert "fn value_in_cents(coin: Coin) -> u8 {" in lines and "    match coin { Coin::Penny => 1 }" in lines
     assert "Filename: src/main.rs" in lines and "Pattern | Meaning" in lines and "_ | anything" in lines
     assert "a ferris crab old text next line" in lines
@@ -448,3 +455,87 @@ def test_a_table_of_contents_page_is_left_out_of_a_folder(tmp_path):
     assert ids == chapters and corpus.contents == ["SUMMARY.md"] and "1 table of contents left out (SUMMARY.md)" in \
         corpus.summary()
     assert "SUMMARY.md" in [d.id for d in FolderCorpus(tmp_path, keep_contents=True)]
+
+
+def test_a_shown_passage_starts_and_ends_at_sentences_and_a_snippet_at_words():
+    """#81: 59 of 80 passages a newcomer saw started mid-sentence, and the CLI's line cut words in two
+    ("... r half is dropped"); its [brackets] collided with Markdown's."""
+    from twostage.app.cli_engine import passage_line
+    from twostage.indexer.passages import sentence_bounds, sentence_trim, snippet
+    from twostage.indexer.records import Passage
+
+    text = ("of the last one. Rust moves the value here, and the first variable is no longer valid. The other half "
+            "is dropped at the end. And then it")
+    lo, hi = sentence_trim(text, [])
+    assert text[lo:hi] == ("Rust moves the value here, and the first variable is no longer valid. The other half "
+                           "is dropped at the end.")
+    at = text.index("last")
+    assert sentence_trim(text, [(at, at + 4)])[0] == 0  # a marked term in the lead keeps it
+    at = text.index("then")
+    assert sentence_trim(text, [(at, at + 4)])[1] == len(text)
+    assert sentence_trim("no boundary in these words at all", []) == (0, 33)
+    zh = "结尾。这里是第二句话，里面有答案，还有很多很多的文字。然后"
+    assert zh[slice(*sentence_trim(zh, []))] == "这里是第二句话，里面有答案，还有很多很多的文字。"
+
+    doc = "First one here. The value moves to s2 when it is assigned, so s1 is no longer valid. Then more."
+    at = doc.index("moves")
+    assert doc[slice(*sentence_bounds(doc, at, doc.index("s1 is")))] == \
+        "The value moves to s2 when it is assigned, so s1 is no longer valid."  # grown to the sentence
+    assert sentence_bounds(doc, at, doc.index("s1 is"), reach=3) == (at, doc.index("s1 is"))  # too far: as it is
+    long = "Some words here. " * 8 + "The other half is dropped when the owner goes out of scope. " + "tail words " * 40
+    at = long.index("dropped")
+    lo, hi = snippet(long, [(at, at + 7)], 80)
+    assert long[lo:].startswith("The other half") and long[hi - 1] != " " and long[hi] == " "
+    plain = "abcdefgh " * 40
+    lo, hi = snippet(plain, [(180, 188)], 100)
+    assert plain[lo - 1] == " " and plain[hi] == " " and lo <= 180 < 188 <= hi
+    line = passage_line(Passage(long, 0, len(long), ((at, at + 7),)), 80, marks=("\u27e6", "\u27e7"))
+    assert line.startswith("... The other half is \u27e6dropped\u27e7 when") and line.endswith(" ...")
+    assert "[" not in line and "  " not in line
+
+
+def test_mkdocs_extensions_are_rendered_as_text():
+    """#81: an mkdocs site's admonitions, tabs, icons, attribute lists, footnotes and snippets (Python-Markdown's
+    extensions, as squidfunk/mkdocs-material's own docs use them) as a reader sees them."""
+    from twostage.indexer.markdown_text import markdown_text
+
+    source = """# Setting up search
+
+!!! warning "Search needs JavaScript"
+
+    The index is built *offline*. See [the guide](guide.md){ .md-button } :smile:
+
+    ??? tip
+        A nested tip :material-check:
+
+=== ":octicons-file-code-16: `mkdocs.yml`"
+
+    ``` yaml
+    plugins:
+      - search
+    ```
+
+--8<-- "includes/abbreviations.md"
+*[HTML]: Hyper Text Markup Language
+
+Browsers differ[^1] a lot. Posts live in the [`docs/posts` folder][config.post_dir], a[i][j] stays.
+
+  [^1]:
+    Measured in January
+    on caniuse.com.
+
+<div class="result" markdown>
+</div>
+  [Demo]: https://example.org/demo
+"""
+    title, text = markdown_text(source)
+    assert title == "Setting up search"
+    for raw in ("!!!", "???", "===", ":smile:", ":material", ":octicons", "{ .md-button }", "--8<--", "*[HTML]",
+                "[^1]", "[Demo]", "example.org"):
+        assert raw not in text, raw
+    lines = text.splitlines()
+    for shown in ("Search needs JavaScript", "The index is built offline. See the guide", "A nested tip",
+                  "mkdocs.yml", "plugins:", "  - search",
+                  "Browsers differ a lot. Posts live in the docs/posts folder, a[i][j] stays.",
+                  "Measured in January on caniuse.com."):
+        assert shown in lines, shown

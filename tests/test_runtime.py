@@ -216,3 +216,69 @@ def test_an_int8_export_leaves_the_applications_log_handlers_alone(tmp_path, tin
     finally:
         nncf_log.removeHandler(handler)
     assert handler.level == logging.INFO and nncf_log.level == before
+
+
+_COLD = """
+import json, sys
+from twostage.engine.door import open_engine
+engine = open_engine(sys.argv[1], device=sys.argv[2])
+result = engine.search(sys.argv[3], k=5)
+print(json.dumps({"torch": "torch" in sys.modules, "transformers": "transformers" in sys.modules,
+                  "encoder": type(engine.query_side).__name__,
+                  "hits": [[h.id, h.score] for h in result.hits]}))
+"""
+
+
+def _cold(engine: Path, query: str, device: str = "cpu") -> dict:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _COLD, str(engine), device, query], capture_output=True, text=True,
+                         check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_cold_search_encodes_its_query_without_torch_and_finds_what_the_full_model_finds(model_dir, tmp_path):
+    """#81: a cold search spent 5 of its 6.5 s importing torch and loading the model to encode one query."""
+    from twostage.engine.search_engine import SearchEngine
+    from twostage.indexer.records import Document
+
+    docs = [Document(f"d{i}", f"{TEXTS[i % len(TEXTS)]} number {i}") for i in range(20)]
+    engine = SearchEngine.build(docs, tmp_path / "e", retriever=model_dir, precision="openvino-fp32",
+                                first_stage="hybrid", device="cpu")
+    side = model_dir / "twostage-openvino" / "query-openvino-fp32"
+    assert (side / "tokenizer.json").is_file()  # written when the build loaded the model
+    query = "why do cats purr"
+    full = [[h.id, h.score] for h in engine.search(query, k=5).hits]  # the full model, loaded by the build
+    cold = _cold(tmp_path / "e", query)
+    assert cold["encoder"] == "QueryEncoder" and not cold["torch"] and not cold["transformers"]
+    assert [h[0] for h in cold["hits"]] == [h[0] for h in full]
+    assert np.allclose([h[1] for h in cold["hits"]], [h[1] for h in full], atol=1e-6)
+    # a damaged query side is never used: the full model encodes (same hits), and writes it again
+    (side / "tokenizer.json").write_text("{}")
+    again = _cold(tmp_path / "e", query)
+    assert again["encoder"] == "BiEncoder" and again["torch"] and [h[0] for h in again["hits"]] == [h[0] for h in full]
+    assert _cold(tmp_path / "e", query)["encoder"] == "QueryEncoder"
+    # a stale export (other weights) is never read either
+    manifest = model_dir / "twostage-openvino" / "openvino-fp32" / "manifest.json"
+    manifest.write_text(manifest.read_text().replace(sha256_of_weights(model_dir), "0" * 64))
+    assert _cold(tmp_path / "e", query)["encoder"] == "BiEncoder"
+
+
+def test_the_query_encoder_tokenises_and_truncates_as_the_bi_encoder(model_dir):
+    from twostage.retriever.query_encoder import QueryEncoder
+
+    full = BiEncoder.load(model_dir, precision="openvino-fp32")
+    fast = QueryEncoder.open(model_dir, sha256_of_weights(model_dir), "openvino-fp32")
+    assert fast is not None and fast.max_length == full.config.max_length
+    queries = ["cats", "a b c " * 200, "Ünïcödé straße", "rain " * 3, " spaced  out "]
+    features = fast.features(queries)
+    for i, q in enumerate(queries):  # the same tokens (batches pad differently: vectors equal to rounding)
+        ids = full.features([q], full.config.query_prefix, "np")["input_ids"][0]
+        assert features["input_ids"][i][features["attention_mask"][i] == 1].tolist() == ids.tolist()
+    assert np.abs(fast.encode(queries, batch_size=2) - full.encode(queries, kind="query")).max() < 1e-6
+    assert fast.truncated == full.truncated == 1 and fast.longer_than_read(queries) == 1
+    with pytest.raises(ConfigError, match="queries only"):
+        fast.encode(["x"], kind="document")
+    assert QueryEncoder.open(model_dir, "0" * 64, "openvino-fp32") is None  # other weights: not this export
+    assert QueryEncoder.open(model_dir, sha256_of_weights(model_dir), "fp32") is None

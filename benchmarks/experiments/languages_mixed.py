@@ -26,8 +26,13 @@ engine detects for each corpus. Writes benchmarks/results/languages_upper.md (+ 
 The first hour in another language (#80): a folder of markdown built as a newcomer would (`twostage build --corpus
 DIR --out ENGINE`, no other flag), then the committed questions (tab-separated: question, the file that answers
 it, written down before the folder was searched) asked with `twostage search ENGINE --queries FILE --k 3 --json`;
-each question's top 3 files, whether the right one is among them, the build's wall time and what it chose. Writes
-benchmarks/results/first_hour_zh.md (+ .json).
+each question's top 3 files, whether the right one is among them, the build's wall time and what it chose. Then
+the checks of #81: every passage of the engine for markup (HTML comments and tags, template directives, link
+syntax, fences) and for words cut at either end; the questions' MRR@10 (asked again with --k 10) and whether a
+table-of-contents page is in any top 3; a cold `twostage search` (a fresh process, median of --cold runs) with the
+query side the build wrote (no torch) and without it (the full model, as before #81), each with the load time
+it reports; and six mistakes a newcomer makes (their exit status, lines, seconds, and what they left on disk).
+Writes benchmarks/results/first_hour_zh.md (+ .json), or --out.
 
     python benchmarks/experiments/languages_mixed.py --encode-speed multilingual-e5-small,all-MiniLM-L6-v2
 
@@ -297,7 +302,7 @@ def e5_check(data: Path, work: Path, out: Path, per_language: int) -> int:
     return 0
 
 
-def first_hour(folder: Path, questions: Path, work: Path, out: Path) -> int:
+def first_hour(folder: Path, questions: Path, work: Path, out: Path, cold: int = 5) -> int:
     import subprocess
 
     rows = [line.split("\t") for line in questions.read_text(encoding="utf-8").splitlines()
@@ -331,12 +336,13 @@ def first_hour(folder: Path, questions: Path, work: Path, out: Path) -> int:
         result["questions"].append({"question": question, "file": right, "top3": top, "found": right in top,
                                     "rank": top.index(right) + 1 if right in top else None})
     hits = sum(q["found"] for q in result["questions"])
+    result["checks"] = first_hour_checks(twostage, engine, folder, rows, asked, work, cold)
     out.with_suffix(".json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     command = "python benchmarks/experiments/languages_mixed.py " + " ".join(sys.argv[1:])
-    lines = ["# The first hour in another language: a folder of Chinese markdown, no flags", "",
+    lines = [f"# The first hour: {questions.name}, a folder of markdown, no flags", "",
              f"Command: `{command.strip()}`", "",
-             f"The folder: {result['files']} markdown files (ruanyf/es6tutorial's `docs/`, fetched, never committed). "
-             "Built with `twostage build --corpus DIR --out ENGINE` and nothing else "
+             f"The folder: {result['files']} markdown files ({folder}, fetched, never committed; its source is in "
+             f"the questions' header). Built with `twostage build --corpus DIR --out ENGINE` and nothing else "
              f"({build_s:.0f} s on this 2-core machine); the questions "
              f"([{questions.name}](../settings/{questions.name})) asked in one `twostage search --queries FILE "
              f"--k 3 --json` ({search_s:.1f} s, the process's start and model load included).", "",
@@ -345,11 +351,154 @@ def first_hour(folder: Path, questions: Path, work: Path, out: Path) -> int:
              "| question | right file | rank | top 3 |", "|---|---|---:|---|"]
     for q in result["questions"]:
         lines.append(f"| {q['question']} | {q['file']} | {q['rank'] or '-'} | {', '.join(q['top3'])} |")
+    lines += checks_report(result["checks"])
     lines += ["", "What the build said:", "", "```", result["build_log"] or "(nothing)", "```", "",
               "`twostage info`:", "", "```", result["info"], "```", ""]
     out.write_text("\n".join(lines), encoding="utf-8")
     print(out.read_text(encoding="utf-8"))
     return 0
+
+
+MARKUP = {  # what a passage of rendered text never holds (code aside: these do not occur in the fetched books' code)
+    "HTML comment": r"<!--|-->\s*$",
+    "HTML tag": r"</?(?:a|span|div|img|listing|br|p|sup|sub|table|tr|td|th|em|strong|pre|ul|li|ol|h[1-6]|figure|"
+                r"figcaption|details|summary|kbd|section)(?:\s+[\w-]+(?:=\S*)?)*\s*/?>",  # not Either<A, B>
+    "template directive": r"\{\{#|\{%",
+    "link syntax": r"\]\(|\]\[|^\s*\[[^\]]+\]:\s",
+    "code fence": r"^\s*(```|~~~)",
+}
+CJK = r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef\u3000-\u303f]"
+
+
+def first_hour_checks(twostage: list[str], engine_dir: Path, folder: Path, rows: list[list[str]], asked: Path,
+                      work: Path, cold: int) -> dict[str, Any]:
+    """#81's checks over a built folder engine (see the module's docstring)."""
+    import re
+    import shutil
+    import statistics
+    import subprocess
+
+    from twostage.engine.door import open_engine
+    from twostage.indexer.markdown_text import is_contents, render
+    from twostage.indexer.passages import doc_id_of, join
+
+    engine = open_engine(engine_dir)
+    store = engine.index.store
+    ids, texts, titles = store.column("id"), store.column("text"), store.column("title")
+    found: dict[str, list[str]] = {name: [] for name in MARKUP}
+    for pid, text in zip(ids, texts):
+        for name, pattern in MARKUP.items():
+            if re.search(pattern, text, re.MULTILINE | (re.IGNORECASE if name == "HTML tag" else 0)):
+                found[name].append(str(pid))
+    by_doc: dict[str, list[Any]] = {}
+    from twostage import Document
+
+    for pid, text, title in zip(ids, texts, titles):
+        by_doc.setdefault(doc_id_of(str(pid)), []).append(Document(str(pid), text, title))
+    cut: list[str] = []
+    for doc_id, passages in by_doc.items():
+        whole, starts = join(passages, engine.shape)
+        for p, start in zip(passages, starts):
+            end = start + len(p.text.rstrip())
+            before = whole.text[start - 1] if start > 0 else " "
+            after = whole.text[end] if end < len(whole.text) else " "
+            first, last = (p.text.lstrip()[:1] or " "), (p.text.rstrip()[-1:] or " ")
+            if not (before.isspace() or re.match(CJK, before) or re.match(CJK, first)) \
+                    or not (after.isspace() or re.match(CJK, after) or re.match(CJK, last)):
+                cut.append(p.id)
+    contents = sorted(str(f.relative_to(folder)) for f in folder.rglob("*.md")
+                      if is_contents(render(f.read_text(encoding="utf-8", errors="replace"))))
+    engine.close()
+    ten = subprocess.run(twostage + ["search", str(engine_dir), "--queries", str(asked), "--k", "10", "--json"],
+                         capture_output=True, text=True, check=True)
+    answers = [json.loads(line) for line in ten.stdout.splitlines() if line.strip()]
+    ranks, toc_top3 = [], 0
+    shown = [str(h["passage"]["text"]) for answer in answers for h in answer["hits"] if h.get("passage")]
+    lower_start = sum(1 for t in shown if t[:1].islower())  # a sentence's middle, as near as text tells
+    for (_, right), answer in zip(rows, answers):
+        names = [Path(str(h["id"])).name for h in answer["hits"]]
+        ranks.append(names.index(right) + 1 if right in names else None)
+        toc_top3 += any(str(h["id"]) in contents or Path(str(h["id"])).name in {Path(c).name for c in contents}
+                        for h in answer["hits"][:3])
+    mrr = sum(1 / r for r in ranks if r) / len(ranks)
+
+    question = rows[0][0]
+    sides = sorted(Path.home().glob(".cache/twostage/models/*/twostage-openvino/query-*"))
+
+    def one_cold(without_side: bool) -> tuple[float, float, str]:
+        if without_side:
+            for side in sides:
+                shutil.rmtree(side, ignore_errors=True)
+        t = time.perf_counter()
+        ran = subprocess.run(twostage + ["search", str(engine_dir), question, "--k", "3"], capture_output=True,
+                             text=True, check=True)
+        wall = time.perf_counter() - t
+        timing = ran.stdout.strip().splitlines()[-2] if "next page" in ran.stdout else ran.stdout.strip()
+        load = re.search(r"load ([0-9.]+) ms", timing)
+        return wall, float(load.group(1)) / 1000 if load else 0.0, timing.strip()
+
+    runs: dict[str, list[tuple[float, float, str]]] = {"query side": [], "full model": []}
+    one_cold(False)  # the first search after the build: writes nothing, reads the side the build wrote
+    for _ in range(cold):  # alternated, so that both see the same machine
+        runs["full model"].append(one_cold(True))
+        runs["query side"].append(one_cold(False))
+    cold_result = {kind: {"median_s": statistics.median(r[0] for r in rs),
+                          "load_median_s": statistics.median(r[1] for r in rs),
+                          "walls": [round(r[0], 3) for r in rs], "last_timings": rs[-1][2]}
+                   for kind, rs in runs.items()}
+
+    missing = work / "no-such-folder"
+    made = work / "mistakes"
+    shutil.rmtree(made, ignore_errors=True)
+    made.mkdir(parents=True)
+    mistakes = [
+        ("a corpus path that does not exist", ["build", "--corpus", str(missing), "--out", str(made / "e1")]),
+        ("an engine path that does not exist", ["search", str(missing), "a question"]),
+        ("a misspelled flag", ["search", str(engine_dir), "--kk", "3", "a question"]),
+        ("a misspelled flag, with -v", ["-v", "search", str(engine_dir), "--kk", "3", "a question"]),
+        ("a misspelled model name", ["build", "--corpus", str(folder), "--out", str(made / "e2"), "--retriever",
+                                     "all-MiniLM-L6-v3"]),
+        ("a bad value", ["search", str(engine_dir), "--k", "0", "a question"]),
+    ]
+    said = []
+    for what, argv in mistakes:
+        t = time.perf_counter()
+        ran = subprocess.run(twostage + argv, capture_output=True, text=True)
+        seconds = time.perf_counter() - t
+        err = [line for line in ran.stderr.splitlines() if line.strip()]
+        said.append({"mistake": what, "command": "twostage " + " ".join(argv), "exit": ran.returncode,
+                     "seconds": round(seconds, 2), "lines": len(err), "said": err[-1] if err else "",
+                     "left": sorted(str(p.relative_to(made)) for p in made.rglob("*"))})
+    return {"passages": len(ids), "documents": len(by_doc), "markup": {k: v[:5] for k, v in found.items()},
+            "markup_counts": {k: len(v) for k, v in found.items()}, "cut_words": cut[:10], "cut_count": len(cut),
+            "contents_pages": contents, "toc_in_top3": toc_top3, "ranks_at_10": ranks, "mrr10": mrr,
+            "cold": cold_result, "mistakes": said, "shown_passages": len(shown), "shown_lower_start": lower_start}
+
+
+def checks_report(c: dict[str, Any]) -> list[str]:
+    markup = sum(c["markup_counts"].values())
+    full, fast = c["cold"]["full model"], c["cold"]["query side"]
+    lines = ["", "## The checks (#81)", "",
+             f"- **Passages**: {c['passages']} of {c['documents']} files; with markup: **{markup}** "
+             f"({', '.join(f'{k} {v}' for k, v in c['markup_counts'].items())}); a word cut at either end: "
+             f"**{c['cut_count']}**. The passages the questions' top 10 show: {c['shown_passages']}, of which "
+             f"{c['shown_lower_start']} start with a lower-case letter (a sentence's middle).",
+             f"- **Tables of contents**: {', '.join(c['contents_pages']) or 'none'} recognised in the folder; in a "
+             f"question's top 3: **{c['toc_in_top3']}** of {len(c['ranks_at_10'])}.",
+             f"- **MRR@10** of the questions: **{c['mrr10']:.3f}** (ranks at --k 10: "
+             f"{', '.join(str(r or '-') for r in c['ranks_at_10'])}).",
+             f"- **Cold `twostage search`** (a fresh process, median of {len(fast['walls'])}, alternated): with the "
+             f"query side **{fast['median_s']:.2f} s** (load {fast['load_median_s']:.2f} s), with the full model "
+             f"(torch, as before) {full['median_s']:.2f} s (load {full['load_median_s']:.2f} s): "
+             f"**{full['median_s'] / fast['median_s']:.1f}x** faster. Walls: {fast['walls']} / {full['walls']}; the "
+             f"last run's timings: `{fast['last_timings']}`.", "",
+             "The mistakes (each: exit status, stderr lines, seconds, what it left on disk):", "",
+             "| mistake | exit | lines | s | left | what it said |", "|---|---:|---:|---:|---|---|"]
+    for m in c["mistakes"]:
+        said = m["said"].replace("|", "\\|")
+        lines.append(f"| {m['mistake']} | {m['exit']} | {m['lines']} | {m['seconds']:.2f} | "
+                     f"{', '.join(m['left']) or 'nothing'} | {said} |")
+    return lines
 
 
 def encode_speed(data: Path, models: list[str], precision: str, docs: int, rounds: int, out: Path) -> int:
@@ -410,6 +559,7 @@ def main() -> int:
     parser.add_argument("--folder", type=Path, default=None, help="the first hour: a folder of markdown files")
     parser.add_argument("--questions", type=Path, default=ROOT / "benchmarks" / "settings" / "first_hour_zh.tsv",
                         help="--folder: question<TAB>file lines")
+    parser.add_argument("--cold", type=int, default=5, help="--folder: cold searches of each kind (median)")
     parser.add_argument("--encode-speed", default=None, help="models, comma-separated: encode throughput side by side")
     parser.add_argument("--precision", default="openvino-fp32", help="--encode-speed: the models' precision")
     parser.add_argument("--docs", type=int, default=512, help="--encode-speed: passages a round")
@@ -421,7 +571,7 @@ def main() -> int:
     if args.folder is not None:
         args.work.mkdir(parents=True, exist_ok=True)
         return first_hour(args.folder, args.questions, args.work,
-                          args.out or ROOT / "benchmarks" / "results" / "first_hour_zh.md")
+                          args.out or ROOT / "benchmarks" / "results" / "first_hour_zh.md", args.cold)
     if args.e5_check:
         args.work.mkdir(parents=True, exist_ok=True)
         return e5_check(args.data, args.work, args.out or ROOT / "benchmarks" / "results" / "e5_wheel.md",
