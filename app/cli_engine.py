@@ -216,7 +216,11 @@ def _build(args: argparse.Namespace) -> int:
 
         from twostage.app.adapt import adapt
 
-        adapted = adapt(corpus_of(args), args.adapt, base=args.retriever, show_progress=not args.quiet)
+        from twostage.engine.writes import choose_retriever
+
+        corpus = corpus_of(args)  # `--retriever auto` (the default): adapt the model the build would choose
+        base = choose_retriever(args.retriever, corpus, settings)
+        adapted = adapt(corpus, args.adapt, base=str(base), show_progress=not args.quiet)
         retriever, reranker = adapted.retriever, adapted.reranker
         if args.fusion is None and args.dense_weight is None:  # flags given on the command line win
             settings = replace(settings, fusion=adapted.settings.fusion, dense_weight=adapted.settings.dense_weight)

@@ -426,3 +426,23 @@ def test_build_takes_the_ann_backends_parameters_and_metric(tmp_path, sample_dir
         main(["-q", "build", "--corpus", str(sample_dir), "--out", str(tmp_path / "bad"), "--metric", "dot"])
     assert exit_.value.code == 2 and "invalid choice: 'dot'" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
+
+
+def test_build_adapt_without_a_retriever_adapts_the_model_the_build_would_choose(tmp_path, sample_dir, monkeypatch):
+    """#81: `build --adapt M` with the default `--retriever auto` read the corpus, then asked the hub for a model
+    named "auto"."""
+    import twostage.app.adapt as adapt_module
+    import twostage.engine.writes as writes
+    from twostage.indexer.errors import ConfigError
+
+    seen = {}
+    monkeypatch.setattr(writes, "choose_retriever", lambda retriever, corpus, settings: "the-chosen-model")
+
+    def fake_adapt(corpus, out, base, show_progress):
+        seen["base"] = base
+        raise ConfigError("stopped here by the test")
+
+    monkeypatch.setattr(adapt_module, "adapt", fake_adapt)
+    assert main(["-q", "build", "--corpus", str(sample_dir), "--out", str(tmp_path / "e"), "--adapt",
+                 str(tmp_path / "m")]) == 2
+    assert seen == {"base": "the-chosen-model"}
