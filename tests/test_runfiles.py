@@ -239,9 +239,15 @@ def test_rerank_a_run_equals_bench(bench_out, sample_dir, models, tmp_path, caps
                  "--reranker", str(models[1]), "--rerank-depth", "20", "--out", str(tmp_path / "r.trec")]) == 0
     ours, bench = Run.from_trec(tmp_path / "r.trec"), Run.from_trec(bench_out / "runs" / "bm25+rerank.trec")
     assert ours.name == "bm25+rerank" and set(ours) == set(bench)
-    assert all(list(ours[q].ids) == list(bench[q].ids) for q in bench)
-    for q in bench:
-        np.testing.assert_allclose(ours[q].scores, bench[q].scores, rtol=1e-6, atol=1e-6)
+    for q in bench:  # the same documents with the same scores; in the same order but among near-ties
+        a = dict(zip(map(str, ours[q].ids), ours[q].scores))
+        b = dict(zip(map(str, bench[q].ids), bench[q].scores))
+        assert set(a) == set(b)
+        np.testing.assert_allclose([a[d] for d in b], list(b.values()), rtol=1e-6, atol=1e-6)
+        # the tiny random reranker gives near-equal scores, whose order a 1e-7 difference (a batch padded
+        # otherwise, the machine loaded) may flip: CI saw one such swap under load
+        order = [b[str(d)] for d in ours[q].ids]
+        assert all(x >= y - 1e-6 for x, y in zip(order, order[1:]))
 
 
 def test_rerank_and_eval_errors_name_the_thing(bench_out, sample_dir, models, tmp_path, capsys):
