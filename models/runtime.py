@@ -174,20 +174,32 @@ def fresh_export(where: Path, weights_sha256: str, precision: str,
                  names: Sequence[str] | None) -> dict[str, Any] | None:
     """The export's manifest when it was made from these weights in this precision (with these input ``names``;
     None: any) and every file checks out; None (with the reason logged) when it must be rebuilt."""
+    data = fresh_cache(where, FORMAT, FORMAT_VERSION, "an OpenVINO export", ("model.xml", "model.bin"),
+                       weights_sha256, precision, "exporting again")
+    if data is not None and names is not None and list(data.get("inputs", ())) != list(names):
+        logger.warning("%s was exported from other weights or settings; exporting again", where)
+        return None
+    return data
+
+
+def fresh_cache(where: Path, fmt: str, version: int, what: str, files: Sequence[str], weights_sha256: str,
+                precision: str, remedy: str) -> dict[str, Any] | None:
+    """The manifest of a cache directory made from a model's weights (an export, a query side): of format ``fmt``,
+    listing exactly ``files``, made from these weights in this precision, every file matching its checksum; None
+    (the reason logged, ending in ``remedy``) when it must be made again."""
     if not (where / "manifest.json").is_file():
         return None
     try:
-        data = read_manifest_json(where, FORMAT, FORMAT_VERSION, "an OpenVINO export", "any OpenVINO precision")
-        files = check_file_entries(where / "manifest.json", data.get("files"))
-        if set(files) != {"model.xml", "model.bin"}:
-            raise IndexFormatError(f"{where}/manifest.json: files must be model.xml and model.bin")
-        if data.get("source_weights_sha256") != weights_sha256 or data.get("precision") != precision \
-                or (names is not None and list(data.get("inputs", ())) != list(names)):
-            logger.warning("%s was exported from other weights or settings; exporting again", where)
+        data = read_manifest_json(where, fmt, version, what, "any OpenVINO precision")
+        entries = check_file_entries(where / "manifest.json", data.get("files"))
+        if set(entries) != set(files):
+            raise IndexFormatError(f"{where}/manifest.json: files must be {' and '.join(files)}")
+        if data.get("source_weights_sha256") != weights_sha256 or data.get("precision") != precision:
+            logger.warning("%s was made from other weights or settings; %s", where, remedy)
             return None
-        verify_files(where, files)
+        verify_files(where, entries)
     except IndexFormatError as exc:
-        logger.warning("%s is damaged (%s); exporting again", where, exc)
+        logger.warning("%s is damaged (%s); %s", where, exc, remedy)
         return None
     return data
 

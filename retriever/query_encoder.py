@@ -30,15 +30,16 @@ import numpy as np
 
 from twostage.indexer.atomic import atomic_directory
 from twostage.indexer.errors import ConfigError, IndexFormatError
-from twostage.indexer.manifest import (
-    check_file_entries,
-    describe_files,
-    manifest_text,
-    read_manifest_json,
-    verify_files,
-)
+from twostage.indexer.manifest import describe_files, manifest_text
 from twostage.indexer.versions import writer_lock
-from twostage.models.runtime import compiled_runner, export_root, fresh_export, is_openvino, read_export
+from twostage.models.runtime import (
+    compiled_runner,
+    export_root,
+    fresh_cache,
+    fresh_export,
+    is_openvino,
+    read_export,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -96,16 +97,12 @@ def save_query_side(model_dir: Path, weights_sha256: str, precision: str, tokeni
 
 def _fresh(where: Path, weights_sha256: str, precision: str) -> QuerySide | None:
     """The query side in ``where`` when it was written for these weights and precision and its file checks out."""
-    if not (where / "manifest.json").is_file():
+    data = fresh_cache(where, FORMAT, FORMAT_VERSION, "a query side", ("tokenizer.json",), weights_sha256, precision,
+                       "the full model writes it again")
+    if data is None:
         return None
+    settings = data.get("settings")
     try:
-        data = read_manifest_json(where, FORMAT, FORMAT_VERSION, "a query side", "a search with the full model")
-        files = check_file_entries(where / "manifest.json", data.get("files"))
-        if set(files) != {"tokenizer.json"} or data.get("source_weights_sha256") != weights_sha256 \
-                or data.get("precision") != precision:
-            return None
-        verify_files(where, files)
-        settings = data.get("settings")
         if not isinstance(settings, dict) or set(settings) - set(QuerySide.__dataclass_fields__):
             raise IndexFormatError(f"{where}/manifest.json: settings must be an object of the query side's fields")
         return QuerySide(**settings)
