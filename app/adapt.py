@@ -55,12 +55,15 @@ class AdaptRecipe:
     queries: PseudoQueryConfig = field(default_factory=PseudoQueryConfig)
     max_documents: int = 2500  # pseudo-queries come from at most this many documents (a seeded sample)
     dev_queries: int = 200  # pseudo-queries held out to choose epochs and blends
-    retriever: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=1, lr=2e-5, bf16=False))
+    # GradCache (16 texts a pass) and 2 reranker groups a pass: the same gradients as one pass, in ~1.6 GB not ~4.2
+    # (MiniLM, 128 tokens; benchmarks/results/first_hour_adapt.md)
+    retriever: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=1, lr=2e-5, bf16=False,
+                                                                       mini_batch_size=16))
     retriever_negatives: int = 1
     train_max_length: int = 128  # tokens per text while training (the saved models keep the base's limit)
     mining: MiningConfig = field(default_factory=lambda: MiningConfig(depth=50, skip_top=0, max_ratio=0.9))
     reranker: RerankerConfig | None = field(default_factory=lambda: RerankerConfig(
-        epochs=1, bf16=False, title_groups=0, negatives=7))
+        epochs=1, bf16=False, title_groups=0, negatives=7, groups_per_pass=2))
     reranker_groups: int = 800  # training groups for the reranker (a seeded sample of the pseudo-queries)
     # How the adapted engine fuses BM25 and dense. Not chosen on the dev pseudo-queries: they are nearly solved by
     # BM25 (nDCG@10 0.98-1.00 on SciFact's), so they pick BM25's side whatever the real queries need. The blend at
@@ -99,7 +102,7 @@ def adapt(corpus: CorpusSource | Corpus, out: str | Path, *, base: str = "all-Mi
     where the models train and encode (cpu, cuda, cuda:N, auto; twostage.models.device). The checkpoints are
     removed at the end unless ``keep_checkpoints``."""
     from twostage.eval.metrics import ndcg10_by_query
-    from twostage.models.device import resolve_device
+    from twostage.models.device import release_freed_memory, resolve_device
     from twostage.models.fit import seed_everything
     from twostage.reranker.cross_encoder import CrossEncoder
     from twostage.retriever.biencoder import BiEncoder
@@ -139,7 +142,8 @@ def adapt(corpus: CorpusSource | Corpus, out: str | Path, *, base: str = "all-Mi
     model = BiEncoder.load(base, max_length=min(recipe.train_max_length, base_model.config.max_length), device=where)
     dev_queries, dev_qrels = as_queries_and_qrels(dev_q)
     # each dev pseudo-query's source document its one relevant; searched as the engine serves (engine.training)
-    dev = retriever_dev(corpus, ndcg10_by_query, DEV_POOL, device=where)(dev_queries, dev_qrels, bm25)
+    dev = retriever_dev(corpus, ndcg10_by_query, DEV_POOL, device=where, show_progress=show_progress)(
+        dev_queries, dev_qrels, bm25)
 
     if dev_q:
         dev_scores["retriever_base"] = dev(base_model)
@@ -163,6 +167,8 @@ def adapt(corpus: CorpusSource | Corpus, out: str | Path, *, base: str = "all-Mi
                          f"adapted one {ours:.3f} (left unused in {out / 'retriever'})")
         else:
             notes.append(f"retriever: adapted ({ours:.3f} on the dev pseudo-queries, the base {theirs:.3f})")
+    del model
+    release_freed_memory()  # the dev searches' encodings
     # the loop's own clock counts an earlier run's training when this one resumed it
     seconds["train_retriever_s"] = result.seconds
     seconds["retriever_dev_s"] = time.perf_counter() - t - fit_wall
@@ -173,6 +179,7 @@ def adapt(corpus: CorpusSource | Corpus, out: str | Path, *, base: str = "all-Mi
         t = time.perf_counter()
         dense = DenseRetriever.build(corpus, trained, show_progress=show_progress)
         seconds["encode_corpus_s"] = time.perf_counter() - t
+        release_freed_memory()
         t = time.perf_counter()
         config = recipe.reranker
         picked = [train_q[int(i)] for i in sorted(np.random.default_rng(seed).permutation(len(train_q))
@@ -187,6 +194,7 @@ def adapt(corpus: CorpusSource | Corpus, out: str | Path, *, base: str = "all-Mi
         model_ce = CrossEncoder.load(base, allow_untrained_head=True, device=where)
         reranker_dir = out / "reranker"
         with temporary_engine(corpus, kept, settings, device=where, show_progress=show_progress) as engine:
+            release_freed_memory()  # the passages' encoding
             dev_fn = dev_scorer(engine, dev_queries, dev_qrels, settings.rerank_depth, ndcg10_by_query,
                                 ("hybrid",)) if dev_q else None
             fit_started = time.perf_counter()

@@ -63,6 +63,8 @@ RETRIEVER = COMMON + _flags(
      str))
 RERANKER = COMMON + _flags(
     ("--epochs", "reranker.epochs"), ("--groups-per-batch", "reranker.groups_per_batch"),
+    ("--groups-per-pass", "reranker.groups_per_pass", "groups per forward pass (0: the whole batch); fewer use less "
+     "memory, the gradient is the same"),
     ("--negatives", ("reranker.negatives", "reranker.mining.num_negatives"),
      "mined negatives per (query, positive) group"),
     ("--loss", "reranker.loss", "", None, ("listwise", "bce")), ("--lr", "reranker.lr"),

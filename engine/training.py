@@ -65,7 +65,7 @@ def temporary_engine(corpus: CorpusSource, retriever: str | Path, settings: Engi
 
 
 def retriever_dev(corpus: Corpus, metric: DevMetric, pool_depth: int, settings: EngineSettings | None = None, *,
-                  device: str = "auto") -> DevFactory:
+                  device: str = "auto", show_progress: bool = False) -> DevFactory:
     """The score a retriever's checkpoint is chosen by: ``metric`` (its mean over the queries) of the dense lists
     a temporary engine with that checkpoint answers, over the union of each dev query's BM25 top ``pool_depth``
     and its relevant documents, built with ``settings`` (the engine defaults) in fp32."""
@@ -82,7 +82,8 @@ def retriever_dev(corpus: Corpus, metric: DevMetric, pool_depth: int, settings: 
         def dev(model: Any) -> float:
             with tempfile.TemporaryDirectory(prefix="twostage-checkpoint-") as tmp:
                 model.save(f"{tmp}/retriever")
-                with temporary_engine(documents, f"{tmp}/retriever", served, device=device) as engine:
+                with temporary_engine(documents, f"{tmp}/retriever", served, device=device,
+                                      show_progress=show_progress) as engine:
                     lists = engine.as_retriever().search_batch([q.text for q in queries], 10)
             return float(np.mean(metric(qrels, dict(zip([q.id for q in queries], lists)))))
 

@@ -15,7 +15,7 @@ from twostage.indexer.engine_dir import PRECISIONS
 from twostage.indexer.errors import ConfigError
 
 __all__ = ["CPU_ONLY", "DEVICES", "PRECISIONS", "ROLES", "bf16_for", "cpu_has_amx", "cpu_precision", "native_bf16",
-           "precision_on", "requested_device", "resolve_device", "resolve_precision", "resolve_precisions"]
+           "precision_on", "release_freed_memory", "requested_device", "resolve_device", "resolve_precision", "resolve_precisions"]
 
 DEVICES = ("auto", "cpu", "cuda")
 CPU_ONLY = ("int8", "openvino-fp32", "openvino-int8")
@@ -136,3 +136,20 @@ def resolve_precision(precision: str, role: str, device: str = "cpu") -> str:
 def resolve_precisions(precision: str, device: str = "cpu") -> dict[str, str]:
     """Each role's precision on ``device`` (:func:`resolve_precision`), by role."""
     return {role: resolve_precision(precision, role, device) for role in ROLES}
+
+
+def release_freed_memory() -> None:
+    """Hand the heap that finished work freed back to the system (glibc's ``malloc_trim``; elsewhere nothing).
+
+    A training step's activations are freed when it ends but glibc keeps the pages, so a process that trains, then
+    encodes, then trains again holds the sum of its phases' peaks; trimming after each phase holds their maximum."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):  # musl and other libcs: no malloc_trim, nothing to do
+            pass
+

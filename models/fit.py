@@ -29,7 +29,7 @@ import torch
 from twostage.indexer.atomic import write_json
 from twostage.indexer.errors import ConfigError
 from twostage.models import checkpoint as checkpoints
-from twostage.models.device import bf16_for, resolve_device
+from twostage.models.device import bf16_for, release_freed_memory, resolve_device
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +72,13 @@ class Task(Protocol):
 
     def loss(self, batch: Any) -> torch.Tensor:
         """The scalar loss of one batch (autocast is already on)."""
+        ...
+
+    def passes(self, batch: Any) -> Sequence[tuple[Any, float]]:
+        """The forward passes of one optimizer step: (part of ``batch``, its weight), the weights summing to 1.
+        A loss that is a mean over independent parts (the reranker's groups) is the weighted sum of the parts'
+        losses, so splitting bounds the memory a step needs without changing its gradient; ``[(batch, 1.0)]``
+        where the loss does not split (in-batch negatives: GradCache bounds those)."""
         ...
 
 
@@ -159,14 +166,16 @@ def fit(task: Task, config: LoopConfig, out: str | Path, *, dev: Callable[[Any],
     for epoch in range(state["epoch"], config.epochs):
         model.train()
         for b in range(state["batch"] if epoch == state["epoch"] else 0, len(plans[epoch])):
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-                loss = task.loss(plans[epoch][b])
-            loss.backward()
+            value = 0.0
+            for part, weight in task.passes(plans[epoch][b]):  # gradients add up over the parts of one step
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+                    loss = task.loss(part) * weight if weight != 1.0 else task.loss(part)
+                loss.backward()
+                value += loss.item()
             torch.nn.utils.clip_grad_norm_(trained, config.max_grad_norm)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            value = loss.item()
             state.update(epoch=epoch, batch=b + 1, step=state["step"] + 1, loss_sum=state["loss_sum"] + value)
             bar.update(1)
             bar.set_postfix(loss=f"{value:.4f}")
@@ -191,6 +200,8 @@ def fit(task: Task, config: LoopConfig, out: str | Path, *, dev: Callable[[Any],
     bar.close()
     seconds = time.perf_counter() - started
     model.eval()
+    del optimizer, scheduler
+    release_freed_memory()  # the steps' activations and the optimizer's state, before what runs next
     training = {**(info or {}), **identity, "steps": state["step"], "seconds": seconds,
                 "best_dev": state["best_dev"], "history": state["history"]}
     final = model

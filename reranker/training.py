@@ -57,6 +57,7 @@ class RerankerConfig(LoopConfig):
     mine_from: tuple[str, ...] = ("bm25", "dense")  # negatives are split evenly between these first stages
     title_groups: int = 1500  # (title, text) weak-supervision groups drawn from the corpus
     title_negatives: int = 3
+    groups_per_pass: int = 0  # > 0: a batch's groups go through the model this many at a time (same gradient, less memory)
     max_positives: int = 0  # at most this many groups a query, the highest-graded documents first (0: one per judgment)
     mining: MiningConfig = field(default_factory=lambda: MiningConfig(num_negatives=7, depth=50, skip_top=0))
 
@@ -68,6 +69,8 @@ class RerankerConfig(LoopConfig):
             raise ConfigError(f"mine_from must name some of {', '.join(SOURCES)}, got {', '.join(bad) or 'none'}")
         if self.epochs <= 0 or self.groups_per_batch <= 0 or self.negatives <= 0 or self.lr <= 0:
             raise ConfigError("epochs, groups_per_batch, negatives and lr must be positive")
+        if self.groups_per_pass < 0:
+            raise ConfigError(f"groups_per_pass must be >= 0 (0: the whole batch at once), got {self.groups_per_pass}")
 
 
 def _listwise(scores: torch.Tensor) -> torch.Tensor:
@@ -177,6 +180,11 @@ class RerankerTask:
         order = np.random.default_rng(self.config.seed + epoch).permutation(len(self.groups)).tolist()
         size = self.config.groups_per_batch
         return [order[i:i + size] for i in range(0, len(order), size)]
+
+    def passes(self, batch: list[int]) -> list[tuple[list[int], float]]:
+        """The group loss is a mean over groups: ``groups_per_pass`` groups at a time, weighted by their share."""
+        size = self.config.groups_per_pass or len(batch)
+        return [(batch[i:i + size], len(batch[i:i + size]) / len(batch)) for i in range(0, len(batch), size)]
 
     def loss(self, batch: list[int]) -> torch.Tensor:
         groups = [self.groups[i] for i in batch]

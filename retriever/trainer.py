@@ -64,6 +64,9 @@ class RetrieverTask:
         return round_robin([no_duplicate_batches(s.examples, self.config.batch_size, seed + i)
                             for i, s in enumerate(self.sets)])
 
+    def passes(self, batch: tuple[int, list[int]]) -> list[tuple[tuple[int, list[int]], float]]:
+        return [(batch, 1.0)]  # in-batch negatives do not split: mini_batch_size (GradCache) bounds the memory
+
     def loss(self, batch: tuple[int, list[int]]) -> torch.Tensor:
         index, rows = batch
         s = self.sets[index]

@@ -148,3 +148,27 @@ def test_bf16_autocast_only_where_the_cpu_computes_it_unless_told(tiny_bert_dir,
     train(BiEncoder.load(tiny_bert_dir), sets, config, tmp_path / "m")
     assert seen and set(seen) == {expected}
     assert TrainConfig().bf16 is None and RerankerConfig().bf16 is None  # the recipe's default: decided per device
+
+
+def test_a_reranker_step_split_into_passes_has_the_gradient_of_one_pass(tiny_bert_dir, sample_dir):
+    from dataclasses import replace
+
+    _, fresh, _ = _reranker_run(tiny_bert_dir, sample_dir)
+    config = RerankerConfig(groups_per_batch=8, negatives=2, max_length=48, mine_from=("bm25",), bf16=False)
+    groups = groups_from_split(BeirDataset(sample_dir), "train", config)[:7]
+
+    def gradient(groups_per_pass):
+        model = fresh().eval()  # no dropout: the two ways see the same forward
+        task = RerankerTask(model, groups, replace(config, groups_per_pass=groups_per_pass))
+        passes = task.passes(list(range(len(groups))))
+        for part, weight in passes:
+            (task.loss(part) * weight).backward()
+        return len(passes), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    (one, whole), (three, split) = gradient(0), gradient(3)
+    assert (one, three) == (1, 3)  # 7 groups, 3 a pass: 3 + 3 + 1
+    assert whole.keys() == split.keys() and whole
+    worst = max((whole[n] - split[n]).abs().max().item() for n in whole)
+    assert worst <= 1e-3 * max(w.abs().max().item() for w in whole.values()), worst
+    with pytest.raises(Exception, match="groups_per_pass"):
+        RerankerConfig(groups_per_pass=-1)
