@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from twostage.engine.models import Models
+from twostage.engine.on_disk import WHAT, format_of
 from twostage.engine.search import TwoStageSearch
 from twostage.engine.steer import Expansion
 from twostage.indexer.atomic import to_json_dict
@@ -51,7 +52,6 @@ if TYPE_CHECKING:
     from twostage.indexer.tokens import TokenPart
 
 logger = logging.getLogger(__name__)
-WHAT = "a search engine directory (build one with `twostage build`)"
 _SLICE = 1 << 20  # ids compared at a time when an engine opens
 
 
@@ -521,20 +521,3 @@ class SearchEngine(TwoStageSearch):
         from twostage.engine import writes
 
         return writes.commit_change(self, make, settings, bm25=bm25, pinned=pinned, truncated=truncated)
-
-
-def counts(bm25: BM25Retriever, passages: bool) -> tuple[int, int]:
-    """How many documents and passages (0 in a whole-document engine) a version's BM25 rows are."""
-    if not passages:
-        return len(bm25), 0
-    return len(group_starts(bm25.doc_ids.arrow)), len(bm25)
-
-
-def format_of(version_dir: Path) -> str | None:
-    import json
-
-    try:
-        data = json.loads((version_dir / "manifest.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data.get("format") if isinstance(data, dict) else None

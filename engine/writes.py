@@ -18,7 +18,7 @@ import numpy as np
 from twostage.engine.knobs import resolved_blends, with_model_languages
 from twostage.engine.models import Models, NoRetriever
 from twostage.engine.search import ids_to_delete
-from twostage.engine.search_engine import WHAT, counts, format_of
+from twostage.engine.on_disk import WHAT, counts, format_of
 from twostage.indexer.build import check_out_dir, chunk_documents, encode_chunks, start_build, streamed_change
 from twostage.indexer.corpus import CorpusSource, iter_documents
 from twostage.indexer.engine_dir import EngineManifest, EngineSettings, ModelRef, engine_files, with_changes
