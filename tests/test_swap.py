@@ -117,9 +117,13 @@ def test_a_server_moves_to_swapped_models_without_a_restart(engine_dir, models, 
         d = swap(engine_dir, retriever=new, qrels=SAMPLE, split="train", force=True)
         import time
 
-        time.sleep(0.3)  # the server looks for a newer version every 0.25 s
-        after = client.post("/search", json={"query": "why do cats purr", "k": 5, "first_stage": "dense",
-                                             "rerank": False}).json()
+        deadline = time.monotonic() + 20  # the server looks for a newer version every 0.25 s: poll, never guess
+        while True:
+            after = client.post("/search", json={"query": "why do cats purr", "k": 5, "first_stage": "dense",
+                                                 "rerank": False}).json()
+            if after["version"] != first["version"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         assert after["version"] == d.version_after != first["version"]
         want = SearchEngine.load(engine_dir).search("why do cats purr", k=5, first_stage="dense", rerank=False)
         assert [h["id"] for h in after["hits"]] == want.ids  # the new retriever answers, not the old one

@@ -144,12 +144,13 @@ def writers(kind: str, trials: int, workdir: Path) -> dict[str, Any]:
     return {"kind": kind, "runs": n, "lost": lost, "refused": refused, "messages": messages}
 
 
-def reader_process(kind: str, path: str, stop: str, outbox: Any) -> None:
-    outbox.put(read_loop(kind, Path(path), Path(stop)))
+def reader_process(kind: str, path: str, stop: str, outbox: Any, started: str = "") -> None:
+    outbox.put(read_loop(kind, Path(path), Path(stop), Path(started) if started else None))
 
 
-def read_loop(kind: str, path: Path, stop: Path) -> tuple[int, int, list[tuple[str, Any]]]:
-    """Search and fetch until the file ``stop`` exists (or 10 minutes); (reads, failures, (version, answer) seen)."""
+def read_loop(kind: str, path: Path, stop: Path, started: Path | None = None) -> tuple[int, int, list[tuple[str, Any]]]:
+    """Search and fetch until the file ``stop`` exists (or 10 minutes); (reads, failures, (version, answer) seen).
+    ``started``: a file touched after the first read, for the writer to wait on."""
     reads = failures = 0
     seen: list[tuple[str, Any]] = []
     target = _open(kind, path)
@@ -161,6 +162,8 @@ def read_loop(kind: str, path: Path, stop: Path) -> tuple[int, int, list[tuple[s
             answer = _answer(kind, target)
             seen.append((version, answer))
             reads += 1
+            if started is not None and reads == 1:
+                started.touch()
         except Exception:
             failures += 1
     return reads, failures, seen
@@ -184,13 +187,16 @@ def readers(kind: str, commits: int, workdir: Path, threads: int = 8) -> dict[st
     out = ctx.Queue()
     results: list[Any] = []
     workers = [threading.Thread(target=lambda: results.append(read_loop(kind, path, stop))) for _ in range(threads)]
-    procs = [ctx.Process(target=reader_process, args=(kind, str(path), str(stop), out), daemon=True)
-             for _ in range(2)]
+    marks = [workdir / f"STARTED-{i}" for i in range(2)]
+    procs = [ctx.Process(target=reader_process, args=(kind, str(path), str(stop), out, str(m)), daemon=True)
+             for m in marks]
     for p in procs:
         p.start()
     for t in workers:
         t.start()
-    time.sleep(5)  # the reader processes have started reading
+    deadline = time.monotonic() + 300  # the reader processes have read once (a spawned process imports torch)
+    while not all(m.exists() for m in marks) and time.monotonic() < deadline:
+        time.sleep(0.05)
     target = first
     for c in range(commits):
         op = c % 3
