@@ -16,6 +16,10 @@ rescores its candidates with the memory-mapped float32 vectors. Peak RSS is the 
 the build (before the recall check reads every vector). Recall@10 is against exact search (numpy over the same
 float32 vectors); p50 is one query at a time (encoding included, ANN search + rescoring).
 The last line: ``scale: N docs, mode M, peak RSS X GB, recall@10 R, p50 T ms``.
+
+``--mode bm25 --words W``: a shard's lexical part instead: BM25 (bm25s, English analysis) built a chunk at a time
+over N documents of a topic word and W words, saved; build seconds, anonymous peak, disk, postings, and one query
+at a time (5 words of the same law, top 10) loaded back from disk. Recall is 1.000 by construction (it is exact).
 """
 
 from __future__ import annotations
@@ -121,11 +125,60 @@ class AnonPeak:
         self.peak = max(self.peak, self.now())
 
 
+def bm25_shard(args: argparse.Namespace) -> None:
+    from twostage.retriever.analyzer import AnalyzerConfig
+    from twostage.retriever.bm25 import BM25Config, BM25Retriever
+
+    config = BM25Config(analyzer=AnalyzerConfig(language="en"))
+    chunk = 100_000
+
+    def chunks():
+        batch = []
+        for doc in documents(args.docs, chunk, args.words):
+            batch.append(doc)
+            if len(batch) == chunk:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        t = time.perf_counter()
+        with AnonPeak() as anon:
+            bm25 = BM25Retriever.build_chunked(chunks, config)
+            bm25.save(Path(tmp) / "bm25")
+        build_s = time.perf_counter() - t
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30
+        del bm25
+        size = sum(f.stat().st_size for f in (Path(tmp) / "bm25").rglob("*") if f.is_file())
+        with AnonPeak() as query_anon:
+            loaded = BM25Retriever.load(Path(tmp) / "bm25")
+            rng = np.random.default_rng(10**6)
+            queries = [" ".join(f"w{w}" for w in rng.integers(0, WORDS, 5)) for _ in range(args.queries)]
+            loaded.search(queries[0], 10)
+            times = []
+            for q in queries:
+                t = time.perf_counter()
+                loaded.search(q, 10)
+                times.append(time.perf_counter() - t)
+    p50, p95 = (float(np.percentile(times, p)) * 1000 for p in (50, 95))
+    postings = args.docs * min(args.words + 1, WORDS)  # distinct terms a document, at most (a few repeat)
+    row = (f"| {args.docs:,} | bm25 ({args.words + 1} terms a document, <= {postings / 1e6:,.0f}M postings) | bm25s, en | "
+           f"{build_s:.0f} | {size / 2**20:.0f} | {peak:.2f} ({anon.peak / 2**30:.2f}, {query_anon.peak / 2**30:.2f}) | "
+           f"1.000 | {p50:.2f} | {p95:.2f} | - |")
+    if args.md:
+        with open(args.md, "a", encoding="utf-8") as fh:
+            fh.write(row + "\n")
+    print(row)
+    print(f"scale: {args.docs} docs, mode bm25, peak RSS {peak:.2f} GB, recall@10 1.000, p50 {p50:.2f} ms")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--docs", type=int, required=True)
-    ap.add_argument("--mode", choices=sorted(MODES), default="float32")
+    ap.add_argument("--mode", choices=[*sorted(MODES), "bm25"], default="float32")
     ap.add_argument("--queries", type=int, default=200)
+    ap.add_argument("--words", type=int, default=PER_DOC, help="words a document (bm25 mode; passages: ~100)")
     ap.add_argument("--dir", type=Path, default=None, help="where the index goes (default: a temporary directory)")
     ap.add_argument("--md", type=Path, default=None, help="append the result as a table row to this markdown file")
     ap.add_argument("--nprobe", type=int, nargs="*", default=[],
@@ -133,6 +186,8 @@ def main() -> None:
     ap.add_argument("--ef", type=int, nargs="*", default=[],
                     help="HNSW modes: also measure these ef_search values (printed lines, after the default's row)")
     args = ap.parse_args()
+    if args.mode == "bm25":
+        return bm25_shard(args)
 
     encoder = SyntheticEncoder()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
