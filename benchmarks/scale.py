@@ -73,10 +73,15 @@ def texts(n: int, seed: int, words: int = PER_DOC) -> list[str]:
     return [f"t{t} " + " ".join(f"w{w}" for w in row) for t, row in zip(topic, ids)]
 
 
-def documents(n: int, chunk: int = 100_000, words: int = PER_DOC):
+def document_chunks(n: int, chunk: int = 100_000, words: int = PER_DOC):
     for start in range(0, n, chunk):
-        for i, text in enumerate(texts(min(chunk, n - start), seed=1 + start // chunk, words=words)):
-            yield Document(f"d{start + i}", text)
+        yield [Document(f"d{start + i}", text)
+               for i, text in enumerate(texts(min(chunk, n - start), seed=1 + start // chunk, words=words))]
+
+
+def documents(n: int, chunk: int = 100_000, words: int = PER_DOC):
+    for docs in document_chunks(n, chunk, words):
+        yield from docs
 
 
 def exact_top10(index: object, queries: np.ndarray, chunk: int = 200_000) -> np.ndarray:
@@ -130,22 +135,10 @@ def bm25_shard(args: argparse.Namespace) -> None:
     from twostage.retriever.bm25 import BM25Config, BM25Retriever
 
     config = BM25Config(analyzer=AnalyzerConfig(language="en"))
-    chunk = 100_000
-
-    def chunks():
-        batch = []
-        for doc in documents(args.docs, chunk, args.words):
-            batch.append(doc)
-            if len(batch) == chunk:
-                yield batch
-                batch = []
-        if batch:
-            yield batch
-
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         t = time.perf_counter()
         with AnonPeak() as anon:
-            bm25 = BM25Retriever.build_chunked(chunks, config)
+            bm25 = BM25Retriever.build_chunked(lambda: document_chunks(args.docs, 100_000, args.words), config)
             bm25.save(Path(tmp) / "bm25")
         build_s = time.perf_counter() - t
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30
@@ -163,9 +156,9 @@ def bm25_shard(args: argparse.Namespace) -> None:
                 times.append(time.perf_counter() - t)
     p50, p95 = (float(np.percentile(times, p)) * 1000 for p in (50, 95))
     postings = args.docs * min(args.words + 1, WORDS)  # distinct terms a document, at most (a few repeat)
-    row = (f"| {args.docs:,} | bm25 ({args.words + 1} terms a document, <= {postings / 1e6:,.0f}M postings) | bm25s, en | "
-           f"{build_s:.0f} | {size / 2**20:.0f} | {peak:.2f} ({anon.peak / 2**30:.2f}, {query_anon.peak / 2**30:.2f}) | "
-           f"1.000 | {p50:.2f} | {p95:.2f} | - |")
+    row = (f"| {args.docs:,} | bm25 ({args.words + 1} terms a document, <= {postings / 1e6:,.0f}M postings) | "
+           f"bm25s, en | {build_s:.0f} | {size / 2**20:.0f} | {peak:.2f} ({anon.peak / 2**30:.2f}, "
+           f"{query_anon.peak / 2**30:.2f}) | 1.000 | {p50:.2f} | {p95:.2f} | - |")
     if args.md:
         with open(args.md, "a", encoding="utf-8") as fh:
             fh.write(row + "\n")

@@ -15,7 +15,8 @@ from twostage.indexer.engine_dir import PRECISIONS
 from twostage.indexer.errors import ConfigError
 
 __all__ = ["CPU_ONLY", "DEVICES", "PRECISIONS", "ROLES", "bf16_for", "cpu_has_amx", "cpu_precision", "native_bf16",
-           "precision_on", "release_freed_memory", "requested_device", "resolve_device", "resolve_precision", "resolve_precisions"]
+           "precision_on", "release_freed_memory", "requested_device", "resolve_device", "resolve_precision",
+           "resolve_precisions"]
 
 DEVICES = ("auto", "cpu", "cuda")
 CPU_ONLY = ("int8", "openvino-fp32", "openvino-int8")
@@ -152,4 +153,3 @@ def release_freed_memory() -> None:
             ctypes.CDLL("libc.so.6").malloc_trim(0)
         except (OSError, AttributeError):  # musl and other libcs: no malloc_trim, nothing to do
             pass
-

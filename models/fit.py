@@ -169,7 +169,7 @@ def fit(task: Task, config: LoopConfig, out: str | Path, *, dev: Callable[[Any],
             value = 0.0
             for part, weight in task.passes(plans[epoch][b]):  # gradients add up over the parts of one step
                 with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-                    loss = task.loss(part) * weight if weight != 1.0 else task.loss(part)
+                    loss = task.loss(part) * weight
                 loss.backward()
                 value += loss.item()
             torch.nn.utils.clip_grad_norm_(trained, config.max_grad_norm)

@@ -57,7 +57,7 @@ class RerankerConfig(LoopConfig):
     mine_from: tuple[str, ...] = ("bm25", "dense")  # negatives are split evenly between these first stages
     title_groups: int = 1500  # (title, text) weak-supervision groups drawn from the corpus
     title_negatives: int = 3
-    groups_per_pass: int = 0  # > 0: a batch's groups go through the model this many at a time (same gradient, less memory)
+    groups_per_pass: int = 0  # > 0: a batch's groups this many a forward pass (the same gradient, less memory)
     max_positives: int = 0  # at most this many groups a query, the highest-graded documents first (0: one per judgment)
     mining: MiningConfig = field(default_factory=lambda: MiningConfig(num_negatives=7, depth=50, skip_top=0))
 
