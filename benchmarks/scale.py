@@ -20,6 +20,12 @@ The last line: ``scale: N docs, mode M, peak RSS X GB, recall@10 R, p50 T ms``.
 ``--mode bm25 --words W``: a shard's lexical part instead: BM25 (bm25s, English analysis) built a chunk at a time
 over N documents of a topic word and W words, saved; build seconds, anonymous peak, disk, postings, and one query
 at a time (5 words of the same law, top 10) loaded back from disk. Recall is 1.000 by construction (it is exact).
+
+``--mode tokens --tokens T --token-dim D --bits B``: a shard's late-interaction part instead: N rows of T tokens
+on average (uniform in [T/2, 3T/2]), random unit vectors of D dimensions, written as the engine writes them
+(segments of 65,536 rows, each coded 256 rows at a time: ``code_rows``, ``join_coded``, ``write_coded``); build
+seconds, anonymous peak, disk, then MaxSim of one query (32 tokens) against ``--depth`` random rows at a time
+(``TokenPart.scores``: gather from the memory maps, decode, score), p50 / p95 over the queries.
 """
 
 from __future__ import annotations
@@ -166,12 +172,63 @@ def bm25_shard(args: argparse.Namespace) -> None:
     print(f"scale: {args.docs} docs, mode bm25, peak RSS {peak:.2f} GB, recall@10 1.000, p50 {p50:.2f} ms")
 
 
+def token_shard(args: argparse.Namespace) -> None:
+    from twostage.indexer.tokens import TokenCodec, TokenPart, code_rows, join_coded, write_coded, write_manifest
+
+    codec, segment, piece = TokenCodec(args.bits), 65536, 256
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        out = Path(tmp) / "late"
+        t = time.perf_counter()
+        segments, starts, tokens = [], [], 0
+        with AnonPeak() as anon:
+            for start in range(0, args.docs, segment):
+                rows = min(segment, args.docs - start)
+                pieces = []
+                for p in range(0, rows, piece):
+                    lengths = rng.integers(args.tokens // 2, args.tokens * 3 // 2 + 1, min(piece, rows - p))
+                    v = rng.standard_normal((int(lengths.sum()), args.token_dim), dtype=np.float32)
+                    v /= np.linalg.norm(v, axis=1, keepdims=True)
+                    pieces.append(code_rows(np.split(v, np.cumsum(lengths)[:-1]), args.token_dim, codec))
+                segments.append(write_coded(out, f"seg{len(segments):05d}", join_coded(pieces)))
+                starts.append(start)
+                tokens += segments[-1].tokens
+            write_manifest(out, args.token_dim, segments, codec)
+        build_s = time.perf_counter() - t
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30
+        size = sum(f.stat().st_size for f in out.iterdir())
+        with AnonPeak() as query_anon:
+            part = TokenPart.open(out, [(s.name, a, s.rows) for s, a in zip(segments, starts)])
+            times = []
+            for _ in range(args.queries):
+                q = rng.standard_normal((32, args.token_dim), dtype=np.float32)
+                rows = rng.choice(args.docs, args.depth, replace=False)
+                t = time.perf_counter()
+                part.scores(q, rows)
+                times.append(time.perf_counter() - t)
+    first = float(np.median(times[:10])) * 1000
+    p50, p95 = (float(np.percentile(times[10:], p)) * 1000 for p in (50, 95))
+    row = (f"| {args.docs:,} | tokens ({tokens / args.docs:.0f} a row, {args.token_dim} d, {args.bits} bits: "
+           f"{tokens / 1e6:,.0f}M tokens, {size / tokens:.1f} B a token) | MaxSim over {args.depth} rows | "
+           f"{build_s:.0f} | {size / 2**20:,.0f} | {peak:.2f} ({anon.peak / 2**30:.2f}, {query_anon.peak / 2**30:.2f})"
+           f" | 1.000 | {p50:.2f} (first 10: {first:.2f}) | {p95:.2f} | - |")
+    if args.md:
+        with open(args.md, "a", encoding="utf-8") as fh:
+            fh.write(row + "\n")
+    print(row)
+    print(f"scale: {args.docs} docs, mode tokens, peak RSS {peak:.2f} GB, recall@10 1.000, p50 {p50:.2f} ms")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--docs", type=int, required=True)
-    ap.add_argument("--mode", choices=[*sorted(MODES), "bm25"], default="float32")
+    ap.add_argument("--mode", choices=[*sorted(MODES), "bm25", "tokens"], default="float32")
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--words", type=int, default=PER_DOC, help="words a document (bm25 mode; passages: ~100)")
+    ap.add_argument("--tokens", type=int, default=128, help="tokens a row on average (tokens mode)")
+    ap.add_argument("--token-dim", type=int, default=128, help="dimensions a token vector (tokens mode)")
+    ap.add_argument("--bits", type=int, choices=(8, 4), default=4, help="bits a dimension (tokens mode)")
+    ap.add_argument("--depth", type=int, default=50, help="rows MaxSim reads a query (tokens mode: maxsim_depth)")
     ap.add_argument("--dir", type=Path, default=None, help="where the index goes (default: a temporary directory)")
     ap.add_argument("--md", type=Path, default=None, help="append the result as a table row to this markdown file")
     ap.add_argument("--nprobe", type=int, nargs="*", default=[],
@@ -181,6 +238,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.mode == "bm25":
         return bm25_shard(args)
+    if args.mode == "tokens":
+        return token_shard(args)
 
     encoder = SyntheticEncoder()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:

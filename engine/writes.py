@@ -196,7 +196,8 @@ def late_interaction(self: SearchEngine, model: str | Path, *, dim: int = 0, bit
     import tempfile
 
     from twostage.engine.search import load_late
-    from twostage.indexer.tokens import BITS, TokenCodec, fit_projection, write_manifest, write_segment
+    from twostage.indexer.tokens import (BITS, TokenCodec, code_rows, fit_projection, join_coded, write_coded,
+                                        write_manifest)
 
     self.check_writable()
     if bits not in BITS:
@@ -218,25 +219,31 @@ def late_interaction(self: SearchEngine, model: str | Path, *, dim: int = 0, bit
         index = base.index
         segments = []
         codec: TokenCodec | None = None if dim else TokenCodec(bits)
+        empty = np.zeros((0, late.dim), dtype=np.float32)
         with tqdm(total=index.manifest.rows, desc="token vectors", unit="row", disable=not show_progress) as bar:
             for seg in index.manifest.segments:
                 rows = np.arange(seg.start, seg.start + seg.rows)
                 live = rows[~index.deleted[rows]]
-                vectors = [np.zeros((0, late.dim), dtype=np.float32)] * seg.rows  # a deleted row keeps none
+                pieces, written = [], seg.start  # coded a piece at a time: the segment's codes, never its floats
                 for group_rows, group_docs in index.store.document_chunks(live):
                     step = WRITE_PIECE  # a row group is read at once, encoded (and the bar moved) a piece at a time
                     for start in range(0, len(group_docs), step):
                         at, docs = group_rows[start:start + step], group_docs[start:start + step]
                         encoded = late.encode_tokens([d.full_text for d in docs], kind="document",
                                                      batch_size=base.settings.batch_size, allow_empty=True)
-                        for row, v in zip(at, encoded):
-                            vectors[int(row) - seg.start] = v
                         if codec is None:  # the projection, fitted on the first tokens encoded
                             sample = np.concatenate(encoded)
                             pick = np.random.default_rng(0).permutation(len(sample))[:65536]
                             codec = TokenCodec(bits, fit_projection(sample[pick], dim))
+                        piece = []
+                        for row, v in zip(at, encoded):  # a deleted row between live ones keeps no tokens
+                            piece += [empty] * (int(row) - written) + [v]
+                            written = int(row) + 1
+                        pieces.append(code_rows(piece, late.dim, codec))
                         bar.update(len(docs))
-                segments.append(write_segment(out, seg.name, vectors, late.dim, codec or TokenCodec(bits)))
+                tail = [empty] * (seg.start + seg.rows - written)
+                pieces.append(code_rows(tail, late.dim, codec or TokenCodec(bits)))
+                segments.append(write_coded(out, seg.name, join_coded(pieces)))
         write_manifest(out, late.dim, segments, codec or TokenCodec(bits))
 
     work = Path(tempfile.mkdtemp(prefix=".late-", dir=self.root))
