@@ -117,6 +117,36 @@ def blend_setting(value: str) -> float | str | None:
     return None if blend == "none" else blend
 
 
+def add_search_option_flags(parser: argparse.ArgumentParser) -> None:
+    """The ``twostage search`` flags of the search options, made from their one description
+    (:data:`twostage.engine.options.SEARCH_OPTIONS`): ``--no-NAME`` for a switch, a number, or a choice."""
+    from twostage.engine.options import SEARCH_OPTIONS
+
+    for option in SEARCH_OPTIONS:
+        if option.kind == "bool":
+            parser.add_argument(option.flag, action="store_true", help=option.help)
+        else:
+            parser.add_argument(option.flag, default=None, help=option.help,
+                                type={"int": int, "float": float}.get(option.kind, str),
+                                choices=option.choices or None)
+
+
+def search_options_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The search options the flags of :func:`add_search_option_flags` give (None: the engine's)."""
+    from twostage.engine.options import SEARCH_OPTIONS
+
+    out: dict[str, Any] = {}
+    for option in SEARCH_OPTIONS:
+        value = getattr(args, option.flag[2:].replace("-", "_"))
+        if option.kind == "bool":
+            out[option.name] = False if value else None
+        elif option.kind == "blend":
+            out[option.name] = parse_blend(value, option.flag)
+        else:
+            out[option.name] = value
+    return out
+
+
 def maxsim_blend(value: str | None, default: float | None) -> float | None:
     """A build's --maxsim-blend: none (MaxSim alone) or a number in [0, 1] (None: not given, the default)."""
     if value is None:
@@ -375,14 +405,8 @@ def _search(args: argparse.Namespace) -> int:
         raise ConfigError("--similar ID: the document is the query; give no query, --queries or --like with it")
     engine = open_engine(args.engine, verify=not args.fast, ray=args.ray, device=args.device,
                          address=args.ray_address, replicas=args.replicas)
-    kw = {"where": where, "rerank_depth": args.rerank_depth, "first_stage": args.first_stage,
-          "rerank": False if args.no_rerank else None, "fusion": args.fusion, "dense_weight": args.dense_weight,
-          "k_rrf": args.k_rrf, "first_stage_depth": args.first_stage_depth,
-          "rerank_blend": parse_blend(args.rerank_blend), "min_relevance": args.min_relevance,
-          "like": args.like, "unlike": args.unlike, "diversity": args.diversity, "group_by": args.group_by,
-          "group_size": args.group_size, "explain": args.explain or None,
-          "maxsim": False if args.no_maxsim else None, "maxsim_depth": args.maxsim_depth,
-          "maxsim_blend": parse_blend(args.maxsim_blend, "--maxsim-blend")}
+    kw = {"where": where, **search_options_of(args), "like": args.like, "unlike": args.unlike, "diversity": args.diversity, "group_by": args.group_by,
+          "group_size": args.group_size, "explain": args.explain or None}
     if args.similar is not None:
         kw.pop("rerank")
         result = engine.similar(args.similar, args.k, page_token=args.page_token, offset=args.offset, **kw)
@@ -655,29 +679,12 @@ def add_commands(sub: Any, only: str | None = None) -> None:
     s.add_argument("query", nargs="?", default=None, help="the query (or --queries FILE, or --similar ID)")
     s.add_argument("--queries", default=None, help="a file with one query per line, or - for stdin")
     s.add_argument("--k", type=int, default=10)
-    s.add_argument("--rerank-depth", type=int, default=None, help="candidates the reranker reads (default: the "
-                   "engine's)")
-    s.add_argument("--rerank-blend", default=None, help="the reranker's weight against the first stage for this "
-                   "search: none (the reranker alone) or a number in [0, 1] (default: the engine's)")
-    s.add_argument("--first-stage", default=None, choices=FIRST_STAGES, help="default: the engine's")
-    s.add_argument("--no-rerank", action="store_true", help="the first stage only")
-    s.add_argument("--no-maxsim", action="store_true", help="skip the MaxSim stage (an engine with token vectors)")
-    s.add_argument("--maxsim-depth", type=int, default=None, help="candidates MaxSim reads (default: the engine's)")
-    s.add_argument("--maxsim-blend", default=None, help="MaxSim's weight against the first stage for this search: "
-                   "none (MaxSim alone) or a number in [0, 1] (default: the engine's)")
     s.add_argument("--where", action="append", metavar="FILTER",
                    help="metadata filter: KEY=VALUE, KEY!=VALUE, KEY>=VALUE (> < <= too) or a JSON filter such as "
                         "'{\"tags\": {\"$in\": [\"a\", \"b\"]}}' (repeatable: all must hold; docs/filters.md)")
     s.add_argument("--offset", type=int, default=0, help="skip this many hits (a page: --offset 10 --k 10)")
     s.add_argument("--page-token", default=None, help="the next page of one query (printed as 'next page')")
-    s.add_argument("--fusion", default=None, choices=FUSIONS, help="hybrid fusion for this search")
-    s.add_argument("--dense-weight", type=float, default=None, help="blend fusion: dense's weight in [0, 1]")
-    s.add_argument("--k-rrf", type=float, default=None, help="rrf fusion: the k of 1 / (k + rank)")
-    s.add_argument("--first-stage-depth", type=int, default=None,
-                   help="candidates each first stage gives the fusion (default: the engine's)")
-    s.add_argument("--min-relevance", type=float, default=None, metavar="P",
-                   help="drop hits whose calibrated probability of relevance is below P (needs `twostage calibrate` "
-                        "or a reranker trained with dev queries); a query may then get no hit")
+    add_search_option_flags(s)
     s.add_argument("--like", action="append", default=None, metavar="ID",
                    help="more like this document (repeatable): the query moves towards it (left out of the hits)")
     s.add_argument("--unlike", action="append", default=None, metavar="ID",

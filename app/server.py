@@ -31,6 +31,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+from twostage.engine.options import SEARCH_OPTIONS, SearchOption
 from twostage.indexer.errors import (
     ConfigError,
     DataError,
@@ -49,7 +50,7 @@ try:
     from fastapi import Depends, FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import HTMLResponse, JSONResponse, Response
-    from pydantic import BaseModel, ConfigDict, Field, field_validator
+    from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
     from starlette.exceptions import HTTPException
 
     from twostage.app.admission import Admission, Busy, is_expensive
@@ -75,25 +76,25 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class SearchOptions(_Strict):
+def _option_field(option: SearchOption) -> tuple[Any, Any]:
+    """An HTTP request's field for a search option (:mod:`twostage.engine.options`): its type, range and help."""
+    high = option.high if option.kind != "int" or option.high is None else min(option.high, MAX_K)
+    kinds: dict[str, Any] = {"int": int, "float": float, "bool": bool,
+                             "blend": Annotated[float, Field(ge=0, le=1)] | Literal["none"]}
+    kind = Literal[option.choices] if option.kind == "choice" else kinds[option.kind]  # type: ignore[valid-type]
+    return kind | None, Field(None, ge=option.low, le=high, description=option.help)
+
+
+# the search options' fields, made from their one description
+_SearchKnobs = create_model("_SearchKnobs", __base__=_Strict,
+                            **{o.name: _option_field(o) for o in SEARCH_OPTIONS})  # type: ignore[call-overload]
+
+
+class SearchOptions(_SearchKnobs):  # type: ignore[valid-type, misc]
     k: int = Field(10, ge=1, le=MAX_K, description="hits to return")
     where: dict[str, Any] | None = Field(None, description="a filter on the metadata, e.g. {\"year\": {\"$gte\": "
                                                            "2020}} (docs/filters.md)")
     offset: int = Field(0, ge=0, le=MAX_K, description="skip this many hits (a page)")
-    rerank_depth: int | None = Field(None, ge=1, le=MAX_K, description="candidates the reranker reads (default: the "
-                                                                      "engine's)")
-    rerank_blend: Annotated[float, Field(ge=0, le=1)] | Literal["none"] | None = Field(
-        None, description="the reranker's weight against the first stage; \"none\": the reranker alone (default: "
-                          "the engine's)")
-    first_stage: Literal["hybrid", "dense", "bm25"] | None = None
-    rerank: bool | None = Field(None, description="false: the first stage only")
-    fusion: Literal["rrf", "blend"] | None = Field(None, description="hybrid fusion (default: the engine's)")
-    dense_weight: float | None = Field(None, ge=0, le=1, description="blend fusion: dense's weight")
-    k_rrf: float | None = Field(None, ge=0, le=10_000, description="rrf fusion: the k of 1 / (k + rank)")
-    first_stage_depth: int | None = Field(None, ge=1, le=MAX_K,
-                                          description="candidates each first stage gives the fusion")
-    min_relevance: float | None = Field(None, ge=0, le=1, description="drop hits whose calibrated probability of "
-                                        "relevance is below this; a query may get no hit (nothing relevant)")
     k_retrieve: int | None = Field(None, ge=1, le=MAX_K, description="deprecated: rerank_depth's old name",
                                    json_schema_extra={"deprecated": True})
     depth: int | None = Field(None, ge=1, le=MAX_K, description="deprecated: first_stage_depth's old name",
@@ -113,11 +114,6 @@ class SearchOptions(_Strict):
                                  "of this metadata field; k and offset count groups")
     group_size: int | None = Field(None, ge=1, le=1000, description="hits per group (default 1)")
     explain: bool | None = Field(None, description="each hit carries how its score was made")
-    maxsim: bool | None = Field(None, description="false: skip the MaxSim stage (an engine with token vectors)")
-    maxsim_depth: int | None = Field(None, ge=1, le=MAX_K, description="candidates MaxSim reads (default: the "
-                                                                      "engine's)")
-    maxsim_blend: Annotated[float, Field(ge=0, le=1)] | Literal["none"] | None = Field(
-        None, description="MaxSim's weight against the first stage; \"none\": MaxSim alone (default: the engine's)")
 
     @field_validator("diversity", mode="before")
     @classmethod

@@ -24,7 +24,12 @@ def open_engine(path: str | Path, *, verify: bool = True, ray: bool = False, dev
     """The engine at ``path``: a :class:`ShardedEngine` when its live version is a sharded manifest, else a
     :class:`SearchEngine` (``ray``, ``address`` and ``replicas`` apply to sharded engines only: an ``address``
     or more than one replica implies ``ray``; ``device`` to single engines: a sharded one runs its models on the
-    CPU)."""
+    CPU).
+
+    Raises:
+        IndexFormatError: no engine at ``path``, or a part of it is missing, altered or of a newer format.
+        ConfigError: a device or replica count that cannot be used here.
+    """
     ray = ray or address is not None or check_replicas(replicas) > 1
     root = Path(path)
     if (root / "CURRENT").is_file() and format_of(current_version(root, WHAT)) == SHARDED_FORMAT:

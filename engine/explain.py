@@ -8,16 +8,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from twostage.engine.fusion import Reranked, dense_weights
 from twostage.engine.knobs import blend_of
-from twostage.engine.steer import Diversified, Expansion, Steering
-from twostage.indexer.engine_dir import EngineSettings
+from twostage.engine.steer import Diversified
 from twostage.indexer.passages import split_id
 from twostage.indexer.records import DiversityPart, Explanation, RankedList, RerankPart, StagePart
+
+if TYPE_CHECKING:
+    from twostage.engine.plan import SearchPlan
+    from twostage.engine.stages import SearchTrace
 
 
 @dataclass(frozen=True)
@@ -113,20 +116,18 @@ def _diversity(trace: Trace, d: str) -> DiversityPart | None:
     return DiversityPart(trace.diversity, relevance, low, high, redundancy, like)
 
 
-def explanations(engine: Any, queries: list[str], pages: list[RankedList], lists: Mapping[str, list[RankedList]],
-                 lexical: list[RankedList] | None, firsts: list[RankedList], reranked: list[Reranked],
-                 relevance: list[dict[str, float]], diversified: list[Diversified] | None, s: EngineSettings,
-                 stage: str, dense_off: list[bool], skip_rerank: list[bool], reranker: Any,
-                 lexical_expansion: Expansion | None, steer: Steering, late: list[Reranked] | None = None,
-                 fused: list[RankedList] | None = None) -> list[dict[str, Explanation]]:
-    """Each query's explanations of its page's hits, from what ``engine``'s search path computed: each stage's lists
-    (``lexical``: BM25's as it found them, passages in a passage engine), the fused first stage, the reranked lists
-    and probabilities, the diversified lists."""
+def explanations(source: Any, plan: SearchPlan, trace: SearchTrace) -> list[dict[str, Explanation]]:
+    """Each query's explanations of its page's hits, from what the search path computed (:class:`~twostage.engine.
+    stages.SearchTrace`): each stage's lists (``lexical``: BM25's as it found them, passages in a passage engine),
+    the fused first stage, the reranked lists and probabilities, the diversified lists."""
+    s, steer, stage, reranker = plan.settings, plan.steer, trace.stage, trace.reranker
+    queries, lists, lexical, lexical_expansion = trace.queries, trace.lists, trace.lexical, trace.expansion
+    dense_off, skip_rerank, diversified, late = trace.dense_off, trace.skip_rerank, trace.diversified, trace.late
     alpha = blend_of(s, reranker, stage) if reranker is not None else None
     bm25_w, dense_w = dense_weights(s.dense_weight)
-    analyzer = engine.analyzer() if "bm25" in lists else None
+    analyzer = source.analyzer() if "bm25" in lists else None
     out = []
-    for q, page in enumerate(pages):
+    for q, page in enumerate(trace.pages):
         alone = dense_off[q] if dense_off else False
         fusion = ("bm25" if alone else s.fusion) if stage == "hybrid" else stage
         mine = {name: ls[q] for name, ls in lists.items() if not (alone and name == "dense")}
@@ -142,13 +143,12 @@ def explanations(engine: Any, queries: list[str], pages: list[RankedList], lists
             for pid in map(str, lexical[q].ids):
                 row_of.setdefault(split_id(pid)[0] if s.passages.enabled else pid, pid)
             wanted = {str(d): row_of[str(d)] for d in page.ids if str(d) in row_of}
-            matched = engine.matched_terms(weights, sorted(set(wanted.values())))
+            matched = source.matched_terms(weights, sorted(set(wanted.values())))
             terms = {d: matched.get(r, []) for d, r in wanted.items()}
         depth = 0 if (skip_rerank and skip_rerank[q]) else s.rerank_depth
-        trace = Trace(fusion, mine, {"bm25": bm25_w, "dense": dense_w}, s.k_rrf, firsts[q],
-                      reranked[q] if reranker is not None else None, depth, alpha, relevance[q],
-                      diversified[q] if diversified is not None else None, steer.diversity, terms,
-                      late[q] if late is not None else None, fused[q] if fused is not None else None,
-                      s.maxsim_depth, s.maxsim_blend)
-        out.append(explain(trace, [str(d) for d in page.ids], page.scores.astype(float).tolist()))
+        one = Trace(fusion, mine, {"bm25": bm25_w, "dense": dense_w}, s.k_rrf, trace.firsts[q],
+                    trace.reranked[q] if reranker is not None else None, depth, alpha, trace.relevance[q],
+                    diversified[q] if diversified is not None else None, steer.diversity, terms,
+                    late[q] if late is not None else None, trace.fused[q], s.maxsim_depth, s.maxsim_blend)
+        out.append(explain(one, [str(d) for d in page.ids], page.scores.astype(float).tolist()))
     return out

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -172,25 +172,10 @@ class Reranked:
 Reading = Callable[[str], "str | Sequence[str]"]  # a document id -> what the reranker reads of it
 
 
-def rerank_lists(reranker: Reranker | None, queries: Sequence[str], firsts: Sequence[RankedList], text_of: Reading, *,
-                 k: int, rerank_depth: int | Sequence[int], blend: float | None, batch_size: int = 32,
-                 per_query: Sequence[Reading] | None = None, always_score: bool = False) -> list[Reranked]:
-    """Rerank the top ``rerank_depth`` of each first-stage list; the rest of its top ``k`` follows in first-stage order.
-
-    ``text_of`` gives the text the reranker reads for a document id, or several texts (at least one): the document
-    then scores the highest of them (a passage engine reads a long document by the best passage of each first
-    stage). ``per_query``, one such function per query, when the texts depend on the query. ``rerank_depth``: one
-    for every query, or one per query (0: that query's list is left in its order).
-
-    Every query's (query, text) pairs are scored in one call, so batches are shared across queries. With no
-    reranker, or a blend of 0 (:func:`reorders`), the first stage's top ``k`` comes back unchanged, nothing scored
-    (unless ``always_score``: the scores are wanted for themselves, e.g. a relevance threshold).
-    """
-    if reranker is None or (not reorders(blend) and not always_score):
-        return [Reranked(first.truncate(k), {}) for first in firsts]
-    depths = [rerank_depth] * len(firsts) if isinstance(rerank_depth, int) else list(rerank_depth)
-    heads = [first.truncate(depth) for first, depth in zip(firsts, depths, strict=True)]
-    readers = list(per_query) if per_query is not None else [text_of] * len(queries)
+def score_heads(reranker: Reranker, queries: Sequence[str], heads: Sequence[RankedList], readers: Sequence[Reading],
+                batch_size: int) -> np.ndarray:
+    """The reranker's score of every query's head candidates, one after another: each (query, text) pair of every
+    query scored in one call (a document read by several texts scores the highest)."""
     pairs: list[tuple[str, str]] = []
     owner: list[int] = []  # each pair's candidate, numbered across every query's head
     bounds = [0]  # where each query's pairs start and end
@@ -214,6 +199,29 @@ def rerank_lists(reranker: Reranker | None, queries: Sequence[str], firsts: Sequ
                                       for q, a, b in zip(queries, bounds, bounds[1:]) if b > a])
     scores = np.full(candidate, -np.inf, dtype=np.float32)
     np.maximum.at(scores, np.asarray(owner, dtype=np.int64), pair_scores)  # a document: its best-read text
+    return scores
+
+
+def rerank_lists(reranker: Reranker | None, queries: Sequence[str], firsts: Sequence[RankedList], text_of: Reading, *,
+                 k: int, rerank_depth: int | Sequence[int], blend: float | None, batch_size: int = 32,
+                 per_query: Sequence[Reading] | None = None, always_score: bool = False) -> list[Reranked]:
+    """Rerank the top ``rerank_depth`` of each first-stage list; the rest of its top ``k`` follows in first-stage order.
+
+    ``text_of`` gives the text the reranker reads for a document id, or several texts (at least one): the document
+    then scores the highest of them (a passage engine reads a long document by the best passage of each first
+    stage). ``per_query``, one such function per query, when the texts depend on the query. ``rerank_depth``: one
+    for every query, or one per query (0: that query's list is left in its order).
+
+    Every query's (query, text) pairs are scored in one call, so batches are shared across queries. With no
+    reranker, or a blend of 0 (:func:`reorders`), the first stage's top ``k`` comes back unchanged, nothing scored
+    (unless ``always_score``: the scores are wanted for themselves, e.g. a relevance threshold).
+    """
+    if reranker is None or (not reorders(blend) and not always_score):
+        return [Reranked(first.truncate(k), {}) for first in firsts]
+    depths = [rerank_depth] * len(firsts) if isinstance(rerank_depth, int) else list(rerank_depth)
+    heads = [first.truncate(depth) for first, depth in zip(firsts, depths, strict=True)]
+    readers = list(per_query) if per_query is not None else [text_of] * len(queries)
+    scores = score_heads(reranker, queries, heads, readers, batch_size)
     out, at = [], 0
     for first, head in zip(firsts, heads):
         ce = scores[at:at + len(head)]

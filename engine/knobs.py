@@ -17,12 +17,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from twostage.engine.options import SEARCH_OPTIONS
 from twostage.indexer.engine_dir import FIRST_STAGES, EngineSettings, is_blend, renamed, with_changes
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.records import check_k
 
-KNOBS = ("first_stage", "rerank_depth", "rerank", "rerank_blend", "fusion", "dense_weight", "k_rrf",
-         "first_stage_depth", "min_relevance", "maxsim", "maxsim_depth", "maxsim_blend")
+KNOBS = tuple(option.name for option in SEARCH_OPTIONS)  # the options a call may change, described once
 
 
 @dataclass(frozen=True)

@@ -26,25 +26,24 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from twostage.engine.fusion import Reranked, dense_weights, fuse, reorders, rerank_lists
-from twostage.engine.knobs import blend_of, outside, settings_for
+from twostage.engine.fusion import reorders
+from twostage.engine.knobs import blend_of, settings_for
 from twostage.engine.models import Models, NoRetriever, query_encoder
 from twostage.engine.pages import PageToken, decode_page_token, encode_page_token, fingerprint, page_key
-from twostage.engine.steer import Expansion, Steering, diversify, group_pages, rocchio, split_steering
-from twostage.engine.steer import feedback as steer_feedback
+from twostage.engine.plan import EngineParts, make_plan
+from twostage.engine.stages import Read, SearchTrace, StageScores
+from twostage.engine.stages import rerank as stage_rerank
+from twostage.engine.stages import run as run_stages
+from twostage.engine.steer import Expansion, Steering, split_steering
 from twostage.indexer.engine_dir import EngineManifest, EngineSettings, with_changes
 from twostage.indexer.errors import ConfigError, DataError, PageExpiredError
 from twostage.indexer.filters import CheckedFilter, Where, check_filter, parse_filter
-from twostage.indexer.passages import by_document, split_id, word_starts
-from twostage.indexer.records import Document, Explanation, Hit, RankedList, SearchResult, check_encodable, check_k
-from twostage.indexer.work import checkpoint
+from twostage.indexer.passages import split_id
+from twostage.indexer.records import Document, Hit, RankedList, SearchResult, check_encodable, check_k
 from twostage.models.device import resolve_precisions
 
 if TYPE_CHECKING:
     from twostage.indexer.protocols import Reranker
-
-StageScores = dict[str, dict[str, float]]
-
 
 class TwoStageSearch(ABC):
     """The search methods of an engine. Subclasses set ``manifest``, ``version_dir`` and ``_models`` and provide
@@ -242,6 +241,12 @@ class TwoStageSearch(ABC):
         ``diversity`` (maximal marginal relevance's weight in [0, 1], or True for the default), ``group_by`` (a
         metadata field; ``group_size`` hits per value; ``k`` and ``offset`` then count groups) and ``explain`` (each
         hit carries how its score was made).
+
+        Raises:
+            ConfigError: an empty query, ``k`` or ``offset`` out of range, an unknown option or one asking for a part
+                the engine lacks (a reranker, token vectors, a retriever), a page token of another search.
+            FilterError: ``where`` is malformed or names a field no document has.
+            PageExpiredError: ``page_token`` belongs to a version no longer on disk.
         """
         if page_token is not None:
             if offset:
@@ -275,37 +280,26 @@ class TwoStageSearch(ABC):
 
         Each result's ``timings`` are the batch's seconds per stage divided by the number of queries.
         """
-        from twostage.indexer.passages import hit_passage
-
         queries = check_queries(queries)
-        ranking = self._ranked(queries, k, where, knobs, offset)
-        ranked, stage_scores, timings, reads = ranking.pages, ranking.stage_scores, ranking.timings, ranking.reads
+        trace = self._ranked(queries, k, where, knobs, offset)
         t = time.perf_counter()
-        ids = sorted({str(d) for r in ranked for d in r.ids})
-        docs = {entry[0].id: entry for entry in self.documents_with_passages(ids)}
-        analyzer = self.analyzer()
-        timings["fetch_s"] = time.perf_counter() - t
+        docs = dict(trace.read)  # what the reranker read, whole; the rest of the pages' documents read now
+        missing = sorted({str(d) for r in trace.pages for d in r.ids} - set(docs))
+        docs.update((entry[0].id, entry) for entry in self.documents_with_passages(missing))
+        trace.timings["fetch_s"] = time.perf_counter() - t
         n = len(queries)
-        per_query = {name: seconds / n for name, seconds in timings.items()}
+        per_query = {name: seconds / n for name, seconds in trace.timings.items()}
         per_query["total_s"] = sum(per_query.values())
         key: bytes | None = None  # the page-token key, read once a batch
-        out = []
-        for q, (query, r, scores) in enumerate(zip(queries, ranked, stage_scores)):
-            hits = []
-            for rank, (d, s) in enumerate(zip(r.ids, r.scores), offset + 1):
-                doc, passages, starts = docs[str(d)]
-                stages = {name: table[str(d)] for name, table in scores.items() if str(d) in table}
-                best = split_id(reads[q][str(d)][0])[1] if reads is not None else None
-                hits.append(Hit(doc.id, float(s), rank, stages.get("first_stage"), doc.text, doc.title,
-                                dict(doc.metadata), stages, hit_passage(query, doc, passages, starts, best, analyzer),
-                                ranking.groups[q].get(str(d)) if ranking.groups is not None else None,
-                                ranking.explanations[q][str(d)] if ranking.explanations is not None else None))
+        out, analyzer = [], self.analyzer()
+        for q, (query, scores) in enumerate(zip(queries, trace.stage_scores)):
+            hits = tuple(hits_of(trace, q, scores, docs, offset, analyzer))
             following = None
-            if ranking.more[q] and not callable_where(where):
+            if trace.more[q] and not callable_where(where):
                 token = PageToken(self.version, offset + k, k, fingerprint(query, where, knobs), int(time.time()))
                 key = key or page_key(self.root)
                 following = encode_page_token(token, key)
-            out.append(SearchResult(query, tuple(hits), per_query, following))
+            out.append(SearchResult(query, hits, per_query, following))
         return out
 
     def ranked(self, query: str, k: int = 10, *, where: Where = None, offset: int = 0, **knobs: Any) -> RankedList:
@@ -368,140 +362,19 @@ class TwoStageSearch(ABC):
         check_filter(f, self.metadata_kinds())
         return CheckedFilter(f)
 
+    def parts(self) -> EngineParts:
+        """What this engine holds that a search's plan depends on."""
+        m = self.manifest
+        return EngineParts(m.retriever is not None, m.reranker is not None, self.has_reranker, m.late is not None)
+
     def _ranked(self, queries: list[str], k: int, where: Where, knobs: Mapping[str, Any],
-                offset: int = 0) -> Ranking:
-        """Each query's page of final ids and scores, with what the hits carry (:class:`Ranking`)."""
-        steer, knobs = split_steering(knobs)
-        s, rerank = settings_for(self.settings, knobs)
-        k = check_k(k)
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise ConfigError(f"offset must be an integer >= 0, got {offset!r}")
+                offset: int = 0) -> SearchTrace:
+        """Each query's page of final ids and scores, with what the hits carry: the plan made once, then every
+        stage (:mod:`twostage.engine.stages`)."""
+        plan = make_plan(self.settings, knobs, k, offset, self.parts())
         where = self.check_where(where)
-        if knobs.get("rerank") is True and self.manifest.reranker is None:
-            raise ConfigError("rerank: this engine has no reranker, so there is nothing to rerank with; search "
-                              "without rerank, or build the engine with --reranker")
-        if knobs.get("maxsim") is True and self.manifest.late is None:
-            raise ConfigError("maxsim: this engine holds no token vectors, so there is no MaxSim stage; search without "
-                              "maxsim, or build the engine with --late-interaction MODEL")
-        self.check_steering(steer)
-        t = time.perf_counter()
-        reranker = self.reranker if rerank else None  # loaded (and exported) on first use
-        loading = time.perf_counter() - t
-        if s.min_relevance and reranker is None and self.manifest.reranker is not None:
-            raise ConfigError("min_relevance needs the reranker's score, and this search turns the reranker off "
-                              "(rerank false); search with the reranker, or without min_relevance")
-        window = max(s.first_stage_depth, s.rerank_depth) if reranker is not None else s.first_stage_depth
-        if offset >= window:
-            raise ConfigError(f"offset {offset} is past the {window} hits one query ranks (the engine's "
-                              "first_stage_depth); raise first_stage_depth (a knob), or narrow the query with a filter")
-        # pages (offset > 0) read one fixed list of `window` hits, so consecutive pages never overlap or skip;
-        # a first page asking for more than the window ranks deeper
-        end = min(offset + k, window) if offset else k
-        n_first = max(end, s.rerank_depth) if reranker is not None else end
-        n = max(window, n_first)
-        timings: dict[str, float] = {}
-        vectors = None
-        if s.first_stage != "bm25" and self.manifest.retriever is None:
-            raise ConfigError(f"first_stage {s.first_stage} needs a retriever, and this engine was built without one "
-                              "(BM25 only): search with first_stage bm25, or rebuild the engine with --retriever")
-        languages = self.query_languages(queries, s)
-        # a query in a language the dense model does not know is searched by BM25 alone (its model card says so)
-        dense_off = outside(s.dense_languages, languages) if s.first_stage == "hybrid" else []
-        stage = "bm25" if dense_off and all(dense_off) else s.first_stage  # then nothing is encoded
-        feedback = steer_feedback(self, steer, stage) if steer.feedback else None
-        if stage in ("dense", "hybrid"):
-            t = time.perf_counter()
-            encoder = None if steer.similar else self.query_side  # loaded (and exported) on first use
-            loading += time.perf_counter() - t
-            t = time.perf_counter()
-            vectors = None if encoder is None else encoder.encode(queries, kind="query", batch_size=s.batch_size)
-            if feedback is not None:
-                vectors = rocchio(vectors, feedback.liked, feedback.unliked, len(queries))
-            timings["encode_s"] = time.perf_counter() - t
-        excluded = steer.excluded
-        expansion = feedback.expansion if feedback is not None else None
-        checkpoint()  # a stage boundary: a stopped request (its client gone, its deadline past) ends here
-        lists = self.candidates(queries, vectors, stage, n + len(excluded), where, timings, expansion)
-        lexical = lists.get("bm25")
-        reads = None
-        if s.passages.enabled:  # each stage's best passages -> documents, and the passages each one is read by
-            lists, reads = by_document(lists)
-        if excluded:
-            lists = {name: [without(r, excluded).truncate(n) for r in ls] for name, ls in lists.items()}
-        t = time.perf_counter()
-        if stage == "hybrid":
-            weights = dense_weights(s.dense_weight)
-            firsts = [b.truncate(n) if skip else fuse([b, d], s.fusion, k_rrf=s.k_rrf, weights=weights).truncate(n)
-                      for b, d, skip in zip(lists["bm25"], lists["dense"], dense_off or [False] * len(queries))]
-        else:
-            firsts = [f.truncate(n) for f in lists[stage]]
-        timings["fuse_s"] = time.perf_counter() - t
-        late, fused = None, firsts
-        checkpoint()
-        if s.maxsim and self.manifest.late is not None and not steer.similar:
-            t = time.perf_counter()
-            encoder = self.late  # loaded on first use
-            loading += time.perf_counter() - t
-            t = time.perf_counter()
-            # MaxSim steps aside for a query in a language its model's card does not list (English token states
-            # never reorder a Chinese query's candidates)
-            late = self._maxsim(queries, firsts, reads, s, encoder, outside(self.late_languages(), languages))
-            firsts = [r.ranked for r in late]
-            timings["maxsim_s"] = time.perf_counter() - t
-        if loading > 0.005:  # a model loaded by this search: its own line, not the encoding's
-            timings["load_s"] = loading
-        skip_rerank = outside(s.rerank_languages, languages) if reranker is not None else []
-        cut = max(n, end) if steer.reorders else end  # diversity and grouping reorder the whole window
-        checkpoint()
-        reranked, relevance = self._rerank(queries, firsts, reads, s, reranker, cut, timings, skip_rerank)
-        stage_scores = []
-        for i, (first, res) in enumerate(zip(fused, reranked)):
-            scores = {name: dict(zip(map(str, ls[i].ids), ls[i].scores.astype(float).tolist()))
-                      for name, ls in lists.items()}
-            scores["first_stage"] = dict(zip(map(str, first.ids), first.scores.astype(float).tolist()))
-            if late is not None and late[i].rerank_scores:
-                scores["maxsim"] = dict(late[i].rerank_scores)
-            if res.rerank_scores:
-                scores["rerank"] = dict(res.rerank_scores)
-            if relevance[i]:
-                scores["relevance"] = relevance[i]
-            stage_scores.append(scores)
-        finals = [r.ranked for r in reranked]
-        diversified = None
-        checkpoint()
-        if steer.diversity > 0:
-            t = time.perf_counter()
-            diversified = diversify(self, finals, reads, steer.diversity,
-                                    None if steer.group_by is not None else end)
-            finals = [d.ranked for d in diversified]
-            timings["diversity_s"] = time.perf_counter() - t
-        groups = None
-        if steer.group_by is not None:
-            pages, groups, more = group_pages(self, finals, steer, offset, k)
-        else:
-            pages = [RankedList(f.ids[offset:end], f.scores[offset:end]) for f in finals]
-            more = [len(p) == k and offset + k < window for p in pages]
-        explanations = None
-        if steer.explain:
-            from twostage.engine.explain import explanations as explain_pages
-
-            explanations = explain_pages(self, queries, pages, lists, lexical, firsts, reranked, relevance,
-                                         diversified, s, stage, dense_off, skip_rerank, reranker, expansion, steer,
-                                         late, fused)
-        return Ranking(pages, stage_scores, timings, reads, more, groups, explanations)
-
-    def _maxsim(self, queries: list[str], firsts: list[RankedList], reads: list[dict[str, tuple[str, ...]]] | None,
-                s: EngineSettings, encoder: Any, skip: Sequence[bool] = ()) -> list[Reranked]:
-        """Each first-stage list with its top ``maxsim_depth`` reordered by MaxSim (blended with the first stage by
-        ``maxsim_blend``; in a passage engine a document scores its best passage among those it was found by), the
-        rest following in order; the lists keep their length. ``skip``: queries left as they are (a language the
-        late-interaction model's card does not list)."""
-        vectors = encoder.encode_tokens(queries, kind="query", batch_size=s.batch_size)
-        scorer = MaxSimScorer(self, dict(zip(queries, vectors)))
-        per_query = [lambda d, r=r: list(dict.fromkeys(r[d])) for r in reads] if reads is not None else None
-        depths = [0 if skip and skip[i] else s.maxsim_depth for i in range(len(queries))]
-        return rerank_lists(scorer, queries, firsts, str, k=max([len(f) for f in firsts] + [1]),
-                            rerank_depth=depths, blend=s.maxsim_blend, per_query=per_query)
+        self.check_steering(plan.steer)
+        return run_stages(self, plan, queries, self.query_languages(queries, plan.settings), where)
 
     def check_steering(self, steer: Steering) -> None:
         """The steering options against this engine: a field to group by some document has, vectors to diversify
@@ -538,53 +411,6 @@ class TwoStageSearch(ABC):
         analyzer = self.analyzer()
         return [analyzer.language_of(q) for q in queries]
 
-    def _rerank(self, queries: list[str], firsts: list[RankedList], reads: list[dict[str, tuple[str, ...]]] | None,
-                s: EngineSettings, reranker: Any, end: int, timings: dict[str, float],
-                skip: Sequence[bool] = ()) -> tuple[list[Reranked], list[dict[str, float]]]:
-        """Each query's first-stage list with its top ``rerank_depth`` read by ``reranker`` (None: as it is) and
-        blended, cut to ``end``; each reranked document's probability of relevance (when calibrated), the ones
-        below ``min_relevance`` dropped. ``reads``: in a passage engine, the passages each document is read by (its
-        best passage in each first stage; the reranker's score is the highest of them). ``skip``: queries left in
-        their first-stage order (a language the reranker does not know)."""
-        t = time.perf_counter()
-        depths = [0 if skip and skip[i] else s.rerank_depth for i in range(len(queries))]
-        alpha = blend_of(s, reranker, s.first_stage)
-        if s.min_relevance and (reranker is None or s.rerank_calibration is None):
-            raise ConfigError("min_relevance needs a calibrated reranker: this engine has "
-                              + ("no reranker" if reranker is None else "no calibration (fit one on judged dev queries "
-                                 "with `twostage calibrate ENGINE --data DIR`)") + "; or search without it")
-        scored = reranker is not None and (reorders(alpha) or s.min_relevance > 0)
-        heads = sorted({str(d) for f, depth in zip(firsts, depths) for d in f.ids[:depth]}) if scored else []
-        per_query = None
-        if reads is None:
-            texts = {d.id: d.full_text for d in self.documents(heads)}  # one read for every query's candidates
-        else:  # a document is read by its best passage in each first stage (title in front, as the first stages
-            # read it), or whole when it has at most rerank_whole_up_to words (as far as the reranker reads)
-            pids = ({p for r, f, depth in zip(reads, firsts, depths) for d in f.ids[:depth] for p in r[str(d)]}
-                    if scored else set())
-            if s.rerank_whole_up_to:  # one read: each candidate with its passages
-                texts = {}
-                for doc, passages, _ in self.documents_with_passages(heads):
-                    if len(word_starts(doc.text, s.passages.cjk_characters)) <= s.rerank_whole_up_to:
-                        texts[doc.id] = doc.full_text
-                    else:
-                        texts.update((p.id, p.full_text) for p in passages if p.id in pids)
-            else:
-                texts = {p.id: p.full_text for p in self.passages(sorted(pids))}
-            per_query = [lambda d, r=r: texts[d] if d in texts else [texts[p] for p in r[d]] for r in reads]
-        reranked = rerank_lists(reranker, queries, firsts, texts.__getitem__, k=end, rerank_depth=depths,
-                                blend=alpha, batch_size=s.batch_size, per_query=per_query,
-                                always_score=s.min_relevance > 0)
-        if scored and s.rerank_calibration is not None:  # each reranked document's probability of relevance
-            relevance = [relevance_of(r.rerank_scores, s.rerank_calibration) for r in reranked]
-            if s.min_relevance:
-                reranked = [above(r, rel, s.min_relevance) for r, rel in zip(reranked, relevance)]
-        else:
-            relevance = [{} for _ in reranked]
-        if scored:
-            timings["rerank_s"] = time.perf_counter() - t
-        return reranked, relevance
-
     def rerank(self, queries: Sequence[str], candidates: Sequence[RankedList], **knobs: Any) -> list[RankedList]:
         """First-stage lists from elsewhere (a run file's: one per query, every document in this engine) reranked by
         this engine's own reranking: each list's top ``rerank_depth`` read by the reranker as the engine reads a
@@ -601,35 +427,8 @@ class TwoStageSearch(ABC):
         if self.reranker is None:
             raise ConfigError("this engine has no reranker; build it with --reranker")
         end = check_k(max(len(c) for c in candidates) or 1)
-        reranked, _ = self._rerank(queries, list(candidates), None, s, self.reranker, end, {})
+        reranked, _, _ = stage_rerank(self, queries, list(candidates), None, s, self.reranker, end, {})
         return [r.ranked for r in reranked]
-
-
-@dataclass(frozen=True)
-class Ranking:
-    """One batch's ranking: each query's page (ids and final scores), each stage's scores, the seconds of each stage,
-    in a passage engine the passages each document is read by (:func:`~twostage.indexer.passages.by_document`: the
-    first is the one a hit shows), whether a further page exists, and when asked each hit's group value and
-    explanation."""
-
-    pages: list[RankedList]
-    stage_scores: list[StageScores]
-    timings: dict[str, float]
-    reads: list[dict[str, tuple[str, ...]]] | None
-    more: list[bool]
-    groups: list[dict[str, Any]] | None = None
-    explanations: list[dict[str, Explanation]] | None = None
-
-
-class MaxSimScorer:
-    """MaxSim as :func:`~twostage.engine.fusion.rerank_lists` calls a scorer: ``score(query, ids)``, the query's
-    token vectors computed once for the batch."""
-
-    def __init__(self, engine: TwoStageSearch, vectors: Mapping[str, np.ndarray]) -> None:
-        self.engine, self.vectors = engine, vectors
-
-    def score(self, query: str, ids: Sequence[str]) -> np.ndarray:
-        return self.engine.token_scores(self.vectors[query], list(ids))
 
 
 @dataclass(frozen=True)
@@ -650,26 +449,21 @@ def load_late(path: Path, *, precision: str, **kwargs: Any) -> Any:
     return LateEncoder.load(path, precision=precision, **kwargs)
 
 
-def without(ranked: RankedList, ids: frozenset[str]) -> RankedList:
-    """``ranked`` less the documents in ``ids``."""
-    keep = np.array([str(d) not in ids for d in ranked.ids], dtype=bool)
-    return RankedList(ranked.ids[keep], ranked.scores[keep]) if len(keep) else ranked
+def hits_of(trace: SearchTrace, q: int, scores: StageScores, docs: Mapping[str, Read], offset: int,
+            analyzer: Any) -> Iterable[Hit]:
+    """Query ``q``'s page as hits, each filled in from its document in ``docs`` (with its passages: the one shown is
+    its best, with the query's terms marked)."""
+    from twostage.indexer.passages import hit_passage
 
-
-def relevance_of(rerank_scores: Mapping[str, float], calibration: tuple[float, float]) -> dict[str, float]:
-    """Each reranked document's calibrated probability of relevance (:mod:`twostage.engine.calibration`)."""
-    from twostage.engine.calibration import probability
-
-    ids = list(rerank_scores)
-    return dict(zip(ids, probability(np.array([rerank_scores[d] for d in ids]), calibration).tolist()))
-
-
-def above(reranked: Reranked, relevance: Mapping[str, float], threshold: float) -> Reranked:
-    """``reranked`` without the documents whose probability of relevance is below ``threshold`` (the documents
-    below the rerank depth have none: they go too)."""
-    keep = np.array([relevance.get(str(d), -1.0) >= threshold for d in reranked.ranked.ids], dtype=bool)
-    ranked = RankedList(reranked.ranked.ids[keep], reranked.ranked.scores[keep])
-    return Reranked(ranked, reranked.rerank_scores)
+    page, reads = trace.pages[q], trace.reads
+    for rank, (d, score) in enumerate(zip(page.ids, page.scores), offset + 1):
+        doc, passages, starts = docs[str(d)]
+        stages = {name: table[str(d)] for name, table in scores.items() if str(d) in table}
+        best = split_id(reads[q][str(d)][0])[1] if reads is not None else None
+        yield Hit(doc.id, float(score), rank, stages.get("first_stage"), doc.text, doc.title, dict(doc.metadata),
+                  stages, hit_passage(trace.queries[q], doc, passages, starts, best, analyzer),
+                  trace.groups[q].get(str(d)) if trace.groups is not None else None,
+                  trace.explanations[q][str(d)] if trace.explanations is not None else None)
 
 
 def callable_where(where: Where) -> bool:

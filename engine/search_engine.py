@@ -88,6 +88,10 @@ class SearchEngine(TwoStageSearch):
 
         The models load on first search, on ``device`` (cpu, cuda, cuda:N or auto: a CUDA GPU when there is one);
         their weights are checked against the recorded sha256 then.
+
+        Raises:
+            IndexFormatError: ``path`` is not an engine, or a file is missing, altered (size, sha256) or of a newer
+                format.
         """
         root = Path(path)
         if not root.is_dir():
@@ -455,6 +459,12 @@ class SearchEngine(TwoStageSearch):
 
         ``ray_actors``: encode the corpus with that many Ray actors (``pip install 'twostage-search[ray]'``; a local
         Ray instance, or the cluster at ``ray_address``), on CPU; the engine written is the one encoded here.
+
+        Raises:
+            DataNotFoundError: ``corpus`` does not exist.
+            DataError: a corpus line or file that cannot be read (named, with its line), or duplicate ids.
+            ModelNotFoundError: a model name or directory that is not on this machine.
+            ConfigError: a setting out of range, or ``path`` already holding something else.
         """
         from twostage.engine import writes
 
@@ -465,7 +475,12 @@ class SearchEngine(TwoStageSearch):
 
     def add(self, documents: CorpusSource, *, show_progress: bool = False) -> SearchEngine:
         """Add documents (new ids only) to documents, BM25 and the dense index in one version; returns it. A
-        passage engine adds every passage of each document in that version."""
+        passage engine adds every passage of each document in that version.
+
+        Raises:
+            DataError: a document that cannot be read, or an id the engine already holds (nothing is written).
+            WriterBusyError: another writer holds the lock past the wait.
+        """
         from twostage.engine import writes
 
         return writes.add(self, documents, show_progress=show_progress)
@@ -479,7 +494,13 @@ class SearchEngine(TwoStageSearch):
 
     def delete(self, ids: Iterable[str]) -> SearchEngine:
         """Delete documents by id (an unknown id is an error naming it), in one version; a passage engine deletes
-        every passage of each."""
+        every passage of each.
+
+        Raises:
+            ConfigError: no ids, or an id that is not a string.
+            DataError: an id the engine does not hold (named; nothing is written).
+            WriterBusyError: another writer holds the lock past the wait.
+        """
         from twostage.engine import writes
 
         return writes.delete(self, ids)

@@ -17,7 +17,9 @@ import warnings as _warnings
 
 __all__ = [
     # records
-    "Document", "Hit", "RankedList", "Qrels", "TwostageError",
+    "Document", "Hit", "SearchResult", "RankedList", "Qrels", "TwostageError",
+    # the plug-in points (typing.Protocol): what an encoder, a retriever and a reranker provide
+    "Encoder", "Retriever", "Reranker",
     # corpora and data sets
     "load_corpus", "BeirDataset",
     # the engine
@@ -31,7 +33,8 @@ __all__ = [
 
 _WHERE = {
     "Document": "indexer.records", "Hit": "indexer.records", "RankedList": "indexer.records",
-    "Qrels": "indexer.records", "TwostageError": "indexer.errors",
+    "Qrels": "indexer.records", "SearchResult": "indexer.records", "TwostageError": "indexer.errors",
+    "Encoder": "indexer.protocols", "Retriever": "indexer.protocols", "Reranker": "indexer.protocols",
     "load_corpus": "indexer.corpus", "BeirDataset": "indexer.beir",
     "SearchEngine": "engine.search_engine", "ShardedEngine": "engine.sharded", "open_engine": "engine.door",
     "EngineSettings": "indexer.engine_dir",
@@ -43,7 +46,7 @@ _WHERE = {
 
 # names the facade exported before it was cut to the ones above: still resolved, with a warning saying where they live
 _MOVED = {
-    **dict.fromkeys(("Query", "Passage", "Judgment", "SearchResult"), "twostage.indexer.records"),
+    **dict.fromkeys(("Query", "Passage", "Judgment"), "twostage.indexer.records"),
     **dict.fromkeys(("DataError", "DataNotFoundError", "ConfigError", "IndexFormatError", "MissingDependencyError",
                      "WriterBusyError", "ModelNotFoundError", "UntrainedHeadError", "FilterError",
                      "PageExpiredError"), "twostage.errors"),
@@ -65,7 +68,8 @@ if _typing.TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from twostage.indexer.corpus import load_corpus
     from twostage.indexer.engine_dir import EngineSettings
     from twostage.indexer.errors import TwostageError
-    from twostage.indexer.records import Document, Hit, Qrels, RankedList
+    from twostage.indexer.protocols import Encoder, Reranker, Retriever
+    from twostage.indexer.records import Document, Hit, Qrels, RankedList, SearchResult
     from twostage.reranker.cross_encoder import CrossEncoder
     from twostage.reranker.training import RerankerConfig
     from twostage.retriever.biencoder import BiEncoder

@@ -273,6 +273,13 @@ class Index:
         excluded = len(allowed) - n_allowed
         if self._ann is None or (where is not None and n_allowed <= EXACT_BELOW):
             return self._exact(q, k, allowed)
+        return self._graph_search(q, k, allowed, params, excluded)
+
+    def _graph_search(self, q: np.ndarray, k: int, allowed: np.ndarray, params: dict[str, Any],
+                      excluded: int) -> list[RankedList]:
+        """The ANN structure's top ``k`` allowed rows for each query vector (rescored by the exact vectors when the
+        codes are compressed); a query the graph leaves short is searched exactly."""
+        n_allowed = len(allowed) - excluded
         rescore = int(params.get("rescore", 0))
         want = max(k, k * rescore)
         out: list[RankedList | None] = [None] * len(q)
@@ -282,6 +289,7 @@ class Index:
         # exact search for any query the graph still leaves short.
         fetch = min(len(allowed), int(np.ceil(want * len(allowed) / n_allowed * (2 if excluded else 1))))
         for _ in range(2):
+            assert self._ann is not None
             with self._lock:
                 labels, scores = self._ann.search(q[todo], fetch, params)
             short = []

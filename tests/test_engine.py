@@ -417,3 +417,78 @@ def test_the_engine_blends_with_each_first_stages_own_weight(built, monkeypatch)
         assert after.ids == before.ids and [h.score for h in after.hits] == [h.score for h in before.hits]
     finally:
         reranker.blends = {}
+
+
+def test_hits_are_read_from_the_store_once(built, monkeypatch):
+    """The reranker reads its candidates' documents; the hits are made from those (no second read of the page's)."""
+    read: list[str] = []
+    rows: list[int] = []
+    whole, at = built.documents_with_passages, built.index.store.documents_at
+
+    def counted(ids):
+        read.extend(ids)
+        return whole(ids)
+
+    def counted_rows(r):
+        rows.append(len(r))
+        return at(r)
+
+    monkeypatch.setattr(built, "documents_with_passages", counted)
+    monkeypatch.setattr(built.index.store, "documents_at", counted_rows)
+    result = built.search("why do cats purr", k=3, rerank_depth=12)
+    assert len(result.hits) == 3 and all("rerank" in h.stage_scores for h in result.hits)
+    assert len(read) == len(set(read)) == 12  # each of the 12 reranked documents once, the 3 hits among them
+    assert {h.id for h in result.hits} <= set(read)
+    assert len(rows) == 1  # one read of the store for the whole query
+    read.clear()
+    deeper = built.search("why do cats purr", k=15, rerank_depth=12)  # 3 hits below the rerank depth: read after
+    assert len(read) == len(set(read)) == 15 and [h.id for h in deeper.hits[:3]] == [h.id for h in result.hits]
+
+
+def test_the_plan_of_a_search():
+    from twostage.engine.plan import EngineParts, make_plan
+    from twostage.indexer.engine_dir import EngineSettings
+
+    s = EngineSettings(first_stage_depth=100, rerank_depth=20)
+    full, bare = EngineParts(True, True, True, False), EngineParts(False, False, False, False)
+    p = make_plan(s, {}, 10, 0, full)
+    assert (p.rerank, p.window, p.end, p.depth, p.cut, p.maxsim) == (True, 100, 10, 100, 10, False)
+    p = make_plan(s, {"first_stage_depth": 30, "rerank_depth": 50}, 10, 40, full)  # a page of the rerank window
+    assert (p.window, p.end, p.depth) == (50, 50, 50)
+    p = make_plan(s, {"diversity": 0.5}, 10, 0, full)  # diversity reorders the whole list: nothing cut before it
+    assert p.cut == p.depth == 100
+    assert make_plan(s, {"rerank": False}, 200, 0, full).depth == 200  # a first page past the window ranks deeper
+    with pytest.raises(ConfigError, match="offset 100 is past"):
+        make_plan(s, {}, 10, 100, full)
+    with pytest.raises(ConfigError, match="no reranker"):
+        make_plan(s, {"rerank": True}, 10, 0, bare)
+    with pytest.raises(ConfigError, match="needs a retriever"):
+        make_plan(s, {}, 10, 0, bare)
+    with pytest.raises(ConfigError, match="no token vectors"):
+        make_plan(s, {"maxsim": True}, 10, 0, full)
+
+
+def test_the_walk_of_one_search_is_short_functions(built):
+    """Every function of twostage that one default search calls (models loaded) is at most 50 lines long."""
+    import inspect
+
+    import twostage
+
+    built.search("why do cats purr", k=10)
+    root = str(Path(twostage.__file__).parent)
+    called = set()
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(root):
+            called.add(frame.f_code)
+
+    sys.setprofile(profile)
+    try:
+        built.search("why do cats purr", k=10)
+    finally:
+        sys.setprofile(None)
+    lengths = {f"{c.co_filename[len(root) + 1:]}:{c.co_qualname}": len(inspect.getsourcelines(c)[0])
+               for c in called if not c.co_name.startswith("<")}  # comprehensions count in their function
+    assert "engine/stages.py:rerank_stage" in lengths and len(lengths) > 40
+    long = {name: n for name, n in lengths.items() if n > 50}
+    assert not long, long

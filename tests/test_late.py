@@ -479,40 +479,6 @@ def test_bench_systems_with_and_without_maxsim(models, tmp_path):
         SYSTEMS["hybrid+maxsim"](corpus, SystemOptions(retriever_model=str(retriever), device="cpu"))
 
 
-PYLATE_SCRIPT = """
-import json, sys
-import numpy as np
-from pylate import models
-model = models.ColBERT(sys.argv[1], device="cpu")
-texts = json.loads(sys.argv[2])
-out = {}
-for kind in ("query", "document"):
-    vectors = model.encode(texts, is_query=kind == "query", convert_to_numpy=True)
-    out[kind] = [np.asarray(v, dtype=np.float32).tolist() for v in vectors]
-print(json.dumps(out))
-"""
-
-
-def test_equal_to_pylate_where_it_installs(pylate_dir, stanford_dir, tmp_path):
-    """PyLate pins its own transformers and sentence-transformers, so it lives in another environment:
-    TWOSTAGE_PYLATE_PYTHON names that environment's python (skipped without it)."""
-    import os
-    import subprocess
-
-    python = os.environ.get("TWOSTAGE_PYLATE_PYTHON")
-    if not python:
-        pytest.skip("TWOSTAGE_PYLATE_PYTHON (a python with pylate installed) is not set")
-    for path in (pylate_dir, stanford_dir):
-        done = subprocess.run([python, "-c", PYLATE_SCRIPT, str(path), json.dumps(TEXTS)], capture_output=True,
-                              text=True, timeout=600)
-        assert done.returncode == 0, done.stderr[-2000:]
-        theirs = json.loads(done.stdout.strip().splitlines()[-1])
-        enc = LateEncoder.load(path)
-        for kind in ("query", "document"):
-            for ours, want in zip(enc.encode_tokens(TEXTS, kind=kind), theirs[kind]):
-                np.testing.assert_allclose(ours, np.array(want, dtype=np.float32), atol=1e-5, err_msg=f"{path} {kind}")
-
-
 def test_four_bit_codes_and_the_projection():
     from twostage.indexer.tokens import TokenCodec, fit_projection
 

@@ -73,7 +73,7 @@ def test_the_facade_is_the_few_names_a_user_needs():
     import twostage.errors
     from twostage.indexer import errors
 
-    assert len(twostage.__all__) <= 21 and len(set(twostage.__all__)) == len(twostage.__all__)
+    assert len(twostage.__all__) <= 25 and len(set(twostage.__all__)) == len(twostage.__all__)
     assert dir(twostage) == sorted(twostage.__all__)
     defined = {n for n in vars(errors) if isinstance(getattr(errors, n), type)
                and issubclass(getattr(errors, n), errors.TwostageError)}
@@ -83,6 +83,7 @@ def test_the_facade_is_the_few_names_a_user_needs():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert twostage.TwostageError is errors.TwostageError
+        assert twostage.SearchResult.__name__ == "SearchResult" and twostage.Encoder.__name__ == "Encoder"
     with pytest.raises(AttributeError):
         twostage.no_such_name  # noqa: B018
 

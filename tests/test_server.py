@@ -425,3 +425,23 @@ def test_bulk_pieces_wait_while_searches_run_but_a_search_never_waits_for_itself
         assert b(["y1", "y2", "y3"]) == ["y1", "y2", "y3"]
     assert time.perf_counter() - t < 1
     b.close()
+
+
+def test_the_search_options_are_named_once():
+    """The HTTP request's fields and the `twostage search` flags are made from the one description of the search
+    options: every option is both, with its range and help, and the Python keywords are its names."""
+    from twostage.app.cli import build_parser
+    from twostage.app.server import SearchOptions
+    from twostage.engine.knobs import KNOBS
+    from twostage.engine.options import SEARCH_OPTIONS
+
+    assert KNOBS == tuple(o.name for o in SEARCH_OPTIONS)
+    fields = SearchOptions.model_fields
+    search = next(a for a in build_parser()._actions if getattr(a, "choices", None) and "search" in a.choices)
+    flags = {f: action for action in search.choices["search"]._actions for f in action.option_strings}
+    for o in SEARCH_OPTIONS:
+        assert fields[o.name].description == o.help == flags[o.flag].help, o.name
+        assert (flags[o.flag].choices or ()) == o.choices
+    with pytest.raises(Exception, match="less than or equal to 1"):
+        SearchOptions(dense_weight=2)
+    assert SearchOptions(rerank_blend="none").rerank_blend == "none"
