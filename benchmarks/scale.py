@@ -136,6 +136,15 @@ class AnonPeak:
         self.peak = max(self.peak, self.now())
 
 
+def report(args: argparse.Namespace, row: str, peak: float, p50: float) -> None:
+    """An exact part's result: its table row (appended to ``--md`` when given) and the last line."""
+    if args.md:
+        with open(args.md, "a", encoding="utf-8") as fh:
+            fh.write(row + "\n")
+    print(row)
+    print(f"scale: {args.docs} docs, mode {args.mode}, peak RSS {peak:.2f} GB, recall@10 1.000, p50 {p50:.2f} ms")
+
+
 def bm25_shard(args: argparse.Namespace) -> None:
     from twostage.retriever.analyzer import AnalyzerConfig
     from twostage.retriever.bm25 import BM25Config, BM25Retriever
@@ -165,11 +174,7 @@ def bm25_shard(args: argparse.Namespace) -> None:
     row = (f"| {args.docs:,} | bm25 ({args.words + 1} terms a document, <= {postings / 1e6:,.0f}M postings) | "
            f"bm25s, en | {build_s:.0f} | {size / 2**20:.0f} | {peak:.2f} ({anon.peak / 2**30:.2f}, "
            f"{query_anon.peak / 2**30:.2f}) | 1.000 | {p50:.2f} | {p95:.2f} | - |")
-    if args.md:
-        with open(args.md, "a", encoding="utf-8") as fh:
-            fh.write(row + "\n")
-    print(row)
-    print(f"scale: {args.docs} docs, mode bm25, peak RSS {peak:.2f} GB, recall@10 1.000, p50 {p50:.2f} ms")
+    report(args, row, peak, p50)
 
 
 def token_shard(args: argparse.Namespace) -> None:
@@ -212,11 +217,7 @@ def token_shard(args: argparse.Namespace) -> None:
            f"{tokens / 1e6:,.0f}M tokens, {size / tokens:.1f} B a token) | MaxSim over {args.depth} rows | "
            f"{build_s:.0f} | {size / 2**20:,.0f} | {peak:.2f} ({anon.peak / 2**30:.2f}, {query_anon.peak / 2**30:.2f})"
            f" | 1.000 | {p50:.2f} (first 10: {first:.2f}) | {p95:.2f} | - |")
-    if args.md:
-        with open(args.md, "a", encoding="utf-8") as fh:
-            fh.write(row + "\n")
-    print(row)
-    print(f"scale: {args.docs} docs, mode tokens, peak RSS {peak:.2f} GB, recall@10 1.000, p50 {p50:.2f} ms")
+    report(args, row, peak, p50)
 
 
 def main() -> None:
