@@ -30,10 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from twostage.engine.settings import EngineSettings
 from twostage.engine.training import choose_blend, dev_scorer, retriever_dev, temporary_engine
 from twostage.indexer.atomic import to_json_dict, write_json
 from twostage.indexer.corpus import Corpus, CorpusSource, load_corpus
-from twostage.indexer.engine_dir import EngineSettings
 from twostage.indexer.errors import ConfigError
 from twostage.reranker.training import RerankerConfig, mix_negatives, train_reranker
 from twostage.retriever.bm25 import BM25Retriever

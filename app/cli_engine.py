@@ -11,16 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from twostage.app.cli import help_of
-from twostage.indexer.engine_dir import (
-    ANN_PARAMS,
-    FIRST_STAGES,
-    FUSIONS,
-    PRECISIONS,
-    EngineSettings,
-    check_ann_params,
-)
+from twostage.engine.settings import ANN_PARAMS, FIRST_STAGES, FUSIONS, EngineSettings, check_ann_params
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.vectors import BACKENDS, METRICS
+from twostage.models.device import PRECISIONS
 
 BATCH = 32  # queries searched together when reading them from a file
 
@@ -78,9 +72,9 @@ class _Renamed(argparse.Action):
 
 
 def add_renamed_flags(parser: argparse.ArgumentParser, place: str = "settings") -> None:
-    """The old names of ``place`` (:data:`twostage.indexer.engine_dir.RENAMES`), each a hidden flag setting its new
+    """The old names of ``place`` (:data:`twostage.engine.settings.RENAMES`), each a hidden flag setting its new
     flag (which the command has: tests/test_one_path.py checks), with a one-line notice when used."""
-    from twostage.indexer.engine_dir import renames
+    from twostage.engine.settings import renames
 
     for old, new in renames(place).items():
         parser.add_argument("--" + old.replace("_", "-"), dest=new, type=int if new.endswith("_depth") else str,
@@ -226,7 +220,6 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
 def _build(args: argparse.Namespace) -> int:
     from twostage.engine.search_engine import SearchEngine
     from twostage.engine.sharded import ShardedEngine
-
     from twostage.models.weights import check_model_name
 
     settings = _settings(args)
@@ -245,7 +238,6 @@ def _build(args: argparse.Namespace) -> int:
         from dataclasses import replace
 
         from twostage.app.adapt import adapt
-
         from twostage.engine.writes import choose_retriever
 
         corpus = corpus_of(args)  # `--retriever auto` (the default): adapt the model the build would choose
@@ -553,7 +545,6 @@ def _serve(args: argparse.Namespace) -> int:
     if args.protect_reads and api_key is None:
         raise ConfigError("--protect-reads puts /stats and /metrics behind the API key: give --api-key-env VAR too")
     from twostage.app.budgets import HELP, Budgets
-
     from twostage.app.server import allowed_hosts_for
 
     budgets = Budgets(**{name: getattr(args, f"max_{name}") for name in HELP})

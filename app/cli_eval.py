@@ -11,8 +11,9 @@ from typing import Any
 
 from twostage.app.cli import help_of
 from twostage.app.cli_engine import add_device_flag, add_renamed_flags, blend_setting
-from twostage.indexer.engine_dir import PRECISIONS, EngineSettings
+from twostage.engine.settings import EngineSettings
 from twostage.indexer.errors import ConfigError, DataError
+from twostage.models.device import PRECISIONS
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -126,7 +126,7 @@ class SearchOptions(_SearchKnobs):  # type: ignore[valid-type, misc]
 
     def knobs(self) -> dict[str, Any]:
         """The search options given (None: the engine's); old field names pass as they are, mapped by the engine's
-        one rename table (:data:`twostage.indexer.engine_dir.RENAMES`)."""
+        one rename table (:data:`twostage.engine.settings.RENAMES`)."""
         given = {"rerank_depth": self.rerank_depth, "k_retrieve": self.k_retrieve, "first_stage": self.first_stage,
                  "rerank": self.rerank, "rerank_blend": self.rerank_blend, "fusion": self.fusion,
                  "dense_weight": self.dense_weight, "k_rrf": self.k_rrf, "first_stage_depth": self.first_stage_depth,

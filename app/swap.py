@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from twostage.indexer.engine_dir import with_changes
+from twostage.engine.settings import with_changes
 from twostage.indexer.errors import ConfigError
 from twostage.models.weights import ModelNotFoundError, resolve_model
 

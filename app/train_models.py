@@ -18,9 +18,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from twostage.engine.settings import EngineSettings, renamed
 from twostage.engine.training import train_reranker_on, train_retriever_on
 from twostage.indexer.atomic import from_json_dict, to_json_dict
-from twostage.indexer.engine_dir import EngineSettings, renamed
 from twostage.indexer.errors import ConfigError
 from twostage.reranker.training import RerankerConfig
 from twostage.retriever.late import LateConfig

@@ -191,7 +191,7 @@ def write_report(args: Any, docs: list[Any], corr: dict[str, Any], corr_s: float
                  lat: dict[str, tuple[float, float, float]], worst: float, pages: dict[str, bool], build_s: float) -> None:
     import numpy as np
 
-    from twostage.indexer.engine_dir import EngineSettings
+    from twostage.engine.settings import EngineSettings
 
     d = EngineSettings()
     rows = "\n".join(f"| {c} | {p50:.1f} | {p95:.1f} | {p95 / lat['unfiltered'][1]:.2f}x | {fs:.2f} |"

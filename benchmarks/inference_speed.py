@@ -244,8 +244,8 @@ def main() -> None:
     from twostage import BeirDataset, BM25Retriever
     from twostage.engine.fusion import rerank_lists, rrf
     from twostage.engine.knobs import dev_choice
+    from twostage.engine.settings import EngineSettings
     from twostage.eval.metrics import mean_ndcg10
-    from twostage.indexer.engine_dir import EngineSettings
     from twostage.indexer.records import RankedList
     from twostage.reranker.cross_encoder import CrossEncoder
 

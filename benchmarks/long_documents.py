@@ -168,8 +168,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "long_documents")
     args = parser.parse_args()
 
+    from twostage.engine.settings import EngineSettings
     from twostage.indexer.beir import BeirDataset
-    from twostage.indexer.engine_dir import EngineSettings
 
     defaults = EngineSettings()
     args.passage_words = args.passage_words or defaults.passage_words

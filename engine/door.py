@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from twostage.engine.on_disk import WHAT, format_of
+from twostage.engine.on_disk import SHARDED_FORMAT, WHAT, format_of
 from twostage.engine.search_engine import SearchEngine
-from twostage.indexer.engine_dir import SHARDED_FORMAT, check_replicas
+from twostage.engine.settings import check_replicas
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.versions import current_version
 

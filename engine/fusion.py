@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from twostage.indexer.engine_dir import FUSIONS
+from twostage.engine.settings import FUSIONS
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.records import RankedList
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from twostage.engine.options import SEARCH_OPTIONS
-from twostage.indexer.engine_dir import FIRST_STAGES, EngineSettings, is_blend, renamed, with_changes
+from twostage.engine.settings import FIRST_STAGES, EngineSettings, is_blend, renamed, with_changes
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.records import check_k
 

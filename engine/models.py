@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from twostage.indexer.engine_dir import EngineManifest, ModelRef
+from twostage.engine.on_disk import EngineManifest, ModelRef
 from twostage.indexer.errors import ConfigError
 from twostage.models.device import resolve_device, resolve_precision
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from twostage.engine.knobs import settings_for
+from twostage.engine.settings import EngineSettings
 from twostage.engine.steer import Steering, split_steering
-from twostage.indexer.engine_dir import EngineSettings
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.records import check_k
 

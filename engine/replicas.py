@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 
 class ReplicatedShards:
-    """``replicas`` Ray actors (checked by :func:`twostage.indexer.engine_dir.check_replicas`) for each (shard root, version) in ``specs``;
+    """``replicas`` Ray actors (checked by :func:`twostage.engine.settings.check_replicas`) for each (shard root, version) in ``specs``;
     ``actor_class.options(...).remote(root, version, verify)`` starts one (the caller's Ray actor class)."""
 
     def __init__(self, ray: Any, actor_class: Any, specs: list[tuple[str, str]], *, verify: bool, replicas: int = 1,

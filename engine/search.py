@@ -29,13 +29,14 @@ import numpy as np
 from twostage.engine.fusion import reorders
 from twostage.engine.knobs import blend_of, settings_for
 from twostage.engine.models import Models, NoRetriever, query_encoder
+from twostage.engine.on_disk import EngineManifest
 from twostage.engine.pages import PageToken, decode_page_token, encode_page_token, fingerprint, page_key
 from twostage.engine.plan import EngineParts, make_plan
+from twostage.engine.settings import EngineSettings, with_changes
 from twostage.engine.stages import Read, SearchTrace, StageScores
 from twostage.engine.stages import rerank as stage_rerank
 from twostage.engine.stages import run as run_stages
 from twostage.engine.steer import Expansion, Steering, split_steering
-from twostage.indexer.engine_dir import EngineManifest, EngineSettings, with_changes
 from twostage.indexer.errors import ConfigError, DataError, PageExpiredError
 from twostage.indexer.filters import CheckedFilter, Where, check_filter, parse_filter
 from twostage.indexer.passages import split_id

@@ -5,7 +5,7 @@
 >>> result.hits[0].id, result.hits[0].title, result.hits[0].stage_scores, result.timings
 >>> engine = SearchEngine.load("engines/docs").add(new_docs).delete(["doc-17"])
 
-A version of the directory (:mod:`twostage.indexer.engine_dir`) holds the documents, the dense ANN index and the
+A version of the directory (:mod:`twostage.engine.on_disk`) holds the documents, the dense ANN index and the
 BM25 index over the same live documents, and names the two models by path and weights sha256. Every change
 (add, upsert, delete, compact) writes the next version beside the current one under the writer lock and switches
 to it atomically: a crash leaves all three parts old or all three new. An open engine keeps reading its version
@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from twostage.engine.models import Models
-from twostage.engine.on_disk import WHAT, format_of
+from twostage.engine.on_disk import WHAT, EngineManifest, format_of, read_engine_manifest
 from twostage.engine.search import TwoStageSearch
+from twostage.engine.settings import EngineSettings
 from twostage.engine.steer import Expansion
 from twostage.indexer.atomic import to_json_dict
-from twostage.indexer.engine_dir import EngineManifest, EngineSettings, read_engine_manifest
 from twostage.indexer.errors import ConfigError, DataError, IndexFormatError, PageExpiredError
 from twostage.indexer.filters import Where
 from twostage.indexer.index import Index, IndexChange

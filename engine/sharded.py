@@ -41,13 +41,14 @@ import numpy as np
 
 from twostage.engine.knobs import resolved_blends, with_model_languages
 from twostage.engine.models import Models
+from twostage.engine.on_disk import SHARDED_FORMAT
 from twostage.engine.replicas import ReplicatedShards
 from twostage.engine.search import TwoStageSearch, ids_to_delete
 from twostage.engine.search_engine import SearchEngine
+from twostage.engine.settings import EngineSettings, check_replicas, with_changes
 from twostage.engine.steer import Expansion
 from twostage.indexer.build import check_unique_ids, chunk_documents, slice_chunks
 from twostage.indexer.corpus import CorpusSource, iter_documents
-from twostage.indexer.engine_dir import SHARDED_FORMAT, EngineSettings, check_replicas, with_changes
 from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
 from twostage.indexer.filters import Where, merge_kinds
 from twostage.indexer.index import IndexChange

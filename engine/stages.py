@@ -23,9 +23,9 @@ import numpy as np
 from twostage.engine.fusion import Reranked, dense_weights, fuse, reorders, rerank_lists
 from twostage.engine.knobs import blend_of, outside
 from twostage.engine.plan import SearchPlan
+from twostage.engine.settings import EngineSettings
 from twostage.engine.steer import Diversified, Expansion, diversify, group_pages, rocchio
 from twostage.engine.steer import feedback as steer_feedback
-from twostage.indexer.engine_dir import EngineSettings
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.filters import Where
 from twostage.indexer.passages import by_document, word_starts

@@ -30,9 +30,9 @@ import numpy as np
 
 from twostage.engine.fusion import GRID, InterpolationChoice, one_se_blend, reorders
 from twostage.engine.search import TwoStageSearch
+from twostage.engine.settings import FIRST_STAGES, EngineSettings
 from twostage.indexer.beir import BeirDataset
 from twostage.indexer.corpus import Corpus, CorpusSource
-from twostage.indexer.engine_dir import FIRST_STAGES, EngineSettings
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.records import Qrels, Query, RankedList, top_k
 from twostage.models.device import cpu_precision

@@ -17,18 +17,18 @@ import numpy as np
 
 from twostage.engine.knobs import resolved_blends, with_model_languages
 from twostage.engine.models import Models, NoRetriever
+from twostage.engine.on_disk import WHAT, EngineManifest, ModelRef, counts, engine_files, format_of
 from twostage.engine.search import ids_to_delete
-from twostage.engine.on_disk import WHAT, counts, format_of
+from twostage.engine.settings import INDEX_SHAPE, EngineSettings, with_changes
 from twostage.indexer.build import check_out_dir, chunk_documents, encode_chunks, start_build, streamed_change
 from twostage.indexer.corpus import CorpusSource, iter_documents
-from twostage.indexer.engine_dir import EngineManifest, EngineSettings, ModelRef, engine_files, with_changes
 from twostage.indexer.errors import ConfigError, DataError
 from twostage.indexer.index import Index, IndexChange, link_or_copy, write_index_files
 from twostage.indexer.manifest import library_versions
 from twostage.indexer.passages import SEP, split_all
 from twostage.indexer.records import Document
-from twostage.indexer.vectors import BackendConfig
 from twostage.indexer.tokens import CodedTokens
+from twostage.indexer.vectors import BackendConfig
 from twostage.indexer.versions import commit, current_version, open_current, writer_lock
 from twostage.indexer.work import checkpoint
 from twostage.models.device import resolve_device, resolve_precisions
@@ -196,8 +196,15 @@ def late_interaction(self: SearchEngine, model: str | Path, *, dim: int = 0, bit
     import tempfile
 
     from twostage.engine.search import load_late
-    from twostage.indexer.tokens import (BITS, TokenCodec, code_rows, fit_projection, join_coded, write_coded,
-                                        write_manifest)
+    from twostage.indexer.tokens import (
+        BITS,
+        TokenCodec,
+        code_rows,
+        fit_projection,
+        join_coded,
+        write_coded,
+        write_manifest,
+    )
 
     self.check_writable()
     if bits not in BITS:
@@ -266,18 +273,17 @@ def late_interaction(self: SearchEngine, model: str | Path, *, dim: int = 0, bit
 
 def configure(self: SearchEngine, settings: EngineSettings | None = None, **changes: Any) -> SearchEngine:
     """A new version with other search settings (first stage, depths, blend, rerank, precision); the documents
-    and indexes are carried over as they are. Index-shape settings (backend, metric) need a rebuild."""
+    and indexes are carried over as they are. Index-shape settings (:data:`~twostage.engine.settings.INDEX_SHAPE`:
+    backend, metric, ANN parameters, passages, language) need a rebuild."""
     self.check_writable()
     new = with_changes(settings or self.settings, changes, "configure")
     if new.rerank_blend == "auto" and self.manifest.reranker is not None:  # the reranker's dev choice, as numbers
         new = resolved_blends(new, self.reranker)
-    for fixed in ("backend", "metric"):
-        if getattr(new, fixed) != getattr(self.index.manifest, fixed):
-            raise ConfigError(f"{fixed} is the shape of the dense index; rebuild the engine to change it")
-    for fixed in ("passage_words", "passage_stride", "passage_title", "passage_whole_up_to"):
-        if getattr(new, fixed) != getattr(self.settings, fixed):
-            raise ConfigError(f"{fixed} is how the documents were cut into passages; rebuild the engine to "
-                              "change it")
+    for fixed in INDEX_SHAPE:  # what the build made (settings.INDEX_SHAPE): a change needs a rebuild
+        was = getattr(self.index.manifest, fixed) if fixed in ("backend", "metric") else getattr(self.settings, fixed)
+        if getattr(new, fixed) != was:
+            raise ConfigError(f"{fixed} is part of the index's shape (how the documents were indexed and cut into "
+                              "passages); rebuild the engine to change it")
     engine = commit_change(self, lambda base: (base.index.change_unchanged(), None), settings=new)
     if resolve_precisions(new.precision) != resolve_precisions(self.settings.precision):
         engine._models = Models(requested_device=self._models.device_as_known)  # loaded again, new precision

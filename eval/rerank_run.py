@@ -14,9 +14,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from twostage.engine.settings import EngineSettings, is_blend, renamed, renames
 from twostage.eval.run import Run
 from twostage.indexer.beir import BeirDataset
-from twostage.indexer.engine_dir import EngineSettings, is_blend, renamed, renames
 from twostage.indexer.errors import ConfigError, DataError
 from twostage.indexer.records import check_k
 

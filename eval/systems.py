@@ -7,8 +7,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from twostage.engine.settings import EngineSettings, with_changes
 from twostage.indexer.corpus import Corpus
-from twostage.indexer.engine_dir import EngineSettings, with_changes
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.protocols import Retriever as SearchSystem
 from twostage.retriever.analyzer import for_language

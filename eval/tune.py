@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from twostage.indexer.engine_dir import FIRST_STAGES, EngineSettings
+from twostage.engine.settings import FIRST_STAGES, EngineSettings
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.records import Qrels, Query, RankedList
 

@@ -37,7 +37,7 @@ _WHERE = {
     "Encoder": "indexer.protocols", "Retriever": "indexer.protocols", "Reranker": "indexer.protocols",
     "load_corpus": "indexer.corpus", "BeirDataset": "indexer.beir",
     "SearchEngine": "engine.search_engine", "ShardedEngine": "engine.sharded", "open_engine": "engine.door",
-    "EngineSettings": "indexer.engine_dir",
+    "EngineSettings": "engine.settings",
     "BM25Retriever": "retriever.bm25", "BiEncoder": "retriever.biencoder", "CrossEncoder": "reranker.cross_encoder",
     "train": "app.train_models", "RetrieverRecipe": "retriever.recipe", "RerankerConfig": "reranker.training",
     "adapt": "app.adapt", "AdaptRecipe": "app.adapt",
@@ -61,12 +61,12 @@ if _typing.TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from twostage.app.train_models import train
     from twostage.engine.door import open_engine
     from twostage.engine.search_engine import SearchEngine
+    from twostage.engine.settings import EngineSettings
     from twostage.engine.sharded import ShardedEngine
     from twostage.eval.harness import run_bench
     from twostage.eval.metrics import evaluate
     from twostage.indexer.beir import BeirDataset
     from twostage.indexer.corpus import load_corpus
-    from twostage.indexer.engine_dir import EngineSettings
     from twostage.indexer.errors import TwostageError
     from twostage.indexer.protocols import Encoder, Reranker, Retriever
     from twostage.indexer.records import Document, Hit, Qrels, RankedList, SearchResult

@@ -11,8 +11,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from twostage.indexer.engine_dir import PRECISIONS
 from twostage.indexer.errors import ConfigError
+
+PRECISIONS = ("auto", "fp32", "bf16", "int8", "openvino-fp32", "openvino-int8")  # an engine's precision setting
 
 __all__ = ["CPU_ONLY", "DEVICES", "PRECISIONS", "ROLES", "bf16_for", "cpu_has_amx", "cpu_precision", "native_bf16",
            "precision_on", "release_freed_memory", "requested_device", "resolve_device", "resolve_precision",

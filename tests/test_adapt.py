@@ -151,9 +151,9 @@ def test_adapt_trains_both_models_from_the_corpus_alone(tmp_path, tiny_bert_dir,
 
 def test_engine_blend_fusion_and_its_tuning(tmp_path, models, sample_dir, monkeypatch):
     from twostage import SearchEngine
+    from twostage.engine.settings import EngineSettings
     from twostage.eval.tune import tune_engine, tune_fusion
     from twostage.indexer.beir import BeirDataset
-    from twostage.indexer.engine_dir import EngineSettings
 
     retriever, _ = models
     engine = SearchEngine.build(sample_dir, tmp_path / "e", retriever=retriever,

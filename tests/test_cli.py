@@ -116,7 +116,7 @@ def test_the_demo_says_what_the_reranker_did():
     import pandas as pd
 
     from twostage.app.demo import reranker_sentence
-    from twostage.indexer.engine_dir import EngineSettings
+    from twostage.engine.settings import EngineSettings
 
     table = pd.DataFrame({"ndcg@10": [0.70, 0.75, 0.80, 0.80]}, index=["dense", "dense+rerank", "hybrid",
                                                                        "hybrid+rerank"])

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from twostage.engine.settings import EngineSettings
 from twostage.indexer.atomic import from_json_dict, to_json_dict
-from twostage.indexer.engine_dir import EngineSettings
 from twostage.indexer.errors import ConfigError
 from twostage.retriever.analyzer import AnalyzerConfig
 from twostage.retriever.bm25 import BM25Config
@@ -29,7 +29,7 @@ def test_missing_keys_keep_defaults_and_nested_records_fill_in():
 
 
 @pytest.mark.parametrize(("data", "message"), [
-    ({"depht": 50}, "settings: unknown setting(s) depht; known: first_stage"),
+    ({"depht": 50}, "settings: unknown setting(s) depht; known: backend"),
     ({"rerank_depth": 0}, "settings: rerank_depth must be a positive integer"),
     ([1, 2], "settings: expected an object of settings, got list"),
 ])
@@ -45,3 +45,13 @@ def test_nested_unknown_key_is_named_with_its_path():
         from_json_dict(TrainSettings, {"reranker": {"epocs": 3}}, "f.json")
     with pytest.raises(ConfigError, match=r"BM25 settings.analyzer: unknown setting\(s\) stem"):
         from_json_dict(BM25Config, {"analyzer": {"stem": "english"}}, "BM25 settings")
+
+
+def test_every_setting_is_in_one_group_by_concern():
+    from twostage.engine import settings
+
+    groups = (settings.INDEX_SHAPE, settings.SEARCH_POLICY, settings.MODEL_FACTS, settings.RUNTIME)
+    names = [n for g in groups for n in g]
+    assert sorted(names) == sorted(EngineSettings.__dataclass_fields__) and len(names) == len(set(names))
+    # the dataclass reads in that order: one concern after another
+    assert list(EngineSettings.__dataclass_fields__) == names

@@ -169,7 +169,7 @@ def test_an_engine_whose_bm25_has_no_postings_updates_from_the_store(tmp_path, m
     import json
 
     from tests.test_bm25 import as_format_2
-    from twostage.indexer.engine_dir import engine_files
+    from twostage.engine.on_disk import engine_files
 
     monkeypatch.setattr(docstore, "ROW_GROUP", 8)
     retriever, _ = models

@@ -132,7 +132,7 @@ def test_an_auto_retriever_follows_the_corpus_s_languages(monkeypatch, caplog):
 
     from twostage import Document
     from twostage.engine import writes
-    from twostage.indexer.engine_dir import EngineSettings
+    from twostage.engine.settings import EngineSettings
     from twostage.models import weights
 
     german = [Document(f"d{i}", f"Der Fluss {i} friert im Winter zu und die Leute laufen jeden Morgen Schlittschuh")
@@ -158,8 +158,8 @@ def test_an_auto_retriever_reads_a_folder_and_renamed_fields_as_the_cli_gives_th
     """The CLI hands the build a FolderCorpus (or CorpusFields): both are read again for their languages (a
     folder of German files once got the English model)."""
     from twostage.engine import writes
+    from twostage.engine.settings import EngineSettings
     from twostage.indexer.corpus import CorpusFields
-    from twostage.indexer.engine_dir import EngineSettings
     from twostage.indexer.files import FolderCorpus
     from twostage.models import weights
 

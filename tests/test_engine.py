@@ -447,7 +447,7 @@ def test_hits_are_read_from_the_store_once(built, monkeypatch):
 
 def test_the_plan_of_a_search():
     from twostage.engine.plan import EngineParts, make_plan
-    from twostage.indexer.engine_dir import EngineSettings
+    from twostage.engine.settings import EngineSettings
 
     s = EngineSettings(first_stage_depth=100, rerank_depth=20)
     full, bare = EngineParts(True, True, True, False), EngineParts(False, False, False, False)

@@ -14,7 +14,7 @@ import pytest
 
 from twostage import Document, SearchEngine
 from twostage.app.cli import main
-from twostage.indexer.engine_dir import EngineSettings
+from twostage.engine.settings import EngineSettings
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.passages import PassageShape, join, split
 from twostage.retriever.analyzer import Analyzer, AnalyzerConfig

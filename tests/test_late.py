@@ -365,7 +365,7 @@ def test_damaged_token_files_are_one_clear_error(late_engines, tmp_path, damage)
         write_manifest(late, manifest["dim"], manifest["segments"])
         from dataclasses import replace
 
-        from twostage.indexer.engine_dir import engine_files, read_engine_manifest
+        from twostage.engine.on_disk import engine_files, read_engine_manifest
         m = read_engine_manifest(version)
         (version / "manifest.json").write_text(replace(m, files=engine_files(version)).to_json())
     with pytest.raises(IndexFormatError):

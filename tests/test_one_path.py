@@ -10,10 +10,10 @@ import pytest
 
 from twostage.app.train_models import train
 from twostage.engine.search_engine import SearchEngine
+from twostage.engine.settings import EngineSettings
 from twostage.engine.training import select_blend
 from twostage.eval.metrics import ndcg10_by_query
 from twostage.indexer.beir import BeirDataset
-from twostage.indexer.engine_dir import EngineSettings
 from twostage.indexer.errors import ConfigError
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
@@ -184,7 +184,7 @@ def test_every_old_name_comes_from_the_one_rename_table(capsys):
 
     from twostage.app import cli_engine, cli_eval, cli_train
     from twostage.app.server import SearchOptions
-    from twostage.indexer.engine_dir import RENAMES, renames
+    from twostage.engine.settings import RENAMES, renames
 
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers()

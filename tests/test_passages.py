@@ -158,8 +158,10 @@ def test_updates_act_on_whole_documents(chunked, tmp_path):
     assert not any(str(i).startswith(("needle\x1f", "d3\x1f")) for i in gone.bm25.doc_ids)
     with pytest.raises(DataError, match="'nope'"):
         gone.delete(["nope"])
-    with pytest.raises(ConfigError, match="passage_words is how the documents were cut"):
+    with pytest.raises(ConfigError, match="passage_words is part of the index.s shape"):
         gone.configure(passage_words=50)
+    with pytest.raises(ConfigError, match="language is part of the index.s shape"):  # BM25 was analysed in it
+        gone.configure(language="de")
     assert SearchEngine.load(tmp_path / "e").manifest.passages == gone.manifest.passages  # all committed
 
 
@@ -183,7 +185,7 @@ def test_a_passage_engine_from_before_whole_up_to_keeps_its_cut(tmp_path, models
     manifest.write_text(json.dumps(data))
     old = SearchEngine.load(tmp_path / "e", verify=False)
     assert old.settings.passage_whole_up_to == 0 and old.settings.passage_words > 0
-    with pytest.raises(ConfigError, match="passage_whole_up_to is how the documents were cut"):
+    with pytest.raises(ConfigError, match="passage_whole_up_to is part of the index.s shape"):
         old.configure(passage_whole_up_to=500)
 
 

@@ -196,7 +196,7 @@ def test_search_policy_is_the_engines_not_the_models(tmp_path, tiny_bert_dir, sa
 
     from twostage.engine.knobs import dev_choice
     from twostage.engine.search_engine import SearchEngine
-    from twostage.indexer.engine_dir import FIRST_STAGES
+    from twostage.engine.settings import FIRST_STAGES
     from twostage.reranker.cross_encoder import CrossEncoder
 
     ce = CrossEncoder.load(tiny_bert_dir, allow_untrained_head=True)

@@ -7,9 +7,9 @@ import pandas as pd
 import pytest
 import torch
 
+from twostage.engine.settings import EngineSettings
 from twostage.eval.sts import sts_spearman
 from twostage.indexer.beir import BeirDataset
-from twostage.indexer.engine_dir import EngineSettings
 from twostage.indexer.errors import ConfigError, DataError
 from twostage.indexer.records import Document, Judgment, Qrels
 from twostage.retriever.biencoder import BiEncoder
@@ -370,8 +370,8 @@ def test_the_retrievers_epoch_is_chosen_by_the_engines_own_dense_search(tmp_path
     """One path: a checkpoint's dev score is the metric of the dense lists an engine built with it answers over the
     dev pool (each query's BM25 top 3 and its relevant documents), passages as served; a training run records one
     such score per epoch."""
-    from twostage.engine.search_engine import SearchEngine
     from twostage.app.train_models import train as train_model
+    from twostage.engine.search_engine import SearchEngine
     from twostage.engine.training import retriever_dev
     from twostage.eval.metrics import ndcg10_by_query
     from twostage.retriever.biencoder import BiEncoder

@@ -83,7 +83,7 @@ def recoded(engine: Any, dim: int, bits: int, work: Path) -> Any:
     from dataclasses import replace
 
     from twostage import SearchEngine
-    from twostage.indexer.engine_dir import engine_files, read_engine_manifest
+    from twostage.engine.on_disk import engine_files, read_engine_manifest
     from twostage.indexer.tokens import TokenCodec, TokenSegment, dequantise, fit_projection, quantise, write_manifest
 
     path = work / f"{engine.root.name}-{dim or engine.tokens.model_dim}d-{bits}bit"

@@ -1,35 +1,19 @@
-"""The engine directory's format: search settings, model references and the engine manifest.
-
-    ENGINE_DIR/
-      LOCK, CURRENT          as every versioned directory (twostage.indexer.versions)
-      vNNNNNN/
-        manifest.json        format twostage.engine: settings, retriever and reranker (name, path, sha256),
-                             document count, and size + sha256 of every file below
-        dense/               an index version: documents (segments/*.parquet), vectors (.npy), ANN, tombstones
-        bm25/                the BM25 index over the same live documents, in the same order
-
-The documents, BM25 and the dense index of one version always hold the same documents: they are written
-together and switched together. Everything here is validated before any library reads the files.
-"""
+"""An engine's settings: how it searches, saved in its manifest, each overridable per call; grouped by concern
+(:data:`INDEX_SHAPE`, :data:`SEARCH_POLICY`, :data:`MODEL_FACTS`, :data:`RUNTIME`), with every renamed name read through
+one table (:data:`RENAMES`)."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from twostage.indexer.atomic import from_json_dict, to_json_dict
-from twostage.indexer.errors import ConfigError, IndexFormatError
-from twostage.indexer.manifest import check_file_entries, describe_files, manifest_text, read_manifest_json
+from twostage.indexer.errors import ConfigError
 from twostage.indexer.passages import PassageShape
+from twostage.models.device import PRECISIONS
 
-FORMAT = "twostage.engine"
-SHARDED_FORMAT = "twostage.sharded-engine"  # the manifest of a sharded engine's version (twostage.engine.sharded)
-FORMAT_VERSION = 2  # 2: first_stage_depth, rerank_depth, rerank_blend (format 1: depth, k_retrieve, interpolation)
 FIRST_STAGES = ("hybrid", "dense", "bm25")
 FUSIONS = ("rrf", "blend")
-PRECISIONS = ("auto", "fp32", "bf16", "int8", "openvino-fp32", "openvino-int8")
 
 
 # the ANN backends' parameters a user may set, all integers (a backend ignores those it does not use), and those that
@@ -68,24 +52,7 @@ class EngineSettings:
     ``rerank_blend_by_first_stage`` for each), so the search path never reads policy from a model.
     """
 
-    first_stage: str = "hybrid"
-    # "blend" (min-max normalised scores, dense_weight for dense) or "rrf" (reciprocal rank); blend 0.5 was chosen
-    # on dev splits across collections (benchmarks/experiments/defaults_across.py and fusion_trained.py, at commit 31faba8)
-    fusion: str = "blend"
-    k_rrf: float = 60.0
-    dense_weight: float = 0.5  # blend only: dense's weight, BM25's is 1 - dense_weight
-    first_stage_depth: int = 100  # candidates each first stage gives the fusion
-    rerank_depth: int = 20  # candidates the reranker reads
-    rerank: bool = True  # rerank when the engine has a reranker (False: the first stage's order)
-    # the weight of the reranker's score against the first stage's (reranker.interpolation): a number in [0, 1];
-    # None: the reranker alone; "auto": the reranker's dev-chosen blend, resolved into numbers when the engine is built
-    rerank_blend: float | str | None = "auto"
-    rerank_blend_by_first_stage: dict[str, float | None] = field(default_factory=dict)  # per first stage, resolved
-    # Platt's (a, b): the reranker's score as a probability of relevance (engine.calibration), fitted on dev pairs
-    rerank_calibration: tuple[float, float] | None = None
-    min_relevance: float = 0.0  # drop hits whose probability of relevance is below this (0: keep every hit)
-    precision: str = "auto"  # "auto": per model, see resolve_precision
-    batch_size: int = 32
+    # ---- index shape: fixed when the engine is built (a change needs a rebuild)
     backend: str = "hnswlib"
     metric: str = "cosine"
     # the ANN backend's parameters at build (M, ef_construction, ef_search, nlist, nprobe...; ANN_PARAMS), each
@@ -98,10 +65,20 @@ class EngineSettings:
     # the lexical analysis of a new engine's texts: "auto" (each text's language detected among the corpus's), a
     # language code, or None: the English analysis of engines built before languages (their manifests lack it)
     language: str | None = "auto"
-    # the languages the retriever's and the reranker's model cards list (None: not said, read as every language),
-    # written at build: a query in another language is searched by BM25 alone and not reranked
-    dense_languages: tuple[str, ...] | None = None
-    rerank_languages: tuple[str, ...] | None = None
+    # ---- search policy: how a search ranks, each one a per-call knob too
+    first_stage: str = "hybrid"
+    # "blend" (min-max normalised scores, dense_weight for dense) or "rrf" (reciprocal rank); blend 0.5 was chosen
+    # on dev splits across collections (benchmarks/experiments/defaults_across.py and fusion_trained.py, at commit 31faba8)
+    fusion: str = "blend"
+    k_rrf: float = 60.0
+    dense_weight: float = 0.5  # blend only: dense's weight, BM25's is 1 - dense_weight
+    first_stage_depth: int = 100  # candidates each first stage gives the fusion
+    rerank_depth: int = 20  # candidates the reranker reads
+    rerank: bool = True  # rerank when the engine has a reranker (False: the first stage's order)
+    # the weight of the reranker's score against the first stage's (reranker.interpolation): a number in [0, 1];
+    # None: the reranker alone; "auto": the reranker's dev-chosen blend, resolved into numbers when the engine is built
+    rerank_blend: float | str | None = "auto"
+    min_relevance: float = 0.0  # drop hits whose probability of relevance is below this (0: keep every hit)
     rerank_whole_up_to: int = 300  # the reranker reads a document of at most this many words whole, a longer one by
     # its best passage in each first stage, the higher score counting (0: every document so); a search-time choice
     # (benchmarks/results/rerank_reads, rerank_long)
@@ -112,6 +89,17 @@ class EngineSettings:
     maxsim: bool = True
     maxsim_depth: int = 50
     maxsim_blend: float | None = 0.7
+    # ---- what the models are: written at build from the models (their dev-chosen blends, calibration, languages)
+    rerank_blend_by_first_stage: dict[str, float | None] = field(default_factory=dict)  # per first stage, resolved
+    # Platt's (a, b): the reranker's score as a probability of relevance (engine.calibration), fitted on dev pairs
+    rerank_calibration: tuple[float, float] | None = None
+    # the languages the retriever's and the reranker's model cards list (None: not said, read as every language),
+    # written at build: a query in another language is searched by BM25 alone and not reranked
+    dense_languages: tuple[str, ...] | None = None
+    rerank_languages: tuple[str, ...] | None = None
+    # ---- runtime: how the models run
+    precision: str = "auto"  # "auto": per model, see resolve_precision
+    batch_size: int = 32
 
     def blend_for(self, first_stage: str) -> float | None:
         """The resolved blend with ``first_stage`` (its own when the manifest has one, else ``rerank_blend``); call
@@ -179,6 +167,16 @@ class EngineSettings:
         self.passages  # noqa: B018 - checks passage_words and passage_stride
 
 
+# The settings by concern (every field in one group; a test checks it): what a rebuild changes, what a search
+# chooses, what the models wrote at build, how the models run.
+INDEX_SHAPE = ("backend", "metric", "ann_params", "passage_words", "passage_stride", "passage_title",
+               "passage_whole_up_to", "language")
+SEARCH_POLICY = ("first_stage", "fusion", "k_rrf", "dense_weight", "first_stage_depth", "rerank_depth", "rerank",
+                 "rerank_blend", "min_relevance", "rerank_whole_up_to", "maxsim", "maxsim_depth", "maxsim_blend")
+MODEL_FACTS = ("rerank_blend_by_first_stage", "rerank_calibration", "dense_languages", "rerank_languages")
+RUNTIME = ("precision", "batch_size")
+
+
 def is_blend(value: Any) -> bool:
     """None, or a number in [0, 1] (not a bool)."""
     return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1)
@@ -236,99 +234,6 @@ def with_changes(settings: EngineSettings, changes: dict[str, Any], where: str =
     if "rerank_blend" in changes and "rerank_blend_by_first_stage" not in changes:
         changes["rerank_blend_by_first_stage"] = {}
     return replace(settings, **changes) if changes else settings
-
-
-@dataclass(frozen=True)
-class ModelRef:
-    """A model an engine uses: the name it was given, the directory it resolved to, its weights' sha256, and the
-    Hugging Face hub revision (commit) it came from when it was resolved from the hub cache ("" otherwise)."""
-
-    name: str
-    path: str
-    sha256: str
-    revision: str = ""
-    trust_remote_code: bool = False  # the user allowed the model's own Python code to run (twostage build flag)
-
-    @classmethod
-    def from_dict(cls, data: Any, where: str) -> ModelRef:
-        if not isinstance(data, dict) or not all(isinstance(data.get(k), str) for k in ("name", "path", "sha256")) \
-                or not isinstance(data.get("revision", ""), str) \
-                or not isinstance(data.get("trust_remote_code", False), bool):
-            raise IndexFormatError(f"{where}: a model entry needs string name, path and sha256 (and a string revision, "
-                                   "a boolean trust_remote_code); restore or rebuild")
-        return cls(data["name"], data["path"], data["sha256"], data.get("revision", ""),
-                   data.get("trust_remote_code", False))
-
-
-@dataclass(frozen=True)
-class EngineManifest:
-    settings: EngineSettings
-    retriever: ModelRef | None  # None: an engine built without one (BM25 only; first_stage bm25)
-    reranker: ModelRef | None
-    documents: int
-    files: dict[str, dict[str, Any]] = field(default_factory=dict)
-    versions: dict[str, str] = field(default_factory=dict)
-    passages: int = 0  # rows of the dense index and BM25: the documents' passages (0: whole documents, one row each)
-    truncated: int = 0  # whole-document engines: documents added that were longer than the retriever reads
-    late: ModelRef | None = None  # the late-interaction model whose token vectors late/ holds (None: none)
-
-    def to_json(self) -> str:
-        counts = {"documents": self.documents, "passages": self.passages, "truncated": self.truncated}
-        return manifest_text(
-            FORMAT, FORMAT_VERSION, self.files, self.versions, settings=to_json_dict(self.settings),
-            retriever=asdict(self.retriever) if self.retriever else None,
-            reranker=asdict(self.reranker) if self.reranker else None, counts=counts,
-            **({"late_interaction": asdict(self.late)} if self.late else {}))
-
-
-def read_engine_manifest(version_dir: Path) -> EngineManifest:
-    """The engine manifest of a version directory, every field checked (types, ranges, plain file names)."""
-    path = version_dir / "manifest.json"
-    data = read_manifest_json(version_dir, FORMAT, FORMAT_VERSION, "a search engine directory", "`twostage build`")
-    try:
-        saved = data["settings"]
-        if data.get("format_version") == 1 and isinstance(saved, dict):  # format 1's names
-            saved = {RENAMED.get(k, k): v for k, v in saved.items()}
-        if isinstance(saved, dict) and "passage_words" not in saved:  # an engine from before passages
-            saved = {**saved, "passage_words": 0}
-        if isinstance(saved, dict) and "passage_whole_up_to" not in saved:  # cut at passage_words, as it was built
-            saved = {**saved, "passage_whole_up_to": 0}
-        if isinstance(saved, dict) and "rerank_whole_up_to" not in saved:  # read by best passages, as it searched
-            saved = {**saved, "rerank_whole_up_to": 0}
-        if isinstance(saved, dict) and "language" not in saved:  # analysed in English, as it was built
-            saved = {**saved, "language": None}
-        settings = from_json_dict(EngineSettings, saved, f"{path}: settings")
-    except ConfigError as exc:
-        raise IndexFormatError(f"{exc}; restore or rebuild the engine") from None
-    except KeyError:
-        raise IndexFormatError(f"{path}: no settings; restore or rebuild the engine") from None
-    counts, files = data.get("counts"), data.get("files")
-    if not isinstance(counts, dict) or isinstance(counts.get("documents"), bool) \
-            or not isinstance(counts.get("documents"), int) or counts["documents"] < 0:
-        raise IndexFormatError(f"{path}: counts.documents must be a non-negative integer; restore or rebuild the engine")
-    for name in ("passages", "truncated"):
-        value = counts.get(name, 0)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise IndexFormatError(f"{path}: counts.{name} must be a non-negative integer; restore or rebuild the engine")
-    check_file_entries(path, files)
-    reranker, retriever = data.get("reranker"), data.get("retriever", "missing")  # null: built without one
-    if retriever is None and settings.first_stage != "bm25":
-        raise IndexFormatError(f"{path}: an engine without a retriever must search with first_stage bm25, the "
-                               f"settings say {settings.first_stage}; restore or rebuild the engine")
-    versions: dict[str, str] = data["versions"] if isinstance(data.get("versions"), dict) else {}
-    return EngineManifest(settings, None if retriever is None else ModelRef.from_dict(retriever, f"{path}: retriever"),
-                          None if reranker is None else ModelRef.from_dict(reranker, f"{path}: reranker"),
-                          counts["documents"], dict(files or {}), dict(versions), counts.get("passages", 0),
-                          counts.get("truncated", 0),
-                          None if data.get("late_interaction") is None
-                          else ModelRef.from_dict(data["late_interaction"], f"{path}: late_interaction"))
-
-
-def engine_files(version_dir: Path) -> dict[str, dict[str, Any]]:
-    """Size and sha256 of the part manifests (dense/, bm25/, and late/ when the engine has token vectors); each of
-    them checksums its own files."""
-    late = ["late/manifest.json"] if (version_dir / "late" / "manifest.json").is_file() else []
-    return describe_files(version_dir, ["dense/manifest.json", "bm25/manifest.json", *late])
 
 
 def check_replicas(replicas: object) -> int:
