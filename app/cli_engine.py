@@ -219,7 +219,6 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
 
 def _build(args: argparse.Namespace) -> int:
     from twostage.engine.search_engine import SearchEngine
-    from twostage.engine.sharded import ShardedEngine
     from twostage.models.weights import check_model_name
 
     settings = _settings(args)
@@ -269,7 +268,9 @@ def _build(args: argparse.Namespace) -> int:
         raise ConfigError(f"--shards must be a positive integer, got {args.shards}")
     corpus = corpus_of(args)
     engine: Any
-    if args.shards:
+    if args.shards:  # only then: a single engine's build imports nothing sharded (#82)
+        from twostage.engine.sharded import ShardedEngine
+
         engine = ShardedEngine.build(corpus, args.out, shards=args.shards, **common)
     else:
         engine = SearchEngine.build(corpus, args.out, **common)

@@ -132,7 +132,7 @@ class TwoStageSearch(ABC):
             if late is not None:
                 self._models.late = late
 
-    def _load_encoder(self) -> Any:
+    def loaded_encoder(self) -> Any:
         """The bi-encoder, loaded (its weights verified against the manifest) on first use."""
         from twostage.retriever.biencoder import BiEncoder
 

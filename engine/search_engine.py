@@ -10,7 +10,7 @@ BM25 index over the same live documents, and names the two models by path and we
 (add, upsert, delete, compact) writes the next version beside the current one under the writer lock and switches
 to it atomically: a crash leaves all three parts old or all three new. An open engine keeps reading its version
 while others commit; :meth:`SearchEngine.refresh` moves to the newest. This module reads; the build and the changes
-are :mod:`twostage.engine.writes`.
+are :class:`twostage.engine.writes.EngineWriter`'s.
 
 Memory: nothing an engine does holds the corpus's texts. The build encodes and indexes a chunk at a time; a search
 reads only the parquet row groups of the documents it returns or reranks (:mod:`twostage.indexer.docstore`); an
@@ -101,12 +101,15 @@ class SearchEngine(TwoStageSearch):
         if removed:
             logger.info("%s: removed %d leftover(s) of a write that was killed mid-way: %s", root, len(removed),
                         ", ".join(removed))
-        return open_current(root, lambda version_dir, lease: cls._open(root, version_dir, lease, verify, models),
+        return open_current(root, lambda version_dir, lease: cls.open_version(root, version_dir, lease, verify, models),
                             WHAT)
 
     @classmethod
-    def _open(cls, root: Path, version_dir: Path, lease: Lease | None, verify: bool,
-              models: Models | None = None) -> SearchEngine:
+    def open_version(cls, root: Path, version_dir: Path, lease: Lease | None, verify: bool,
+                     models: Models | None = None) -> SearchEngine:
+        """The engine at one version directory of ``root`` (held by ``lease``), its manifest and parts checked (every
+        file's sha256 with ``verify``), searching with ``models`` (shared with the engine they came from) or new ones.
+        :meth:`load` opens the current version; the writer opens each version it commits."""
         if format_of(version_dir) == "twostage.index":
             raise IndexFormatError(f"{root}: a bare dense index directory (the `twostage index` commands are "
                                    "gone), not a search engine; build an engine from its corpus with `twostage build`")
@@ -136,7 +139,8 @@ class SearchEngine(TwoStageSearch):
         """This engine at the newest committed version (``self`` when nothing changed); models are kept."""
         if current_version(self.root, WHAT) == self.version_dir:
             return self
-        return open_current(self.root, lambda v, lease: SearchEngine._open(self.root, v, lease, verify, self._models),
+        return open_current(self.root, lambda v, lease: SearchEngine.open_version(self.root, v, lease, verify,
+                                                                                  self._models),
                             WHAT)
 
     @contextmanager
@@ -152,7 +156,7 @@ class SearchEngine(TwoStageSearch):
             raise gone
         try:
             lease = Lease(version_dir)
-            engine = SearchEngine._open(self.root, version_dir, lease, False, self._models)
+            engine = SearchEngine.open_version(self.root, version_dir, lease, False, self._models)
         except (OSError, IndexFormatError):
             raise gone from None
         if not engine.shares_models(self):  # a swap since: paging would load and verify the old models per page
@@ -164,6 +168,16 @@ class SearchEngine(TwoStageSearch):
             yield engine
         finally:
             engine.close()
+
+    @property
+    def loaded_models(self) -> Models:
+        """The models this engine searches with (loaded on first use), shared with the versions it opens."""
+        return self._models
+
+    def with_new_models(self) -> SearchEngine:
+        """This engine with its models to be loaded again (on the same device), e.g. in a new precision."""
+        self._models = Models(requested_device=self._models.device_as_known).for_manifest(self.manifest)
+        return self
 
     def close(self) -> None:
         """Release this version (a later commit may then remove it from disk); a view releases nothing."""
@@ -182,7 +196,7 @@ class SearchEngine(TwoStageSearch):
     @property
     def encoder(self) -> Any:
         """The bi-encoder, loaded (and its weights verified) on first use, attached to the dense index."""
-        encoder = self._load_encoder()
+        encoder = self.loaded_encoder()
         if self.index.encoder is not encoder:
             self.index.attach_encoder(encoder)
         return encoder
@@ -466,9 +480,9 @@ class SearchEngine(TwoStageSearch):
             ModelNotFoundError: a model name or directory that is not on this machine.
             ConfigError: a setting out of range, or ``path`` already holding something else.
         """
-        from twostage.engine import writes
+        from twostage.engine.writes import EngineWriter
 
-        return writes.build(cls, corpus, path, retriever=retriever, reranker=reranker, settings=settings,
+        return EngineWriter.build(cls, corpus, path, retriever=retriever, reranker=reranker, settings=settings,
                             chunk_size=chunk_size, resume=resume, show_progress=show_progress, device=device,
                             trust_remote_code=trust_remote_code, late_interaction=late_interaction,
                             ray_actors=ray_actors, ray_address=ray_address, **overrides)
@@ -481,16 +495,16 @@ class SearchEngine(TwoStageSearch):
             DataError: a document that cannot be read, or an id the engine already holds (nothing is written).
             WriterBusyError: another writer holds the lock past the wait.
         """
-        from twostage.engine import writes
+        from twostage.engine.writes import EngineWriter
 
-        return writes.add(self, documents, show_progress=show_progress)
+        return EngineWriter(self).add(documents, show_progress=show_progress)
 
     def upsert(self, documents: CorpusSource, *, show_progress: bool = False) -> SearchEngine:
         """Replace the documents with these ids and add the new ones, in one version (a passage engine replaces
         all of a document's passages)."""
-        from twostage.engine import writes
+        from twostage.engine.writes import EngineWriter
 
-        return writes.upsert(self, documents, show_progress=show_progress)
+        return EngineWriter(self).upsert(documents, show_progress=show_progress)
 
     def delete(self, ids: Iterable[str]) -> SearchEngine:
         """Delete documents by id (an unknown id is an error naming it), in one version; a passage engine deletes
@@ -501,44 +515,44 @@ class SearchEngine(TwoStageSearch):
             DataError: an id the engine does not hold (named; nothing is written).
             WriterBusyError: another writer holds the lock past the wait.
         """
-        from twostage.engine import writes
+        from twostage.engine.writes import EngineWriter
 
-        return writes.delete(self, ids)
+        return EngineWriter(self).delete(ids)
 
     def compact(self) -> SearchEngine:
         """Rewrite the dense part without deleted rows (BM25 already holds only live documents)."""
-        from twostage.engine import writes
+        from twostage.engine.writes import EngineWriter
 
-        return writes.compact(self)
+        return EngineWriter(self).compact()
 
     def late_interaction(self, model: str | Path, *, dim: int = 0, bits: int = 8, show_progress: bool = False,
                          trust_remote_code: bool = False) -> SearchEngine:
         """A new version with every row's token vectors by ``model`` (a ColBERT checkpoint, or a bi-encoder read
         token by token), so that MaxSim reorders the first stage's top ``maxsim_depth``; returns it. ``dim``: store
         them projected to this many dimensions (0: the model's); ``bits``: 8 or 4 a dimension."""
-        from twostage.engine import writes
+        from twostage.engine.writes import EngineWriter
 
-        return writes.late_interaction(self, model, dim=dim, bits=bits, show_progress=show_progress,
+        return EngineWriter(self).late_interaction(model, dim=dim, bits=bits, show_progress=show_progress,
                                        trust_remote_code=trust_remote_code)
 
     def configure(self, settings: EngineSettings | None = None, **changes: Any) -> SearchEngine:
         """A new version with other search settings (first stage, depths, blend, rerank, precision); the documents
         and indexes are carried over as they are. Index-shape settings (backend, metric) need a rebuild."""
-        from twostage.engine import writes
+        from twostage.engine.writes import EngineWriter
 
-        return writes.configure(self, settings, **changes)
+        return EngineWriter(self).configure(settings, **changes)
 
     def encode_rows(self, docs: list[Document], show_progress: bool = False) -> tuple[np.ndarray, int]:
         """The vectors of these rows (documents or passages), and how many were longer than the encoder reads."""
-        from twostage.engine import writes
+        from twostage.engine.writes import EngineWriter
 
-        return writes.encode_rows(self, docs, show_progress)
+        return EngineWriter(self).encode_rows(docs, show_progress)
 
     def commit_change(self, make: Callable[[SearchEngine], tuple[IndexChange, list[Document] | None]],
                       settings: EngineSettings | None = None, *, bm25: BM25Retriever | None = None,
                       pinned: bool = False, truncated: int = 0) -> SearchEngine:
         """Lock, re-open the version current now, apply ``make`` to it, write every part, commit, return it
-        (:func:`twostage.engine.writes.commit_change`)."""
-        from twostage.engine import writes
+        (:meth:`twostage.engine.writes.EngineWriter.commit_change`)."""
+        from twostage.engine.writes import EngineWriter
 
-        return writes.commit_change(self, make, settings, bm25=bm25, pinned=pinned, truncated=truncated)
+        return EngineWriter(self).commit_change(make, settings, bm25=bm25, pinned=pinned, truncated=truncated)

@@ -39,7 +39,6 @@ from typing import Any
 
 import numpy as np
 
-from twostage.engine.knobs import resolved_blends, with_model_languages
 from twostage.engine.models import Models
 from twostage.engine.on_disk import SHARDED_FORMAT
 from twostage.engine.replicas import ReplicatedShards
@@ -85,7 +84,7 @@ class _Shard:
             lease.release()
             raise IndexFormatError(f"{version_dir}: the shard version the sharded engine names is gone")
         try:
-            self.engine = SearchEngine._open(Path(root), version_dir, lease, verify)
+            self.engine = SearchEngine.open_version(Path(root), version_dir, lease, verify)
         except BaseException:
             lease.release()
             raise
@@ -263,7 +262,7 @@ class ShardedEngine(TwoStageSearch):
     @property
     def encoder(self) -> Any:
         """The bi-encoder (loaded once, here: queries are encoded once for every shard)."""
-        return self._load_encoder()
+        return self.loaded_encoder()
 
     def info(self) -> dict[str, Any]:
         sizes = self._call("size")
@@ -360,7 +359,7 @@ class ShardedEngine(TwoStageSearch):
         sharded manifest naming them. Opens it in this process."""
         from tqdm.auto import tqdm
 
-        from twostage.engine.writes import bm25_settings, choose_retriever, encode_corpus, write_streamed
+        from twostage.engine.writes import bm25_settings, encode_for_build, write_streamed
 
         root = Path(path)
         if retriever is None:
@@ -372,13 +371,13 @@ class ShardedEngine(TwoStageSearch):
                               "passages, or leave passage_words out")
         # shards are contiguous slices of rows, which would cut a document's passages apart: whole documents
         settings = with_changes(settings or EngineSettings(), overrides, "build")
-        bm25_settings(settings)  # an unknown language: one line, before any work
         if settings.passage_words:
             logger.info("a sharded engine holds whole documents: passage_words %d set to 0", settings.passage_words)
             settings = replace(settings, passage_words=0)
-        chosen = choose_retriever(retriever, corpus, settings)
-        enc = encode_corpus(corpus, root, settings, chosen, reranker, chunk_size, resume, show_progress)
-        settings = with_model_languages(resolved_blends(settings, enc.models.reranker), enc.retriever, enc.reranker)
+        # the one build path (twostage.engine.writes.encode_for_build), on the CPU; then a version per slice
+        settings, enc = encode_for_build(corpus, root, settings, overrides, retriever=retriever, reranker=reranker,
+                                         chunk_size=chunk_size, resume=resume, show_progress=show_progress,
+                                         device="cpu")
         total = sum(int(c["rows"]) for c in enc.done)
         bounds = contiguous_bounds(total, shards)
         check_unique_ids(enc.work, enc.done)  # across shards (each shard's build checks its own rows)

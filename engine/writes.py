@@ -50,7 +50,6 @@ def model_ref(name: str | Path, trust_remote_code: bool = False) -> ModelRef:
                     trust_remote_code)
 
 
-
 ENGLISH_RETRIEVER = "all-MiniLM-L6-v2"
 MULTILINGUAL_RETRIEVER = "multilingual-e5-small"
 SAMPLE_DOCUMENTS = 2000  # documents whose languages choose an ``auto`` retriever
@@ -108,13 +107,15 @@ def corpus_languages_of(corpus: CorpusSource, settings: EngineSettings) -> tuple
     return corpus_languages(d.full_text for d in itertools.islice(iter_documents(corpus), sample))
 
 
-def build(cls: Any, corpus: CorpusSource, path: str | Path, *, retriever: str | Path | None = "auto",
-          reranker: str | Path | None = None, settings: EngineSettings | None = None, chunk_size: int = 4096,
-          resume: bool = True, show_progress: bool = False, device: str = "auto",
-          trust_remote_code: bool = False, late_interaction: str | Path | None = None, ray_actors: int = 0,
-          ray_address: str | None = None, **overrides: Any) -> Any:
-    """:meth:`SearchEngine.build` (its docstring says what each argument does); ``cls``: the engine class."""
-    settings = with_changes(settings or EngineSettings(), overrides, "build")
+def encode_for_build(corpus: CorpusSource, out: Path, settings: EngineSettings, overrides: dict[str, Any], *,
+                     retriever: str | Path | None, reranker: str | Path | None, chunk_size: int, resume: bool,
+                     show_progress: bool, device: str = "auto", trust_remote_code: bool = False,
+                     late_interaction: str | Path | None = None, ray_actors: int = 0,
+                     ray_address: str | None = None) -> tuple[EngineSettings, _Encoded]:
+    """What every build does before it writes, one engine's and a sharded one's alike: the settings checked, the
+    retriever chosen (``auto``: :func:`choose_retriever`), the corpus encoded in resumable chunks next to ``out``
+    (:func:`encode_corpus`), and the settings completed from the models (the reranker's dev-chosen blends, the
+    models' languages). One engine then writes it as one version, a sharded one as its slices."""
     bm25_settings(settings)  # an unknown language: one line, before any work
     retriever = choose_retriever(retriever, corpus, settings)
     if retriever is None:
@@ -125,169 +126,279 @@ def build(cls: Any, corpus: CorpusSource, path: str | Path, *, retriever: str | 
     if ray_actors and device not in ("auto", "cpu"):
         raise ConfigError(f"ray_actors encode on CPU actors, not on {device}: leave out the device, or encode on the "
                           "GPU here without Ray")
-    device = resolve_device(device)
     if chunk_size <= 0:
         raise ConfigError(f"chunk_size must be positive, got {chunk_size}")
-    out = Path(path)
-    check_out_dir(out, WHAT)
-    if (out / "CURRENT").is_file() and format_of(current_version(out, WHAT)) != "twostage.engine":
-        raise ConfigError(f"{out}: holds something other than a search engine; choose another --out")
     prepared = encode_corpus(corpus, out, settings, retriever, reranker, chunk_size, resume, show_progress,
-                             device, trust_remote_code, late_interaction, ray_actors, ray_address)
-    settings = with_model_languages(resolved_blends(settings, prepared.models.reranker), prepared.retriever,
-                                    prepared.reranker)
-    write_streamed(out, prepared, settings)
-    prepared.discard()
-    return open_current(out, lambda v, lease: cls._open(out, v, lease, False, prepared.models), WHAT)
+                             resolve_device(device), trust_remote_code, late_interaction, ray_actors, ray_address)
+    return with_model_languages(resolved_blends(settings, prepared.models.reranker), prepared.retriever,
+                                prepared.reranker), prepared
 
-def add(self: SearchEngine, documents: CorpusSource, *, show_progress: bool = False) -> SearchEngine:
-    """Add documents (new ids only) to documents, BM25 and the dense index in one version; returns it. A
-    passage engine adds every passage of each document in that version."""
-    docs = list(iter_documents(documents))
-    rows = split_all(docs, self.shape) if self.shape.enabled else docs
-    vectors, truncated = encode_rows(self, rows, show_progress)
-    tokens = token_rows(self, rows, show_progress)
 
-    def make(base: SearchEngine) -> tuple[IndexChange, list[Document]]:
-        if base.shape.enabled:
-            present = next((d.id for d in docs if d.id in base), None)
-            if present is not None:
-                raise DataError(f"document id {present!r} is already in the engine; use upsert to replace it")
-        return base.index.change_add(rows, vectors), rows
+class EngineWriter:
+    """Every write of one engine: its build, and each change (add, upsert, delete, compact, configure, token vectors)
+    as the next version, committed under the writer lock and switched to atomically. It reads the engine it writes
+    through the engine's public methods only; :class:`~twostage.engine.search_engine.SearchEngine`'s write methods
+    make one (``SearchEngine.add(docs)`` is ``EngineWriter(engine).add(docs)``), as the shards of a sharded engine
+    do."""
 
-    return commit_change(self, make, truncated=truncated, tokens=tokens)
+    def __init__(self, engine: SearchEngine) -> None:
+        self.engine = engine
 
-def upsert(self: SearchEngine, documents: CorpusSource, *, show_progress: bool = False) -> SearchEngine:
-    """Replace the documents with these ids and add the new ones, in one version (a passage engine replaces
-    all of a document's passages)."""
-    docs = list(iter_documents(documents))
-    rows = split_all(docs, self.shape) if self.shape.enabled else docs
-    vectors, truncated = encode_rows(self, rows, show_progress)
-    tokens = token_rows(self, rows, show_progress)
+    @staticmethod
+    def build(reader: Any, corpus: CorpusSource, path: str | Path, *, retriever: str | Path | None = "auto",
+              reranker: str | Path | None = None, settings: EngineSettings | None = None, chunk_size: int = 4096,
+              resume: bool = True, show_progress: bool = False, device: str = "auto",
+              trust_remote_code: bool = False, late_interaction: str | Path | None = None, ray_actors: int = 0,
+              ray_address: str | None = None, **overrides: Any) -> Any:
+        """:meth:`SearchEngine.build` (its docstring says what each argument does): :func:`encode_for_build`, then
+        one version written; ``reader``: the engine class it opens."""
+        out = Path(path)
+        check_out_dir(out, WHAT)
+        if (out / "CURRENT").is_file() and format_of(current_version(out, WHAT)) != "twostage.engine":
+            raise ConfigError(f"{out}: holds something other than a search engine; choose another --out")
+        settings, prepared = encode_for_build(
+            corpus, out, with_changes(settings or EngineSettings(), overrides, "build"), overrides,
+            retriever=retriever, reranker=reranker, chunk_size=chunk_size, resume=resume,
+            show_progress=show_progress, device=device, trust_remote_code=trust_remote_code,
+            late_interaction=late_interaction, ray_actors=ray_actors, ray_address=ray_address)
+        write_streamed(out, prepared, settings)
+        prepared.discard()
+        return open_current(out, lambda v, lease: reader.open_version(out, v, lease, False, prepared.models), WHAT)
 
-    def make(base: SearchEngine) -> tuple[IndexChange, list[Document]]:
-        old = base.passage_ids([d.id for d in docs if d.id in base]) if base.shape.enabled else []
-        return base.index.change_add(rows, vectors, replace=True, drop=old), rows
+    def add(self, documents: CorpusSource, *, show_progress: bool = False) -> SearchEngine:
+        """Add documents (new ids only) to documents, BM25 and the dense index in one version; returns it. A
+        passage engine adds every passage of each document in that version."""
+        engine = self.engine
+        docs = list(iter_documents(documents))
+        rows = split_all(docs, engine.shape) if engine.shape.enabled else docs
+        vectors, truncated = self.encode_rows(rows, show_progress)
+        tokens = self.token_rows(rows, show_progress)
 
-    return commit_change(self, make, truncated=truncated, tokens=tokens)
+        def make(base: SearchEngine) -> tuple[IndexChange, list[Document]]:
+            if base.shape.enabled:
+                present = next((d.id for d in docs if d.id in base), None)
+                if present is not None:
+                    raise DataError(f"document id {present!r} is already in the engine; use upsert to replace it")
+            return base.index.change_add(rows, vectors), rows
 
-def delete(self: SearchEngine, ids: Iterable[str]) -> SearchEngine:
-    """Delete documents by id (an unknown id is an error naming it), in one version; a passage engine deletes
-    every passage of each."""
-    ids = ids_to_delete(ids)
+        return self.commit_change(make, truncated=truncated, tokens=tokens)
 
-    def make(base: SearchEngine) -> tuple[IndexChange, list[Document]]:
-        return base.index.change_delete(base.passage_ids(ids) if base.shape.enabled else ids), []
+    def upsert(self, documents: CorpusSource, *, show_progress: bool = False) -> SearchEngine:
+        """Replace the documents with these ids and add the new ones, in one version (a passage engine replaces
+        all of a document's passages)."""
+        engine = self.engine
+        docs = list(iter_documents(documents))
+        rows = split_all(docs, engine.shape) if engine.shape.enabled else docs
+        vectors, truncated = self.encode_rows(rows, show_progress)
+        tokens = self.token_rows(rows, show_progress)
 
-    return commit_change(self, make)
+        def make(base: SearchEngine) -> tuple[IndexChange, list[Document]]:
+            old = base.passage_ids([d.id for d in docs if d.id in base]) if base.shape.enabled else []
+            return base.index.change_add(rows, vectors, replace=True, drop=old), rows
 
-def compact(self: SearchEngine) -> SearchEngine:
-    """Rewrite the dense part without deleted rows (BM25 already holds only live documents)."""
-    return commit_change(self, lambda base: (base.index.change_compact(), None))
+        return self.commit_change(make, truncated=truncated, tokens=tokens)
 
-def late_interaction(self: SearchEngine, model: str | Path, *, dim: int = 0, bits: int = 8,
-                     show_progress: bool = False, trust_remote_code: bool = False) -> SearchEngine:
-    """A new version with every row's token vectors by ``model`` (replacing those of another model), so that MaxSim
-    reorders the first stage's candidates; documents and indexes are carried over as they are. ``dim``: store them
-    projected to this many dimensions (0: the model's), the projection fitted on the corpus's first 64k tokens;
-    ``bits``: 8 or 4 a dimension (:mod:`twostage.indexer.tokens`). The rows are encoded before the writer lock is
-    taken, and again under it only if a write committed meanwhile."""
-    import shutil
-    import tempfile
+    def delete(self, ids: Iterable[str]) -> SearchEngine:
+        """Delete documents by id (an unknown id is an error naming it), in one version; a passage engine deletes
+        every passage of each."""
+        engine = self.engine
+        ids = ids_to_delete(ids)
 
-    from twostage.engine.search import load_late
-    from twostage.indexer.tokens import (
-        BITS,
-        TokenCodec,
-        code_rows,
-        fit_projection,
-        join_coded,
-        write_coded,
-        write_manifest,
-    )
+        def make(base: SearchEngine) -> tuple[IndexChange, list[Document]]:
+            return base.index.change_delete(base.passage_ids(ids) if base.shape.enabled else ids), []
 
-    self.check_writable()
-    if bits not in BITS:
-        raise ConfigError(f"bits must be 8 or 4, got {bits!r}")
-    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
-        raise ConfigError(f"dim must be 0 (the model's) or a positive number of dimensions, got {dim!r}")
-    if self.manifest.retriever is None:
-        raise ConfigError("late interaction reorders the dense or hybrid first stage's candidates, and this engine "
-                          "has no retriever (BM25 only); rebuild it with --retriever")
-    ref = model_ref(model, trust_remote_code)
-    late = load_late(Path(ref.path), precision=resolve_precisions(self.settings.precision)["retriever"],
-                     device=self._models.device, trust_remote_code=trust_remote_code)
-    if dim >= late.dim:
-        raise ConfigError(f"dim {dim}: the model's token vectors have {late.dim} dimensions; give fewer, or 0")
+        return self.commit_change(make)
 
-    def encode(base: SearchEngine, out: Path) -> None:
+    def compact(self) -> SearchEngine:
+        """Rewrite the dense part without deleted rows (BM25 already holds only live documents)."""
+        engine = self.engine
+        return self.commit_change(lambda base: (base.index.change_compact(), None))
+
+    def late_interaction(self, model: str | Path, *, dim: int = 0, bits: int = 8,
+                         show_progress: bool = False, trust_remote_code: bool = False) -> SearchEngine:
+        """A new version with every row's token vectors by ``model`` (replacing those of another model), so that MaxSim
+        reorders the first stage's candidates; documents and indexes are carried over as they are. ``dim``: store them
+        projected to this many dimensions (0: the model's), the projection fitted on the corpus's first 64k tokens;
+        ``bits``: 8 or 4 a dimension (:mod:`twostage.indexer.tokens`). The rows are encoded before the writer lock is
+        taken, and again under it only if a write committed meanwhile."""
+        import shutil
+        import tempfile
+
+        from twostage.engine.search import load_late
+        from twostage.indexer.tokens import (
+            BITS,
+            TokenCodec,
+            code_rows,
+            fit_projection,
+            join_coded,
+            write_coded,
+            write_manifest,
+        )
+
+        engine = self.engine
+        engine.check_writable()
+        if bits not in BITS:
+            raise ConfigError(f"bits must be 8 or 4, got {bits!r}")
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
+            raise ConfigError(f"dim must be 0 (the model's) or a positive number of dimensions, got {dim!r}")
+        if engine.manifest.retriever is None:
+            raise ConfigError("late interaction reorders the dense or hybrid first stage's candidates, and this engine "
+                              "has no retriever (BM25 only); rebuild it with --retriever")
+        ref = model_ref(model, trust_remote_code)
+        late = load_late(Path(ref.path), precision=resolve_precisions(engine.settings.precision)["retriever"],
+                         device=engine.device, trust_remote_code=trust_remote_code)
+        if dim >= late.dim:
+            raise ConfigError(f"dim {dim}: the model's token vectors have {late.dim} dimensions; give fewer, or 0")
+
+        def encode(base: SearchEngine, out: Path) -> None:
+            from tqdm.auto import tqdm
+
+            index = base.index
+            segments = []
+            codec: TokenCodec | None = None if dim else TokenCodec(bits)
+            empty = np.zeros((0, late.dim), dtype=np.float32)
+            with tqdm(total=index.manifest.rows, desc="token vectors", unit="row", disable=not show_progress) as bar:
+                for seg in index.manifest.segments:
+                    rows = np.arange(seg.start, seg.start + seg.rows)
+                    live = rows[~index.deleted[rows]]
+                    pieces, written = [], seg.start  # coded a piece at a time: the segment's codes, never its floats
+                    for group_rows, group_docs in index.store.document_chunks(live):
+                        step = WRITE_PIECE  # a row group is read at once, encoded (and the bar moved) a piece at a time
+                        for start in range(0, len(group_docs), step):
+                            at, docs = group_rows[start:start + step], group_docs[start:start + step]
+                            encoded = late.encode_tokens([d.full_text for d in docs], kind="document",
+                                                         batch_size=base.settings.batch_size, allow_empty=True)
+                            if codec is None:  # the projection, fitted on the first tokens encoded
+                                sample = np.concatenate(encoded)
+                                pick = np.random.default_rng(0).permutation(len(sample))[:65536]
+                                codec = TokenCodec(bits, fit_projection(sample[pick], dim))
+                            piece = []
+                            for row, v in zip(at, encoded):  # a deleted row between live ones keeps no tokens
+                                piece += [empty] * (int(row) - written) + [v]
+                                written = int(row) + 1
+                            pieces.append(code_rows(piece, late.dim, codec))
+                            bar.update(len(docs))
+                    tail = [empty] * (seg.start + seg.rows - written)
+                    pieces.append(code_rows(tail, late.dim, codec or TokenCodec(bits)))
+                    segments.append(write_coded(out, seg.name, join_coded(pieces)))
+            write_manifest(out, late.dim, segments, codec or TokenCodec(bits))
+
+        work = Path(tempfile.mkdtemp(prefix=".late-", dir=engine.root))
+        try:
+            encode(engine, work / "late")
+            state = {"version": engine.version_dir}
+
+            def make(base: SearchEngine) -> tuple[IndexChange, None]:
+                if base.version_dir != state["version"]:  # a write committed meanwhile: its rows, encoded again
+                    shutil.rmtree(work / "late")
+                    encode(base, work / "late")
+                return base.index.change_unchanged(), None
+
+            engine = self.commit_change(make, late=(ref, work / "late"))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        engine.use_models(late=late)
+        return engine
+
+    def configure(self, settings: EngineSettings | None = None, **changes: Any) -> SearchEngine:
+        """A new version with other search settings (first stage, depths, blend, rerank, precision); the documents
+        and indexes are carried over as they are. Index-shape settings (:data:`~twostage.engine.settings.INDEX_SHAPE`:
+        backend, metric, ANN parameters, passages, language) need a rebuild."""
+        engine = self.engine
+        engine.check_writable()
+        new = with_changes(settings or engine.settings, changes, "configure")
+        if new.rerank_blend == "auto" and engine.manifest.reranker is not None:  # the reranker's dev choice
+            new = resolved_blends(new, engine.reranker)
+        for fixed in INDEX_SHAPE:  # what the build made (settings.INDEX_SHAPE): a change needs a rebuild
+            was = getattr(engine.index.manifest if fixed in ("backend", "metric") else engine.settings, fixed)
+            if getattr(new, fixed) != was:
+                raise ConfigError(f"{fixed} is part of the index's shape (how the documents were indexed and cut into "
+                                  "passages); rebuild the engine to change it")
+        changed = self.commit_change(lambda base: (base.index.change_unchanged(), None), settings=new)
+        if resolve_precisions(new.precision) != resolve_precisions(engine.settings.precision):
+            changed = changed.with_new_models()  # loaded again, in the new precision
+        return changed
+
+    def encode_rows(self, docs: list[Document], show_progress: bool = False) -> tuple[np.ndarray, int]:
+        """The vectors of these rows (documents or passages), and how many were longer than the encoder reads."""
+        engine = self.engine
+        encoder = engine.encoder  # loads and attaches the verified encoder
+        vectors = engine.index.encode_documents(docs, batch_size=engine.settings.batch_size)
+        return vectors, int(getattr(encoder, "truncated", 0) or 0)
+
+    def token_rows(self, docs: list[Document], show_progress: bool = False) -> CodedTokens | None:
+        """The token vectors of these rows when the engine has a late-interaction part (None otherwise), encoded
+        :data:`WRITE_PIECE` rows at a time and each piece coded at once in the part's codec, so that a write holds
+        its rows' codes, never all their float vectors."""
         from tqdm.auto import tqdm
 
-        index = base.index
-        segments = []
-        codec: TokenCodec | None = None if dim else TokenCodec(bits)
-        empty = np.zeros((0, late.dim), dtype=np.float32)
-        with tqdm(total=index.manifest.rows, desc="token vectors", unit="row", disable=not show_progress) as bar:
-            for seg in index.manifest.segments:
-                rows = np.arange(seg.start, seg.start + seg.rows)
-                live = rows[~index.deleted[rows]]
-                pieces, written = [], seg.start  # coded a piece at a time: the segment's codes, never its floats
-                for group_rows, group_docs in index.store.document_chunks(live):
-                    step = WRITE_PIECE  # a row group is read at once, encoded (and the bar moved) a piece at a time
-                    for start in range(0, len(group_docs), step):
-                        at, docs = group_rows[start:start + step], group_docs[start:start + step]
-                        encoded = late.encode_tokens([d.full_text for d in docs], kind="document",
-                                                     batch_size=base.settings.batch_size, allow_empty=True)
-                        if codec is None:  # the projection, fitted on the first tokens encoded
-                            sample = np.concatenate(encoded)
-                            pick = np.random.default_rng(0).permutation(len(sample))[:65536]
-                            codec = TokenCodec(bits, fit_projection(sample[pick], dim))
-                        piece = []
-                        for row, v in zip(at, encoded):  # a deleted row between live ones keeps no tokens
-                            piece += [empty] * (int(row) - written) + [v]
-                            written = int(row) + 1
-                        pieces.append(code_rows(piece, late.dim, codec))
-                        bar.update(len(docs))
-                tail = [empty] * (seg.start + seg.rows - written)
-                pieces.append(code_rows(tail, late.dim, codec or TokenCodec(bits)))
-                segments.append(write_coded(out, seg.name, join_coded(pieces)))
-        write_manifest(out, late.dim, segments, codec or TokenCodec(bits))
+        from twostage.indexer.tokens import code_rows, join_coded
 
-    work = Path(tempfile.mkdtemp(prefix=".late-", dir=self.root))
-    try:
-        encode(self, work / "late")
-        state = {"version": self.version_dir}
+        engine = self.engine
 
-        def make(base: SearchEngine) -> tuple[IndexChange, None]:
-            if base.version_dir != state["version"]:  # a write committed meanwhile: its rows, encoded again
-                shutil.rmtree(work / "late")
-                encode(base, work / "late")
-            return base.index.change_unchanged(), None
+        part = engine.tokens
+        if engine.manifest.late is None or part is None:
+            return None
+        late = engine.late
+        pieces = []
+        with tqdm(total=len(docs), desc="token vectors", unit="row", disable=not show_progress) as bar:
+            for start in range(0, len(docs), WRITE_PIECE):
+                checkpoint()
+                texts = [d.full_text for d in docs[start:start + WRITE_PIECE]]
+                vectors = late.encode_tokens(texts, kind="document", batch_size=engine.settings.batch_size,
+                                             allow_empty=True)
+                pieces.append(code_rows(vectors, part.model_dim, part.codec))
+                bar.update(len(texts))
+        return join_coded(pieces or [code_rows([], part.model_dim, part.codec)])
 
-        engine = commit_change(self, make, late=(ref, work / "late"))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    engine._models.late = late
-    return engine
+    def commit_change(self, make: Callable[[SearchEngine], tuple[IndexChange, list[Document] | None]],
+                      settings: EngineSettings | None = None, *, bm25: BM25Retriever | None = None,
+                      pinned: bool = False, truncated: int = 0, tokens: CodedTokens | None = None,
+                      late: tuple[ModelRef, Path] | None = None) -> SearchEngine:
+        """Lock, re-open the version current now, apply ``make`` to it, write every part, commit, return it.
 
+        ``pinned``: start from this object's version, not CURRENT's (a shard, whose committed version is the one
+        its sharded engine names); ``bm25``: the BM25 index over the live documents after the change, built by the
+        caller (a shard's, with the whole corpus's statistics); by default it is built here. ``truncated``: how many
+        of the new rows were longer than the retriever reads (a whole-document engine counts them); ``tokens``: the
+        new rows' token vectors, when the engine has a late-interaction part; ``late``: a new late-interaction model and
+        its part, written for ``make``'s rows (which are unchanged).
+        """
+        engine = self.engine
+        engine.check_writable()
+        checkpoint()  # a stopped write (its client gone, its deadline past) ends before it takes the lock
+        with writer_lock(engine.root):
+            base = engine if pinned else engine.refresh()
+            change, new_docs = make(base)
+            checkpoint()
+            with commit(engine.root) as version:
+                base.index.write(version.tmp / "dense", change)
+                if late is not None:
+                    (version.tmp / "late").mkdir()
+                    for f in late[1].iterdir():
+                        link_or_copy(f, version.tmp / "late" / f.name)
+                elif base.tokens is not None:
+                    write_late(version.tmp / "late", base, change, tokens)
+                if new_docs is None:  # compact or configure: the same live documents in the same order
+                    (version.tmp / "bm25").mkdir()
+                    for f in (base.version_dir / "bm25").iterdir():
+                        link_or_copy(f, version.tmp / "bm25" / f.name)
+                    bm25, count, rows = None, len(base), base.manifest.passages
+                else:
+                    if bm25 is None and base.bm25.postings is not None:  # only the new documents are analysed
+                        bm25 = base.bm25.updated(_kept_bm25_rows(base, change), new_docs)
+                    elif bm25 is None:  # an index saved without postings: rebuilt from the stored documents
+                        bm25 = BM25Retriever.build_chunked(live_chunks(base.index, change, new_docs),
+                                                           base.bm25.config)
+                    count, rows = counts(bm25, base.shape.enabled)
+                _write_engine(version.tmp, bm25, replace(base.manifest, documents=count, passages=rows,
+                                                         truncated=base.manifest.truncated + (
+                                                             0 if base.shape.enabled else truncated),
+                                                         settings=settings or base.manifest.settings,
+                                                         late=late[0] if late is not None else base.manifest.late))
+            return open_current(engine.root, lambda v, lease: engine.open_version(engine.root, v, lease, False,
+                                                                                  engine.loaded_models), WHAT)
 
-def configure(self: SearchEngine, settings: EngineSettings | None = None, **changes: Any) -> SearchEngine:
-    """A new version with other search settings (first stage, depths, blend, rerank, precision); the documents
-    and indexes are carried over as they are. Index-shape settings (:data:`~twostage.engine.settings.INDEX_SHAPE`:
-    backend, metric, ANN parameters, passages, language) need a rebuild."""
-    self.check_writable()
-    new = with_changes(settings or self.settings, changes, "configure")
-    if new.rerank_blend == "auto" and self.manifest.reranker is not None:  # the reranker's dev choice, as numbers
-        new = resolved_blends(new, self.reranker)
-    for fixed in INDEX_SHAPE:  # what the build made (settings.INDEX_SHAPE): a change needs a rebuild
-        was = getattr(self.index.manifest, fixed) if fixed in ("backend", "metric") else getattr(self.settings, fixed)
-        if getattr(new, fixed) != was:
-            raise ConfigError(f"{fixed} is part of the index's shape (how the documents were indexed and cut into "
-                              "passages); rebuild the engine to change it")
-    engine = commit_change(self, lambda base: (base.index.change_unchanged(), None), settings=new)
-    if resolve_precisions(new.precision) != resolve_precisions(self.settings.precision):
-        engine._models = Models(requested_device=self._models.device_as_known)  # loaded again, new precision
-    return engine
 
 def _count_of(corpus: Any) -> int | None:
     """How many documents ``corpus`` holds, where that is known without reading them: its length, or a folder's
@@ -300,37 +411,7 @@ def _count_of(corpus: Any) -> int | None:
     return len(files()) if callable(files) else None
 
 
-def encode_rows(self: SearchEngine, docs: list[Document], show_progress: bool = False) -> tuple[np.ndarray, int]:
-    """The vectors of these rows (documents or passages), and how many were longer than the encoder reads."""
-    encoder = self.encoder  # loads and attaches the verified encoder
-    vectors = self.index.encode_documents(docs, batch_size=self.settings.batch_size)
-    return vectors, int(getattr(encoder, "truncated", 0) or 0)
-
 WRITE_PIECE = 256  # rows a write encodes into token vectors at a time, each piece coded before the next
-
-
-def token_rows(self: SearchEngine, docs: list[Document], show_progress: bool = False) -> CodedTokens | None:
-    """The token vectors of these rows when the engine has a late-interaction part (None otherwise), encoded
-    :data:`WRITE_PIECE` rows at a time and each piece coded at once in the part's codec, so that a write holds
-    its rows' codes, never all their float vectors."""
-    from tqdm.auto import tqdm
-
-    from twostage.indexer.tokens import code_rows, join_coded
-
-    part = self.tokens
-    if self.manifest.late is None or part is None:
-        return None
-    late = self.late
-    pieces = []
-    with tqdm(total=len(docs), desc="token vectors", unit="row", disable=not show_progress) as bar:
-        for start in range(0, len(docs), WRITE_PIECE):
-            checkpoint()
-            texts = [d.full_text for d in docs[start:start + WRITE_PIECE]]
-            vectors = late.encode_tokens(texts, kind="document", batch_size=self.settings.batch_size,
-                                         allow_empty=True)
-            pieces.append(code_rows(vectors, part.model_dim, part.codec))
-            bar.update(len(texts))
-    return join_coded(pieces or [code_rows([], part.model_dim, part.codec)])
 
 
 def write_late(directory: Path, base: SearchEngine, change: IndexChange, tokens: CodedTokens | None) -> None:
@@ -356,54 +437,6 @@ def write_late(directory: Path, base: SearchEngine, change: IndexChange, tokens:
         return copy_rows(directory, name, part, live[seg.start:seg.start + seg.rows])
 
     write_part(directory, part, [(seg.name, seg.rows) for seg in change.segments], make, link_or_copy)
-
-
-def commit_change(self: SearchEngine, make: Callable[[SearchEngine], tuple[IndexChange, list[Document] | None]],
-                  settings: EngineSettings | None = None, *, bm25: BM25Retriever | None = None,
-                  pinned: bool = False, truncated: int = 0, tokens: CodedTokens | None = None,
-                  late: tuple[ModelRef, Path] | None = None) -> SearchEngine:
-    """Lock, re-open the version current now, apply ``make`` to it, write every part, commit, return it.
-
-    ``pinned``: start from this object's version, not CURRENT's (a shard, whose committed version is the one
-    its sharded engine names); ``bm25``: the BM25 index over the live documents after the change, built by the
-    caller (a shard's, with the whole corpus's statistics); by default it is built here. ``truncated``: how many
-    of the new rows were longer than the retriever reads (a whole-document engine counts them); ``tokens``: the
-    new rows' token vectors, when the engine has a late-interaction part; ``late``: a new late-interaction model and
-    its part, written for ``make``'s rows (which are unchanged).
-    """
-    self.check_writable()
-    checkpoint()  # a stopped write (its client gone, its deadline past) ends before it takes the lock
-    with writer_lock(self.root):
-        base = self if pinned else self.refresh()
-        change, new_docs = make(base)
-        checkpoint()
-        with commit(self.root) as version:
-            base.index.write(version.tmp / "dense", change)
-            if late is not None:
-                (version.tmp / "late").mkdir()
-                for f in late[1].iterdir():
-                    link_or_copy(f, version.tmp / "late" / f.name)
-            elif base.tokens is not None:
-                write_late(version.tmp / "late", base, change, tokens)
-            if new_docs is None:  # compact or configure: the same live documents in the same order
-                (version.tmp / "bm25").mkdir()
-                for f in (base.version_dir / "bm25").iterdir():
-                    link_or_copy(f, version.tmp / "bm25" / f.name)
-                bm25, count, rows = None, len(base), base.manifest.passages
-            else:
-                if bm25 is None and base.bm25.postings is not None:  # only the new documents are analysed
-                    bm25 = base.bm25.updated(_kept_bm25_rows(base, change), new_docs)
-                elif bm25 is None:  # an index saved without postings: rebuilt from the stored documents
-                    bm25 = BM25Retriever.build_chunked(live_chunks(base.index, change, new_docs),
-                                                       base.bm25.config)
-                count, rows = counts(bm25, base.shape.enabled)
-            _write_engine(version.tmp, bm25, replace(base.manifest, documents=count, passages=rows,
-                                                     truncated=base.manifest.truncated + (
-                                                         0 if base.shape.enabled else truncated),
-                                                     settings=settings or base.manifest.settings,
-                                                     late=late[0] if late is not None else base.manifest.late))
-        return open_current(self.root, lambda v, lease: type(self)._open(self.root, v, lease, False, self._models),
-                        WHAT)
 
 
 def _kept_bm25_rows(engine: SearchEngine, change: IndexChange) -> np.ndarray:

@@ -446,3 +446,18 @@ def test_build_adapt_without_a_retriever_adapts_the_model_the_build_would_choose
     assert main(["-q", "build", "--corpus", str(sample_dir), "--out", str(tmp_path / "e"), "--adapt",
                  str(tmp_path / "m")]) == 2
     assert seen == {"base": "the-chosen-model"}
+
+
+def test_a_single_engine_build_imports_nothing_sharded(tmp_path, sample_dir, tiny_bert_dir):
+    """`twostage build` of one engine never imports the sharded engine or its replicas (#82): only --shards does."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom twostage.app.cli import main\nrc = main(sys.argv[1:])\n"
+            "print(rc, sorted(m for m in sys.modules if m.startswith('twostage') and ('shard' in m or 'replica' in m)))")
+    for extra, expected in (([], "0 []"), (["--shards", "2"], "0 ['twostage.engine.replicas', 'twostage.engine.sharded']")):
+        out = tmp_path / f"e{len(extra)}"
+        argv = ["-q", "build", "--corpus", str(sample_dir), "--out", str(out), "--retriever", str(tiny_bert_dir),
+                "--precision", "fp32", *extra]
+        run = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300)
+        assert run.stdout.splitlines()[-1] == expected, (extra, run.stdout, run.stderr[-2000:])

@@ -38,7 +38,7 @@ class TableEncoder:
 
 
 def _commit(index, make):
-    """One change of a bare dense part, as the engine commits its own (writes.commit_change): under the writer
+    """One change of a bare dense part, as the engine commits its own (EngineWriter.commit_change): under the writer
     lock, on the version current now, in a new version; the part has no write methods of its own."""
     from twostage.indexer.versions import commit, writer_lock
 
