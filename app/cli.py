@@ -36,7 +36,7 @@ class Shown(logging.Filter):
         return record.levelno >= self.level or bool(getattr(record, "one_time", False))
 
 
-TRAINING_NOTE = " (flags default to the measured recipe, `twostage.app.train_models.TrainSettings`)"
+TRAINING_NOTE = " (flags default to the measured recipe, `twostage.engine.train_models.TrainSettings`)"
 
 # command -> (the module of twostage.app that adds it, its one-line help); in the order --help lists them
 COMMANDS: dict[str, tuple[str, str]] = {

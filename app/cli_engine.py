@@ -236,8 +236,8 @@ def _build(args: argparse.Namespace) -> int:
     if args.adapt is not None:
         from dataclasses import replace
 
-        from twostage.app.adapt import adapt
         from twostage.engine.writes import choose_retriever
+        from twostage.eval.workflows import adapt
 
         corpus = corpus_of(args)  # `--retriever auto` (the default): adapt the model the build would choose
         base = choose_retriever(args.retriever, corpus, settings)
@@ -501,7 +501,7 @@ def _late(args: argparse.Namespace) -> int:
 
 
 def _swap(args: argparse.Namespace) -> int:
-    from twostage.app.swap import swap
+    from twostage.eval.swap import swap
 
     decision = swap(args.engine, retriever=args.retriever, reranker=args.reranker, qrels=args.qrels,
                     split=args.split, pseudo_queries=args.pseudo_queries, metric=args.metric,

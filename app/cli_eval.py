@@ -39,14 +39,15 @@ def _bench(args: argparse.Namespace) -> int:
     identical = _identical_ids(args.ignore_identical_ids, collections)
     args.data = collections[0]
     if args.train_split:
-        from twostage.app.train_models import TrainSettings, load_settings, train_models
+        from twostage.engine.train_models import TrainSettings, load_settings, train_models
+        from twostage.eval.metrics import ndcg10_by_query
 
         names = list(SYSTEMS) if args.systems.strip() == "all" else resolve_systems(args.systems)
         settings = load_settings(args.train_settings) if args.train_settings else TrainSettings()
         if args.base:
             settings = replace(settings, base=args.base)
         trained = train_models(args.data, args.train_split, args.split,
-                               args.models_dir or Path(f"{args.out}.models"), settings,
+                               args.models_dir or Path(f"{args.out}.models"), settings, dev_metric=ndcg10_by_query,
                                retriever=retriever_model or None,
                                need_retriever=any(n in NEEDS_MODEL for n in names) and not args.engine,
                                need_reranker=any(n in NEEDS_RERANKER for n in names) and not reranker_model,

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from twostage.app.cli import help_of
-from twostage.app.train_models import TrainSettings
+from twostage.engine.train_models import TrainSettings
 from twostage.models.device import cpu_precision
 
 
@@ -199,8 +199,9 @@ def add_commands(sub: Any, only: str | None = None) -> None:
 
 
 def _adapt(args: argparse.Namespace) -> int:
-    from twostage.app.adapt import AdaptRecipe, adapt
     from twostage.app.cli_engine import corpus_of
+    from twostage.engine.adapt import AdaptRecipe
+    from twostage.eval.workflows import adapt
 
     recipe = AdaptRecipe()
     if args.max_documents is not None:

@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from twostage.app.train_models import TrainSettings
+from twostage.engine.train_models import TrainSettings
 from twostage.indexer.atomic import to_json_dict
 
 if TYPE_CHECKING:
@@ -33,10 +33,11 @@ def run_demo(data: str | Path, out: str | Path, *, base: str = "all-MiniLM-L6-v2
              say: Callable[[str], None] = print, show_progress: bool = False) -> dict[str, float]:
     """Run every phase, writing the report to ``out`` and the models + engine to ``OUT.models/``; returns the
     seconds of each phase."""
-    from twostage.app.adapt import disk_mb, remove_training_work
-    from twostage.app.train_models import train_models
+    from twostage.engine.adapt import disk_mb, remove_training_work
     from twostage.engine.search_engine import SearchEngine
+    from twostage.engine.train_models import train_models
     from twostage.eval.harness import run_bench
+    from twostage.eval.metrics import ndcg10_by_query
     from twostage.eval.report import markdown_table, write_outputs
     from twostage.eval.systems import SystemOptions
     from twostage.eval.tune import tune_engine
@@ -55,7 +56,7 @@ def run_demo(data: str | Path, out: str | Path, *, base: str = "all-MiniLM-L6-v2
     say("2-3. fine-tuning the bi-encoder (MNRL + BM25 hard negatives), then training the reranker "
         "(listwise, BM25 + dense negatives, (title, text) groups) on the train queries")
     trained = train_models(data, "train", "test", models, replace(DEMO_SETTINGS, base=base),
-                           show_progress=show_progress)
+                           dev_metric=ndcg10_by_query, show_progress=show_progress)
     seconds.update(trained.seconds)
     t = time.perf_counter()
     engine = SearchEngine.build(ds.corpus, models / "engine", retriever=trained.retriever, reranker=trained.reranker,

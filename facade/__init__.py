@@ -39,8 +39,8 @@ _WHERE = {
     "SearchEngine": "engine.search_engine", "ShardedEngine": "engine.sharded", "open_engine": "engine.door",
     "EngineSettings": "engine.settings",
     "BM25Retriever": "retriever.bm25", "BiEncoder": "retriever.biencoder", "CrossEncoder": "reranker.cross_encoder",
-    "train": "app.train_models", "RetrieverRecipe": "retriever.recipe", "RerankerConfig": "reranker.training",
-    "adapt": "app.adapt", "AdaptRecipe": "app.adapt",
+    "train": "eval.workflows", "RetrieverRecipe": "retriever.recipe", "RerankerConfig": "reranker.training",
+    "adapt": "eval.workflows", "AdaptRecipe": "engine.adapt",
     "run_bench": "eval.harness", "evaluate": "eval.metrics",
 }
 
@@ -57,14 +57,14 @@ _MOVED = {
 }
 
 if _typing.TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
-    from twostage.app.adapt import AdaptRecipe, adapt
-    from twostage.app.train_models import train
+    from twostage.engine.adapt import AdaptRecipe
     from twostage.engine.door import open_engine
     from twostage.engine.search_engine import SearchEngine
     from twostage.engine.settings import EngineSettings
     from twostage.engine.sharded import ShardedEngine
     from twostage.eval.harness import run_bench
     from twostage.eval.metrics import evaluate
+    from twostage.eval.workflows import adapt, train
     from twostage.indexer.beir import BeirDataset
     from twostage.indexer.corpus import load_corpus
     from twostage.indexer.errors import TwostageError

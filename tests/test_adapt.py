@@ -108,7 +108,8 @@ def test_blend_weights_move_the_ranking():
 
 
 def test_adapt_trains_both_models_from_the_corpus_alone(tmp_path, tiny_bert_dir, sample_dir):
-    from twostage.app.adapt import AdaptRecipe, adapt
+    from twostage.engine.adapt import AdaptRecipe
+    from twostage.eval.workflows import adapt
     from twostage.reranker.cross_encoder import CrossEncoder
     from twostage.reranker.training import RerankerConfig
     from twostage.retriever.biencoder import BiEncoder
@@ -194,8 +195,9 @@ def test_adapt_never_keeps_a_retriever_its_dev_scores_worse_than_the_base(tmp_pa
                                                                           monkeypatch):
     """#81: the dev pseudo-queries scored the adapted retriever 0.866 against the base's 0.901, and the engine was
     built with the adapted one, without a word."""
-    from twostage.app import adapt as adapt_module
-    from twostage.app.adapt import AdaptRecipe, adapt
+    from twostage.engine import adapt as adapt_module
+    from twostage.engine.adapt import AdaptRecipe
+    from twostage.eval.workflows import adapt
     from twostage.retriever.trainer import TrainConfig
 
     def rigged(*_: object, **__: object):

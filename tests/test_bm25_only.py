@@ -172,7 +172,7 @@ def test_rerank_of_given_lists_is_the_engines_own(bm25_engine, models, sample_di
 
 def test_swap_on_a_bm25_only_engine(models, sample_dir, tmp_path):
     """A new reranker is swapped in as on any engine; a new retriever needs a build (it would add a dense index)."""
-    from twostage.app.swap import swap
+    from twostage.eval.swap import swap
 
     root = tmp_path / "e"
     SearchEngine.build(BeirDataset(sample_dir).corpus, root, retriever=None, reranker=models[1])

@@ -323,7 +323,7 @@ def test_bench_trains_a_maxsim_model_for_the_maxsim_systems(tmp_path, sample_dir
 def test_training_flags_are_generated_from_the_recipe_table():
     from twostage.app.cli import build_parser
     from twostage.app.cli_train import RERANKER, RETRIEVER, setting_at, settings_from_flags
-    from twostage.app.train_models import TrainSettings
+    from twostage.engine.train_models import TrainSettings
 
     recipe = TrainSettings().aligned()
     for flag in RETRIEVER + RERANKER:
@@ -431,8 +431,8 @@ def test_build_takes_the_ann_backends_parameters_and_metric(tmp_path, sample_dir
 def test_build_adapt_without_a_retriever_adapts_the_model_the_build_would_choose(tmp_path, sample_dir, monkeypatch):
     """#81: `build --adapt M` with the default `--retriever auto` read the corpus, then asked the hub for a model
     named "auto"."""
-    import twostage.app.adapt as adapt_module
     import twostage.engine.writes as writes
+    import twostage.eval.workflows as adapt_module
     from twostage.indexer.errors import ConfigError
 
     seen = {}

@@ -14,7 +14,7 @@ from twostage.retriever.bm25 import BM25Config
 
 
 def test_round_trips_through_json_text():
-    from twostage.app.train_models import TrainSettings
+    from twostage.engine.train_models import TrainSettings
 
     for record in (EngineSettings(rerank_depth=7, rerank_blend=None), BM25Config(k1=0.9, analyzer=AnalyzerConfig(
             stopwords=("the", "a"))), TrainSettings(dev_fraction=0.2)):
@@ -39,7 +39,7 @@ def test_errors_name_the_key(data, message):
 
 
 def test_nested_unknown_key_is_named_with_its_path():
-    from twostage.app.train_models import TrainSettings
+    from twostage.engine.train_models import TrainSettings
 
     with pytest.raises(ConfigError, match=r"f.json.reranker: unknown setting\(s\) epocs"):
         from_json_dict(TrainSettings, {"reranker": {"epocs": 3}}, "f.json")

@@ -551,7 +551,7 @@ def test_a_late_interaction_model_trains_with_the_retrievers_loop(tmp_path, tiny
     """RetrieverRecipe(late=True) through the one training entry: mined negatives, the MaxSim objective, the epoch
     chosen by MaxSim over the dev pool; the saved model is a PyLate-layout late-interaction model that an engine
     reads; a recipe mixing it with bi-encoder-only data is one clear error."""
-    from twostage.app.train_models import train
+    from twostage.eval.workflows import train
     from twostage.models.model_meta import read_model_meta
     from twostage.retriever.recipe import RetrieverRecipe
     from twostage.retriever.trainer import TrainConfig

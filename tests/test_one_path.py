@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from twostage.app.train_models import train
 from twostage.engine.search_engine import SearchEngine
 from twostage.engine.settings import EngineSettings
 from twostage.engine.training import select_blend
 from twostage.eval.metrics import ndcg10_by_query
+from twostage.eval.workflows import train
 from twostage.indexer.beir import BeirDataset
 from twostage.indexer.errors import ConfigError
 
@@ -141,7 +141,7 @@ def test_training_calls_the_rerank_depth_by_its_one_name(tmp_path, capsys):
     import argparse
 
     from twostage.app import cli_train
-    from twostage.app.train_models import TrainSettings, load_settings
+    from twostage.engine.train_models import TrainSettings, load_settings
 
     (tmp_path / "old.json").write_text(json.dumps({"dev_depth": 7, "seed": 3}))
     assert load_settings(tmp_path / "old.json") == TrainSettings(rerank_depth=7, seed=3)

@@ -11,7 +11,7 @@ import pytest
 
 from twostage import SearchEngine
 from twostage.app.cli import main
-from twostage.app.swap import swap
+from twostage.eval.swap import swap
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.versions import current_version
 
@@ -76,7 +76,7 @@ def test_a_refused_swap_changes_nothing_and_force_says_by_how_much(engine_dir, m
 
 def test_a_swap_is_refused_when_the_engine_changed_meanwhile(engine_dir, models, monkeypatch):
     from twostage import Document
-    from twostage.app import swap as swap_module
+    from twostage.eval import swap as swap_module
 
     real = swap_module._per_query
     calls = []

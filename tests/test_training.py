@@ -311,7 +311,7 @@ def test_training_commands_with_no_flags_train_the_recipe_bench_trains(tmp_path,
     from dataclasses import asdict
 
     from twostage.app.cli import main
-    from twostage.app.train_models import TrainSettings
+    from twostage.engine.train_models import TrainSettings
     from twostage.reranker.training import RerankerConfig
     from twostage.retriever.recipe import RetrieverRecipe
 
@@ -370,10 +370,10 @@ def test_the_retrievers_epoch_is_chosen_by_the_engines_own_dense_search(tmp_path
     """One path: a checkpoint's dev score is the metric of the dense lists an engine built with it answers over the
     dev pool (each query's BM25 top 3 and its relevant documents), passages as served; a training run records one
     such score per epoch."""
-    from twostage.app.train_models import train as train_model
     from twostage.engine.search_engine import SearchEngine
     from twostage.engine.training import retriever_dev
     from twostage.eval.metrics import ndcg10_by_query
+    from twostage.eval.workflows import train as train_model
     from twostage.retriever.biencoder import BiEncoder
     from twostage.retriever.recipe import RetrieverRecipe
 
@@ -401,7 +401,7 @@ def test_one_training_entry_takes_either_recipe_and_nothing_else(tmp_path, tiny_
     """twostage.train: the recipe says which model; a retriever to mine with belongs to a reranker's training only;
     anything else is one clear error, before any work."""
     import twostage
-    from twostage.app.train_models import train as train_model
+    from twostage.eval.workflows import train as train_model
     from twostage.retriever.recipe import RetrieverRecipe
 
     ds, _ = sample
@@ -415,15 +415,16 @@ def test_one_training_entry_takes_either_recipe_and_nothing_else(tmp_path, tiny_
 
 def test_train_keeps_the_recipe_s_dev_fraction(monkeypatch, tmp_path):
     """#82: twostage.train(RetrieverRecipe(dev_fraction=...)) used to overwrite it with its own default 0.1."""
-    from twostage.app import train_models
+    from twostage.engine import train_models
+    from twostage.eval import workflows
     from twostage.retriever.recipe import RetrieverRecipe
 
     seen = []
     monkeypatch.setattr(train_models, "train_retriever_on", lambda *a, **kw: seen.append(a[4].dev_fraction))
-    train_models.train(RetrieverRecipe(dev_fraction=0.3), tmp_path, "train", tmp_path / "out")
-    train_models.train(RetrieverRecipe(), tmp_path, "train", tmp_path / "out")
-    train_models.train(RetrieverRecipe(), tmp_path, "train", tmp_path / "out", dev_fraction=0.0)
-    train_models.train(RetrieverRecipe(dev_fraction=0.3), tmp_path, "train", tmp_path / "out", dev_fraction=0.3)
+    workflows.train(RetrieverRecipe(dev_fraction=0.3), tmp_path, "train", tmp_path / "out")
+    workflows.train(RetrieverRecipe(), tmp_path, "train", tmp_path / "out")
+    workflows.train(RetrieverRecipe(), tmp_path, "train", tmp_path / "out", dev_fraction=0.0)
+    workflows.train(RetrieverRecipe(dev_fraction=0.3), tmp_path, "train", tmp_path / "out", dev_fraction=0.3)
     assert seen == [0.3, 0.1, 0.0, 0.3]
     with pytest.raises(ConfigError, match="disagree"):
-        train_models.train(RetrieverRecipe(dev_fraction=0.3), tmp_path, "train", tmp_path / "out", dev_fraction=0.2)
+        workflows.train(RetrieverRecipe(dev_fraction=0.3), tmp_path, "train", tmp_path / "out", dev_fraction=0.2)

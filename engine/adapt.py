@@ -40,6 +40,7 @@ from twostage.retriever.bm25 import BM25Retriever
 from twostage.retriever.examples import PairExample
 from twostage.retriever.mining import MiningConfig, mine_hard_negatives
 from twostage.retriever.pseudo_queries import PseudoQueryConfig, as_queries_and_qrels, make_pseudo_queries
+from twostage.retriever.recipe import DevMetric
 from twostage.retriever.trainer import TrainConfig, train
 from twostage.retriever.training_data import TrainingSet, hold_out
 
@@ -96,12 +97,12 @@ def _sample_docs(corpus: Corpus, n: int, seed: int) -> list[Any]:
 
 
 def adapt(corpus: CorpusSource | Corpus, out: str | Path, *, base: str = "all-MiniLM-L6-v2",
-          recipe: AdaptRecipe = AdaptRecipe(), show_progress: bool = False, device: str = "auto",
-          keep_checkpoints: bool = False) -> AdaptResult:
-    """Train ``OUT/retriever`` and ``OUT/reranker`` on ``corpus`` alone (see the module's docstring). ``device``:
+          recipe: AdaptRecipe = AdaptRecipe(), dev_metric: DevMetric, show_progress: bool = False,
+          device: str = "auto", keep_checkpoints: bool = False) -> AdaptResult:
+    """Train ``OUT/retriever`` and ``OUT/reranker`` on ``corpus`` alone (see the module's docstring), each epoch and
+    blend chosen on held-out pseudo-queries by ``dev_metric`` (``twostage.adapt`` gives nDCG@10). ``device``:
     where the models train and encode (cpu, cuda, cuda:N, auto; twostage.models.device). The checkpoints are
     removed at the end unless ``keep_checkpoints``."""
-    from twostage.eval.metrics import ndcg10_by_query
     from twostage.models.device import release_freed_memory, resolve_device
     from twostage.models.fit import seed_everything
     from twostage.reranker.cross_encoder import CrossEncoder
@@ -142,7 +143,7 @@ def adapt(corpus: CorpusSource | Corpus, out: str | Path, *, base: str = "all-Mi
     model = BiEncoder.load(base, max_length=min(recipe.train_max_length, base_model.config.max_length), device=where)
     dev_queries, dev_qrels = as_queries_and_qrels(dev_q)
     # each dev pseudo-query's source document its one relevant; searched as the engine serves (engine.training)
-    dev = retriever_dev(corpus, ndcg10_by_query, DEV_POOL, device=where, show_progress=show_progress)(
+    dev = retriever_dev(corpus, dev_metric, DEV_POOL, device=where, show_progress=show_progress)(
         dev_queries, dev_qrels, bm25)
 
     if dev_q:
@@ -195,7 +196,7 @@ def adapt(corpus: CorpusSource | Corpus, out: str | Path, *, base: str = "all-Mi
         reranker_dir = out / "reranker"
         with temporary_engine(corpus, kept, settings, device=where, show_progress=show_progress) as engine:
             release_freed_memory()  # the passages' encoding
-            dev_fn = dev_scorer(engine, dev_queries, dev_qrels, settings.rerank_depth, ndcg10_by_query,
+            dev_fn = dev_scorer(engine, dev_queries, dev_qrels, settings.rerank_depth, dev_metric,
                                 ("hybrid",)) if dev_q else None
             fit_started = time.perf_counter()
             res = train_reranker(model_ce, groups, config, reranker_dir, dev=dev_fn, show_progress=show_progress,
@@ -204,7 +205,7 @@ def adapt(corpus: CorpusSource | Corpus, out: str | Path, *, base: str = "all-Mi
             if res.best_dev is not None:
                 dev_scores["reranker"] = res.best_dev
             if dev_fn is not None:
-                chosen = choose_blend(res, engine, dev_queries, dev_qrels, settings.rerank_depth, ndcg10_by_query,
+                chosen = choose_blend(res, engine, dev_queries, dev_qrels, settings.rerank_depth, dev_metric,
                                       ("hybrid",), show_progress=show_progress)
                 dev_scores["reranker_blend"] = float(chosen.training["interpolation"]["alpha"])
         seconds["train_reranker_s"] = res.seconds

@@ -72,25 +72,21 @@ def load_settings(path: str | Path) -> TrainSettings:
 
 def train(recipe: RetrieverRecipe | RerankerConfig, data: str | Path | BeirDataset, split: str, out: str | Path, *,
           base: str = TrainSettings.base, dev_fraction: float | None = None,
-          dev_metric: DevMetric | None = None, retriever: str | Path | None = None,
+          dev_metric: DevMetric, retriever: str | Path | None = None,
           settings: EngineSettings | None = None, show_progress: bool = False) -> FitResult:
     """Train one model from ``base`` on a BEIR split into ``out``: a bi-encoder for a :class:`RetrieverRecipe`, a
     cross-encoder reranker for a :class:`RerankerConfig`.
 
     ``dev_fraction`` of the split's queries are held out (0: none; None: a RetrieverRecipe's own ``dev_fraction``
     when it sets one, else 0.1); they choose the epoch (and the reranker's blend
-    with each first stage) by ``dev_metric`` (default: nDCG@10, :func:`twostage.eval.metrics.ndcg10_by_query`) of
+    with each first stage) by ``dev_metric`` (per-query values of a run, higher is better: ``twostage.train`` gives nDCG@10,
+    :func:`twostage.eval.metrics.ndcg10_by_query`) of
     an engine with ``settings`` (the engine defaults) searching them, so what is chosen is what such an engine
     serves. ``retriever`` (a reranker's only): the bi-encoder that mines its dense negatives and is its dev engine's
     retriever (the base model when None). What dev chose is in the result's ``training`` record.
 
-    >>> train(RetrieverRecipe(), "datasets/scifact", "train", "models/retriever")
-    >>> train(RerankerConfig(), "datasets/scifact", "train", "models/reranker", retriever="models/retriever")
+    >>> train(RetrieverRecipe(), "datasets/scifact", "train", "models/retriever", dev_metric=ndcg10_by_query)
     """
-    if dev_metric is None:
-        from twostage.eval.metrics import ndcg10_by_query
-
-        dev_metric = ndcg10_by_query
     if isinstance(recipe, RetrieverRecipe):
         if retriever is not None:
             raise ConfigError("retriever= names the bi-encoder a reranker mines with; a RetrieverRecipe trains the "
@@ -119,11 +115,11 @@ class TrainedModels:
 
 
 def train_models(data: str | Path, train_split: str, eval_split: str, models_dir: str | Path,
-                 settings: TrainSettings = TrainSettings(), *, retriever: str | None = None,
+                 settings: TrainSettings = TrainSettings(), *, dev_metric: DevMetric, retriever: str | None = None,
                  need_retriever: bool = True, need_reranker: bool = True, need_late: bool = False,
                  show_progress: bool = False) -> TrainedModels:
-    """Train what is needed into ``models_dir`` (``retriever/``, ``reranker/``, ``late/``); a given ``retriever``
-    is used as is (for the reranker's dense negatives)."""
+    """Train what is needed into ``models_dir`` (``retriever/``, ``reranker/``, ``late/``), each chosen on dev by
+    ``dev_metric``; a given ``retriever`` is used as is (for the reranker's dense negatives)."""
     if train_split == eval_split:
         raise ConfigError(f"--train-split {train_split} is the evaluated split: models must never see the test "
                           "queries; train on another split (e.g. train)")
@@ -135,7 +131,7 @@ def train_models(data: str | Path, train_split: str, eval_split: str, models_dir
         """One model into ``models_dir/name``, its wall time as the phase ``train_<name>``."""
         t = time.perf_counter()
         out = models_dir / name
-        train(recipe, data, train_split, out, base=base, dev_fraction=settings.dev_fraction,
+        train(recipe, data, train_split, out, base=base, dev_fraction=settings.dev_fraction, dev_metric=dev_metric,
               show_progress=show_progress, **kw)
         seconds[f"train_{name}_s"] = time.perf_counter() - t
         return str(out)
