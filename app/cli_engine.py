@@ -614,11 +614,11 @@ def add_commands(sub: Any, only: str | None = None) -> None:
     b.add_argument("--rerank-blend", default="auto",
                    help="the reranker's weight against the first stage: auto (the blend the reranker chose on dev, "
                         "written into the engine as numbers), none (the reranker alone) or a number in [0, 1]")
-    b.add_argument("--fusion", default=None, choices=FUSIONS,
-                   help=f"how hybrid fuses BM25 and dense: reciprocal rank or a blend of normalised scores (default "
-                   f"{d.fusion}; --adapt chooses it on its dev pseudo-queries)")
+    b.add_argument("--fusion", default=None, choices=(*FUSIONS, "blend"),
+                   help=f"how hybrid fuses BM25 and dense: rrf (reciprocal rank) or wsum (a weighted sum of normalised "
+                   f"scores; blend: its old name) (default {d.fusion}; --adapt chooses it on its dev pseudo-queries)")
     b.add_argument("--dense-weight", type=float, default=None,
-                   help=f"dense's weight in the blend, BM25's is 1 minus it (default {d.dense_weight})")
+                   help=f"dense's weight in the wsum fusion, BM25's is 1 minus it (default {d.dense_weight})")
     b.add_argument("--precision", default=d.precision, choices=PRECISIONS,
                    help="model precision at search time (auto: with the openvino extra, the retriever in "
                    "openvino-fp32 and the reranker in openvino-int8; else bf16 on AMX CPUs, else fp32)")

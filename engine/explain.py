@@ -65,7 +65,7 @@ def explain(trace: Trace, ids: Sequence[str], scores: Sequence[float]) -> dict[s
                 contribution = 0.0
             elif trace.fusion == "rrf":
                 contribution = 1.0 / (trace.k_rrf + rank)
-            elif trace.fusion == "blend":
+            elif trace.fusion == "wsum":
                 contribution = weight * float((value - low) / (high - low)) if high != low else 0.0
             else:
                 contribution = value if name == trace.fusion else 0.0

@@ -7,7 +7,7 @@ First stage, ``rrf`` (reciprocal rank fusion, Cormack et al., 2009; k_rrf = 60):
 
     score(d) = sum over first stages r of 1 / (k_rrf + rank_r(d))       (rank from 1; absent = no term)
 
-First stage, ``blend`` (ranx's ``wsum`` after ``min-max``, which the tests check it against):
+First stage, ``wsum`` (ranx's ``wsum`` after ``min-max``, which the tests check it against):
 
     score(d) = sum over first stages r of w_r * minmax(s_r)(d)          (absent = 0)
 
@@ -63,10 +63,10 @@ def rrf(lists: Sequence[RankedList], k_rrf: float = 60.0) -> RankedList:
     return _ranked(scores)
 
 
-def blend(lists: Sequence[RankedList], weights: Sequence[float]) -> RankedList:
+def wsum(lists: Sequence[RankedList], weights: Sequence[float]) -> RankedList:
     """Fuse ranked lists by a weighted sum of their min-max normalised scores."""
     if len(weights) != len(lists):
-        raise ConfigError(f"blend needs one weight per list: {len(lists)} lists, {len(weights)} weights")
+        raise ConfigError(f"wsum needs one weight per list: {len(lists)} lists, {len(weights)} weights")
     scores: dict[str, float] = {}
     for ranked, w in zip(lists, weights):
         if not len(ranked):
@@ -85,18 +85,18 @@ def _ranked(scores: dict[str, float]) -> RankedList:
 
 def fuse(lists: Sequence[RankedList], fusion: str = "rrf", *, k_rrf: float = 60.0,
          weights: Sequence[float] | None = None) -> RankedList:
-    """``rrf`` or ``blend`` (``weights``: one per list; equal weights when None)."""
+    """``rrf`` or ``wsum`` (``weights``: one per list; equal weights when None)."""
     if fusion == "rrf":
         return rrf(lists, k_rrf)
-    if fusion == "blend":
-        return blend(lists, weights if weights is not None else [1.0 / len(lists)] * len(lists))
+    if fusion == "wsum":
+        return wsum(lists, weights if weights is not None else [1.0 / len(lists)] * len(lists))
     raise ConfigError(f"fusion must be {' or '.join(FUSIONS)}, got {fusion!r}")
 
 
 def dense_weights(dense_weight: float) -> tuple[float, float]:
-    """(BM25's weight, dense's weight) of a two-way blend whose dense weight is ``dense_weight``."""
+    """(BM25's weight, dense's weight) of a two-way weighted sum whose dense weight is ``dense_weight``."""
     if isinstance(dense_weight, bool) or not isinstance(dense_weight, (int, float)) or not 0 <= dense_weight <= 1:
-        raise ConfigError(f"the dense weight of a blend must be a number in [0, 1], got {dense_weight!r}")
+        raise ConfigError(f"the dense weight of a wsum fusion must be a number in [0, 1], got {dense_weight!r}")
     return 1.0 - float(dense_weight), float(dense_weight)
 
 

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from twostage.engine.settings import RENAMED, EngineSettings
+from twostage.engine.settings import RENAMED, EngineSettings, old_values
 from twostage.indexer.atomic import from_json_dict, to_json_dict
 from twostage.indexer.errors import ConfigError, IndexFormatError
 from twostage.indexer.manifest import check_file_entries, describe_files, manifest_text, read_manifest_json
@@ -108,6 +108,8 @@ def read_engine_manifest(version_dir: Path) -> EngineManifest:
             saved = {**saved, "rerank_whole_up_to": 0}
         if isinstance(saved, dict) and "language" not in saved:  # analysed in English, as it was built
             saved = {**saved, "language": None}
+        if isinstance(saved, dict):  # values renamed since (fusion "blend" -> "wsum"), mapped without a notice
+            saved = {**saved, **old_values(saved)}
         settings = from_json_dict(EngineSettings, saved, f"{path}: settings")
     except ConfigError as exc:
         raise IndexFormatError(f"{exc}; restore or rebuild the engine") from None

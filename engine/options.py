@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from twostage.engine.settings import FUSIONS
+
 MAX_DEPTH = 10_000  # the deepest a depth option reaches (and the most hits one query may ask for)
 
 
@@ -40,8 +42,9 @@ SEARCH_OPTIONS: tuple[SearchOption, ...] = (
     SearchOption("rerank", "bool", "false: the first stage only (no reranker)"),
     SearchOption("rerank_blend", "blend", "the reranker's weight against the first stage: none (the reranker alone) "
                  "or a number in [0, 1] (default: the engine's)"),
-    SearchOption("fusion", "choice", "hybrid fusion (default: the engine's)", choices=("rrf", "blend")),
-    SearchOption("dense_weight", "float", "blend fusion: dense's weight in [0, 1]", 0, 1),
+    SearchOption("fusion", "choice", "hybrid fusion (default: the engine's; blend: the old name of wsum)",
+                 choices=(*FUSIONS, "blend")),
+    SearchOption("dense_weight", "float", "wsum fusion: dense's weight in [0, 1]", 0, 1),
     SearchOption("k_rrf", "float", "rrf fusion: the k of 1 / (k + rank)", 0, MAX_DEPTH),
     SearchOption("first_stage_depth", "int", "candidates each first stage gives the fusion (default: the engine's)",
                  1, MAX_DEPTH),

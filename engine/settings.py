@@ -5,6 +5,7 @@ one table (:data:`RENAMES`)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -13,7 +14,10 @@ from twostage.indexer.passages import PassageShape
 from twostage.models.device import PRECISIONS
 
 FIRST_STAGES = ("hybrid", "dense", "bm25")
-FUSIONS = ("rrf", "blend")
+FUSIONS = ("rrf", "wsum")
+# Renamed values, once: (setting, old value, new value). The weighted-sum fusion was called "blend", the word that
+# also names the reranker's and MaxSim's weights (rerank_blend, maxsim_blend).
+RENAMED_VALUES: tuple[tuple[str, str, str], ...] = (("fusion", "blend", "wsum"),)
 
 
 # the ANN backends' parameters a user may set, all integers (a backend ignores those it does not use), and those that
@@ -67,11 +71,12 @@ class EngineSettings:
     language: str | None = "auto"
     # ---- search policy: how a search ranks, each one a per-call knob too
     first_stage: str = "hybrid"
-    # "blend" (min-max normalised scores, dense_weight for dense) or "rrf" (reciprocal rank); blend 0.5 was chosen
-    # on dev splits across collections (benchmarks/experiments/defaults_across.py and fusion_trained.py, at commit 31faba8)
-    fusion: str = "blend"
+    # "wsum" (a weighted sum of min-max normalised scores, dense_weight for dense; "blend" before) or "rrf"
+    # (reciprocal rank); wsum 0.5 was chosen on dev splits across collections
+    # (benchmarks/experiments/defaults_across.py and fusion_trained.py, at commit 31faba8)
+    fusion: str = "wsum"
     k_rrf: float = 60.0
-    dense_weight: float = 0.5  # blend only: dense's weight, BM25's is 1 - dense_weight
+    dense_weight: float = 0.5  # wsum only: dense's weight, BM25's is 1 - dense_weight
     first_stage_depth: int = 100  # candidates each first stage gives the fusion
     rerank_depth: int = 20  # candidates the reranker reads
     rerank: bool = True  # rerank when the engine has a reranker (False: the first stage's order)
@@ -119,6 +124,8 @@ class EngineSettings:
                             cjk_characters=self.language is not None)
 
     def __post_init__(self) -> None:
+        for name, value in old_values(self.__dict__, "EngineSettings").items():
+            object.__setattr__(self, name, value)
         if self.first_stage not in FIRST_STAGES:
             raise ConfigError(f"first_stage must be one of {', '.join(FIRST_STAGES)}, got {self.first_stage!r}")
         if self.fusion not in FUSIONS:
@@ -203,6 +210,21 @@ def renames(place: str = "settings") -> dict[str, str]:
 
 
 RENAMED = renames("settings")
+
+
+def old_values(given: Mapping[str, Any], where: str | None = None) -> dict[str, Any]:
+    """The settings of ``given`` that hold an old value of :data:`RENAMED_VALUES`, with their new values; a
+    DeprecationWarning per old value, unless ``where`` is None (a manifest on disk: mapped silently)."""
+    import warnings
+
+    out = {}
+    for name, old, new in RENAMED_VALUES:
+        if given.get(name) == old:
+            if where is not None:
+                warnings.warn(f"{where}: {name} {old!r} is now called {new!r}; the old name goes in the next release",
+                              DeprecationWarning, stacklevel=4)
+            out[name] = new
+    return out
 
 
 def renamed(given: dict[str, Any], where: str, place: str = "settings") -> dict[str, Any]:

@@ -24,7 +24,7 @@ MIN_FUSION_QUERIES = 50
 
 @dataclass(frozen=True)
 class FusionChoice:
-    """The chosen fusion (``rrf`` or ``blend`` with ``dense_weight``) and the dev metric of every candidate,
+    """The chosen fusion (``rrf``, or ``wsum`` with ``dense_weight``) and the dev metric of every candidate,
     (fusion, dense weight, value) in the order tried."""
 
     fusion: str
@@ -33,7 +33,7 @@ class FusionChoice:
     scores: tuple[tuple[str, float, float], ...]
 
     def lines(self) -> list[str]:
-        return [f"{f}{f' {w:g}' if f == 'blend' else ''}: {v:.4f}" for f, w, v in self.scores]
+        return [f"{f}{f' {w:g}' if f == 'wsum' else ''}: {v:.4f}" for f, w, v in self.scores]
 
 
 def tune_fusion(queries: Sequence[Query], qrels: Qrels, bm25: Sequence[RankedList], dense: Sequence[RankedList], *,
@@ -52,7 +52,7 @@ def tune_fusion(queries: Sequence[Query], qrels: Qrels, bm25: Sequence[RankedLis
         raise ConfigError(f"tune_fusion needs one BM25 and one dense list per query: {len(queries)} queries, "
                           f"{len(bm25)} and {len(dense)} lists")
     qrels = qrels.subset(q.id for q in queries)
-    candidates = [("rrf", current.dense_weight)] + [("blend", float(w)) for w in grid]
+    candidates = [("rrf", current.dense_weight)] + [("wsum", float(w)) for w in grid]
     scores = []
     for fusion, w in candidates:
         fused = {q.id: fuse([b, d], fusion, k_rrf=current.k_rrf, weights=dense_weights(w))

@@ -361,7 +361,7 @@ class Explanation:
     @property
     def first_stage(self) -> float:
         """The first-stage score from its parts."""
-        if self.fusion in ("rrf", "blend"):
+        if self.fusion in ("rrf", "wsum"):
             return sum(s.contribution for s in self.stages)
         return next(s.score for s in self.stages if s.name == self.fusion and s.score is not None)
 
@@ -392,12 +392,12 @@ class Explanation:
             line = f"{s.name}: {found}"
             if self.fusion == "rrf" and s.score is not None:
                 line += f" -> 1/({self.k_rrf:g}+{s.rank}) = {s.contribution:.5f}"
-            elif self.fusion == "blend" and s.score is not None:
+            elif self.fusion == "wsum" and s.score is not None:
                 line += (f" -> {s.weight:g} x minmax in [{s.low:.4f}, {s.high:.4f}] = {s.contribution:.4f}")
             out.append(line)
             if s.terms:
                 out.append("  terms: " + ", ".join(f"{t} {w:.3f}" for t, w in s.terms))
-        fused = {"rrf": "rrf sum", "blend": "blend sum"}.get(self.fusion, f"{self.fusion} alone")
+        fused = {"rrf": "rrf sum", "wsum": "weighted sum"}.get(self.fusion, f"{self.fusion} alone")
         out.append(f"first stage ({fused}): {self.first_stage:.5f}")
         for name, r, before in (("maxsim", self.maxsim, "first stage"),
                                 ("reranker", self.rerank, "maxsim" if self.maxsim is not None else "first stage")):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from twostage.engine.fusion import blend, fuse
+from twostage.engine.fusion import fuse, wsum
 from twostage.indexer.errors import ConfigError, DataError
 from twostage.indexer.records import Document, RankedList
 from twostage.retriever.pseudo_queries import PseudoQueryConfig, as_queries_and_qrels, make_pseudo_queries, words
@@ -84,7 +84,7 @@ def test_blend_equals_ranx_wsum_of_min_max_norm():
                 for j in range(2)]
         ref = ranx_fuse(runs, norm="min-max", method="wsum", params={"weights": [1 - w, w]}).to_dict()
         for q, ls in queries.items():
-            ours = blend(ls, [1 - w, w])
+            ours = wsum(ls, [1 - w, w])
             expected = ref[q]
             assert set(map(str, ours.ids)) == set(expected)
             for d, s in zip(ours.ids, ours.scores):
@@ -95,15 +95,15 @@ def test_blend_equals_ranx_wsum_of_min_max_norm():
 def test_blend_weights_move_the_ranking():
     bm25 = RankedList(np.array(["x", "y"], dtype=object), np.array([10.0, 2.0], dtype=np.float32))
     dense = RankedList(np.array(["y", "x"], dtype=object), np.array([0.9, 0.5], dtype=np.float32))
-    assert list(fuse([bm25, dense], "blend", weights=[0.8, 0.2]).ids) == ["x", "y"]
-    assert list(fuse([bm25, dense], "blend", weights=[0.2, 0.8]).ids) == ["y", "x"]
+    assert list(fuse([bm25, dense], "wsum", weights=[0.8, 0.2]).ids) == ["x", "y"]
+    assert list(fuse([bm25, dense], "wsum", weights=[0.2, 0.8]).ids) == ["y", "x"]
     # a one-document list normalises to 0, as does each list's lowest score; ties keep the first appearance
     one = RankedList(np.array(["z"], dtype=object), np.array([3.0], dtype=np.float32))
-    fused = fuse([one, dense], "blend", weights=[0.5, 0.5])
+    fused = fuse([one, dense], "wsum", weights=[0.5, 0.5])
     assert list(fused.ids) == ["y", "z", "x"] and list(fused.scores) == [0.5, 0.0, 0.0]
     with pytest.raises(ConfigError, match="one weight per list"):
-        blend([bm25, dense], [1.0])
-    with pytest.raises(ConfigError, match="fusion must be rrf or blend"):
+        wsum([bm25, dense], [1.0])
+    with pytest.raises(ConfigError, match="fusion must be rrf or wsum"):
         fuse([bm25, dense], "max")
 
 
@@ -141,7 +141,7 @@ def test_adapt_trains_both_models_from_the_corpus_alone(tmp_path, tiny_bert_dir,
     record = json.loads((tmp_path / "models" / "adapt.json").read_text())
     assert record["pseudo_queries"] + record["dev_queries"] <= 80 and record["dev_queries"] == 16
     assert {"retriever_base", "retriever"} <= set(record["dev"])
-    assert record["settings"]["fusion"] in ("rrf", "blend")
+    assert record["settings"]["fusion"] in ("rrf", "wsum")
     # a second run finds both models trained: it resumes from the finished checkpoints and trains no step; then,
     # by default, the checkpoints go
     again = adapt(sample_dir / "corpus.jsonl", tmp_path / "models", base=str(tiny_bert_dir), recipe=recipe)
@@ -150,7 +150,7 @@ def test_adapt_trains_both_models_from_the_corpus_alone(tmp_path, tiny_bert_dir,
     assert json.loads((tmp_path / "models" / "adapt.json").read_text())["checkpoints_removed_mb"] > 0
 
 
-def test_engine_blend_fusion_and_its_tuning(tmp_path, models, sample_dir, monkeypatch):
+def test_engine_wsum_fusion_and_its_tuning(tmp_path, models, sample_dir, monkeypatch):
     from twostage import SearchEngine
     from twostage.engine.settings import EngineSettings
     from twostage.eval.tune import tune_engine, tune_fusion
@@ -160,15 +160,33 @@ def test_engine_blend_fusion_and_its_tuning(tmp_path, models, sample_dir, monkey
     engine = SearchEngine.build(sample_dir, tmp_path / "e", retriever=retriever,
                                 settings=EngineSettings(precision="fp32", backend="flat", fusion="rrf"))
     queries = ["why do cats purr", "snow and rain", "music for the piano"]
-    blended = engine.configure(fusion="blend", dense_weight=0.3)
+    blended = engine.configure(fusion="wsum", dense_weight=0.3)
     for q in queries:
         b, d = (engine.search(q, k=100, first_stage=fs, rerank=False) for fs in ("bm25", "dense"))
         lists = [RankedList(np.array(r.ids, dtype=object), np.array([h.score for h in r.hits], dtype=np.float32))
                  for r in (b, d)]
-        assert blended.search(q, k=10, rerank=False).ids == list(blend(lists, [0.7, 0.3]).ids[:10])
+        assert blended.search(q, k=10, rerank=False).ids == list(wsum(lists, [0.7, 0.3]).ids[:10])
         assert engine.search(q, k=10, rerank=False).ids == list(fuse(lists, "rrf").ids[:10])
     with pytest.raises(ConfigError, match="dense_weight must be a number in \\[0, 1\\]"):
         EngineSettings(dense_weight=1.5)
+    # the fusion's old name "blend" (#82: the word names the rerank and MaxSim weights too) still works, with a notice,
+    # in settings and search options; a manifest on disk that holds it reads as wsum, silently
+    with pytest.warns(DeprecationWarning, match="fusion 'blend' is now called 'wsum'"):
+        assert EngineSettings(fusion="blend").fusion == "wsum"
+    with pytest.warns(DeprecationWarning, match="'wsum'"):
+        old = blended.search(queries[0], k=10, rerank=False, fusion="blend", dense_weight=0.3)
+    assert old.ids == blended.search(queries[0], k=10, rerank=False).ids
+    manifest = blended.version_dir / "manifest.json"
+    data = json.loads(manifest.read_text())
+    assert data["settings"]["fusion"] == "wsum"
+    manifest.write_text(json.dumps({**data, "settings": {**data["settings"], "fusion": "blend"}}))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        reread = SearchEngine.load(tmp_path / "e", verify=False)
+    assert reread.settings.fusion == "wsum" and reread.search(queries[0], k=10, rerank=False).ids == old.ids
+    reread.close()
 
     ds = BeirDataset(sample_dir)
     sp = ds.split("train")
@@ -177,7 +195,7 @@ def test_engine_blend_fusion_and_its_tuning(tmp_path, models, sample_dir, monkey
     bm25 = engine.as_retriever(first_stage="bm25", rerank=False).search_batch(texts, 100)
     dense = engine.as_retriever(first_stage="dense", rerank=False).search_batch(texts, 100)
     choice = tune_fusion(qs, sp.qrels, bm25, dense)
-    assert [(f, w) for f, w, _ in choice.scores][:2] == [("rrf", 0.5), ("blend", 0.1)] and len(choice.scores) == 10
+    assert [(f, w) for f, w, _ in choice.scores][:2] == [("rrf", 0.5), ("wsum", 0.1)] and len(choice.scores) == 10
     best = max(v for _, _, v in choice.scores)
     assert dict(((f, w), v) for f, w, v in choice.scores)[(choice.fusion, choice.dense_weight)] == best
     # tune_engine applies it (enough dev queries) or leaves the fusion alone (too few)

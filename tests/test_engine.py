@@ -232,7 +232,7 @@ def test_bench_engine_scores_what_search_returns_on_non_default_engines(tmp_path
     retriever, reranker = models
     settings = {"whole": {"passage_words": 0}, "short-passages": {"passage_words": 12, "passage_stride": 6,
                                                                    "passage_whole_up_to": 0, "rerank_depth": 7},
-                "blend-fusion": {"fusion": "blend", "dense_weight": 0.3}}[shape]
+                "blend-fusion": {"fusion": "wsum", "dense_weight": 0.3}}[shape]
     engine = SearchEngine.build(BeirDataset(sample_dir).corpus, tmp_path / "e", retriever=retriever,
                                 reranker=reranker, **settings)
     result = run_bench(sample_dir, "test", "dense,hybrid,hybrid+rerank", options=SystemOptions(engine=str(engine.root)))

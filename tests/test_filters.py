@@ -213,7 +213,7 @@ def test_a_page_token_pins_its_version(tmp_path, models):
 def test_knobs_per_request(filtered):
     _, flat, _, _ = filtered
     base = flat.ranked("cat music", 10, rerank=False)
-    dense_only = flat.ranked("cat music", 10, rerank=False, fusion="blend", dense_weight=1.0)
+    dense_only = flat.ranked("cat music", 10, rerank=False, fusion="wsum", dense_weight=1.0)
     assert list(dense_only.ids) == list(flat.ranked("cat music", 10, rerank=False, first_stage="dense").ids)
     assert list(flat.ranked("cat music", 10, rerank=False, k_rrf=60.0).ids) == list(base.ids)
     for knob, value, words in (("dense_weight", 3, "dense_weight must be"), ("k_rrf", -1, "k_rrf must be"),
@@ -269,7 +269,7 @@ def test_http_filters_and_pages(filtered):
             token = obj["next_page"]
         assert got == want
         r = client.post("/search", json={"query": "cat", "where": {"sel": {"$lt": 100}, "published": {"$gte":
-                                         "2010-01-01"}}, "rerank": False, "fusion": "blend", "dense_weight": 0.3})
+                                         "2010-01-01"}}, "rerank": False, "fusion": "wsum", "dense_weight": 0.3})
         assert r.status_code == 200 and all(h["metadata"]["sel"] < 100 for h in r.json()["hits"])
         r = client.post("/search", json={"query": "cat", "where": {"year": {"$gt": "2010"}}})
         assert r.status_code == 400 and "where.year.$gt: 'year' holds numbers" in r.json()["error"]

@@ -46,8 +46,8 @@ def engines(tmp_path_factory, models):
     whole.close()
 
 
-OPTIONS = [{"first_stage": "hybrid", "fusion": "rrf"}, {"first_stage": "hybrid", "fusion": "blend"},
-           {"first_stage": "hybrid", "fusion": "blend", "dense_weight": 0.8}, {"first_stage": "dense"},
+OPTIONS = [{"first_stage": "hybrid", "fusion": "rrf"}, {"first_stage": "hybrid", "fusion": "wsum"},
+           {"first_stage": "hybrid", "fusion": "wsum", "dense_weight": 0.8}, {"first_stage": "dense"},
            {"first_stage": "bm25"}]
 
 
