@@ -14,7 +14,6 @@ from typing import Any
 
 from twostage.app.cli import help_of
 from twostage.engine.train_models import TrainSettings
-from twostage.models.device import cpu_precision
 
 
 @dataclass(frozen=True)
@@ -132,20 +131,13 @@ def settings_from_flags(args: argparse.Namespace, flags: tuple[Flag, ...]) -> Tr
 
 
 def _train_retriever(args: argparse.Namespace) -> int:
+    from twostage.engine.train_models import teacher_of
     from twostage.engine.training import train_retriever_on
     from twostage.eval.metrics import ndcg10_by_query
 
     settings = settings_from_flags(args, RETRIEVER)
     recipe = settings.retriever
-    teacher = None
-    if args.teacher:
-        from twostage.reranker.cross_encoder import CrossEncoder
-
-        ce = CrossEncoder.load(args.teacher, precision=cpu_precision(recipe.train.bf16))
-
-        def teacher(pairs: Any) -> Any:
-            return ce.predict(pairs, activation=None, show_progress=not args.quiet)
-
+    teacher = teacher_of(args.teacher, recipe, not args.quiet) if args.teacher else None
     result = train_retriever_on(args.data, args.split, settings.base, args.out, recipe, dev_metric=ndcg10_by_query,
                                 teacher=teacher, teacher_name=str(args.teacher or ""), show_progress=not args.quiet)
     print(f"trained {result.steps} steps in {result.seconds:.0f} s; model in {result.model_dir}"

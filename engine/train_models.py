@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,7 @@ from twostage.reranker.training import RerankerConfig
 from twostage.retriever.late import LateConfig
 from twostage.retriever.recipe import DevMetric, RetrieverRecipe
 from twostage.retriever.trainer import TrainConfig
+from twostage.retriever.training_data import PairScorer
 
 if TYPE_CHECKING:
     from twostage.indexer.beir import BeirDataset
@@ -51,6 +53,9 @@ class TrainSettings:
     # engine's token vectors cut them
     late: RetrieverRecipe = field(default_factory=lambda: RetrieverRecipe(
         train=TrainConfig(epochs=4), max_length=LateConfig.document_length, late=True))
+    # the MaxSim model distils the trained reranker's margins (Margin-MSE over MaxSim, plus in-batch MaxSim) when the
+    # one command trains both; off until measured against plain MaxSim training on dev (#83)
+    distill_late: bool = False
 
     def aligned(self) -> TrainSettings:
         """The same dev queries for every model: one fraction, one seed."""
@@ -72,18 +77,20 @@ def load_settings(path: str | Path) -> TrainSettings:
 
 def train(recipe: RetrieverRecipe | RerankerConfig, data: str | Path | BeirDataset, split: str, out: str | Path, *,
           base: str = TrainSettings.base, dev_fraction: float | None = None,
-          dev_metric: DevMetric, retriever: str | Path | None = None,
+          dev_metric: DevMetric, retriever: str | Path | None = None, teacher: str | Path | None = None,
           settings: EngineSettings | None = None, show_progress: bool = False) -> FitResult:
     """Train one model from ``base`` on a BEIR split into ``out``: a bi-encoder for a :class:`RetrieverRecipe`, a
     cross-encoder reranker for a :class:`RerankerConfig`.
 
     ``dev_fraction`` of the split's queries are held out (0: none; None: a RetrieverRecipe's own ``dev_fraction``
-    when it sets one, else 0.1); they choose the epoch (and the reranker's blend
-    with each first stage) by ``dev_metric`` (per-query values of a run, higher is better: ``twostage.train`` gives nDCG@10,
-    :func:`twostage.eval.metrics.ndcg10_by_query`) of
-    an engine with ``settings`` (the engine defaults) searching them, so what is chosen is what such an engine
-    serves. ``retriever`` (a reranker's only): the bi-encoder that mines its dense negatives and is its dev engine's
-    retriever (the base model when None). What dev chose is in the result's ``training`` record.
+    when it sets one, else 0.1); they choose the epoch (and the reranker's blend with each first stage) by
+    ``dev_metric`` (per-query values of a run, higher is better: ``twostage.train`` gives nDCG@10,
+    :func:`twostage.eval.metrics.ndcg10_by_query`) of an engine with ``settings`` (the engine defaults) searching
+    them, so what is chosen is what such an engine serves. ``retriever`` (a reranker's only): the bi-encoder that
+    mines its dense negatives and is its dev engine's retriever (the base model when None). ``teacher`` (a
+    RetrieverRecipe's only): a trained cross-encoder whose score margins over each query's positive and mined
+    negatives the model learns (Margin-MSE over cosines, or over MaxSim scores for a late-interaction model), its
+    scores kept beside ``out`` as they are computed. What dev chose is in the result's ``training`` record.
 
     >>> train(RetrieverRecipe(), "datasets/scifact", "train", "models/retriever", dev_metric=ndcg10_by_query)
     """
@@ -96,13 +103,31 @@ def train(recipe: RetrieverRecipe | RerankerConfig, data: str | Path | BeirDatas
                               "disagree; give it once")
         held = dev_fraction if dev_fraction is not None else recipe.dev_fraction or TrainSettings.dev_fraction
         return train_retriever_on(data, split, base, out, replace(recipe, dev_fraction=held),
-                                  dev_metric=dev_metric, settings=settings, show_progress=show_progress)
+                                  dev_metric=dev_metric, settings=settings, show_progress=show_progress,
+                                  teacher=None if teacher is None else teacher_of(teacher, recipe, show_progress),
+                                  teacher_name=str(teacher or ""))
+    if teacher is not None:
+        raise ConfigError("teacher= is a cross-encoder a retriever learns from; a RerankerConfig trains the "
+                          "cross-encoder itself")
     if isinstance(recipe, RerankerConfig):
         return train_reranker_on(data, split, base, out, recipe,
                                  dev_fraction=TrainSettings.dev_fraction if dev_fraction is None else dev_fraction,
                                  rerank_depth=(settings or EngineSettings()).rerank_depth, dev_metric=dev_metric,
                                  retriever=retriever, settings=settings, show_progress=show_progress)
     raise ConfigError(f"train() takes a RetrieverRecipe or a RerankerConfig, got {type(recipe).__name__}")
+
+
+def teacher_of(path: str | Path, recipe: RetrieverRecipe, show_progress: bool) -> PairScorer:
+    """The cross-encoder at ``path`` as a teacher: its raw logits of (query, document) pairs."""
+    from twostage.models.device import cpu_precision
+    from twostage.reranker.cross_encoder import CrossEncoder
+
+    model = CrossEncoder.load(path, precision=cpu_precision(recipe.train.bf16))
+
+    def scores(pairs: Sequence[tuple[str, str]]) -> Any:
+        return model.predict(list(pairs), activation=None, show_progress=show_progress)
+
+    return scores
 
 
 @dataclass(frozen=True)
@@ -145,5 +170,6 @@ def train_models(data: str | Path, train_split: str, eval_split: str, models_dir
     if need_late:
         # from the bi-encoder when there is one: on SciFact's held-out train queries 0.782 against 0.754 from the base
         # model (test: 0.770 against 0.764 over the same hybrid, benchmarks/results/late-scifact-from-retriever.md)
-        late = fit("late", settings.late, retriever or settings.base)
+        late = fit("late", settings.late, retriever or settings.base,
+                   **({"teacher": reranker} if settings.distill_late and reranker else {}))
     return TrainedModels(retriever, reranker, late, seconds, to_json_dict(settings))

@@ -29,11 +29,12 @@ __all__ = ["adapt", "train"]
 
 def train(recipe: RetrieverRecipe | RerankerConfig, data: str | Path | BeirDataset, split: str, out: str | Path, *,
           base: str = TrainSettings.base, dev_fraction: float | None = None, dev_metric: DevMetric = ndcg10_by_query,
-          retriever: str | Path | None = None, settings: EngineSettings | None = None,
-          show_progress: bool = False) -> FitResult:
+          retriever: str | Path | None = None, teacher: str | Path | None = None,
+          settings: EngineSettings | None = None, show_progress: bool = False) -> FitResult:
     """Train one model from ``base`` on a BEIR split into ``out`` (:func:`twostage.engine.train_models.train`): a
     bi-encoder for a :class:`RetrieverRecipe`, a cross-encoder reranker for a :class:`RerankerConfig`, its epoch
-    (and blend) chosen on the held-out queries by ``dev_metric`` (nDCG@10 of each query).
+    (and blend) chosen on the held-out queries by ``dev_metric`` (nDCG@10 of each query); a retriever distils
+    ``teacher``'s margins when given (a trained cross-encoder).
 
     >>> train(RetrieverRecipe(), "datasets/scifact", "train", "models/retriever")
     >>> train(RerankerConfig(), "datasets/scifact", "train", "models/reranker", retriever="models/retriever")
@@ -43,7 +44,7 @@ def train(recipe: RetrieverRecipe | RerankerConfig, data: str | Path | BeirDatas
             disagree, a base model or split that is not there.
     """
     return train_model(recipe, data, split, out, base=base, dev_fraction=dev_fraction, dev_metric=dev_metric,
-                       retriever=retriever, settings=settings, show_progress=show_progress)
+                       retriever=retriever, teacher=teacher, settings=settings, show_progress=show_progress)
 
 
 def adapt(corpus: CorpusSource | Corpus, out: str | Path, *, base: str = "all-MiniLM-L6-v2",

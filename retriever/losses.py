@@ -194,6 +194,45 @@ class MaxSimLoss(torch.nn.Module):
         return F.cross_entropy(scores / self.temperature, target)
 
 
+class MaxSimMarginMSELoss(torch.nn.Module):
+    """Distillation of a teacher's score margins into MaxSim scores (Margin-MSE over late interaction, as ColBERTv2
+    and PyLate distil a cross-encoder), plus in-batch MaxSim contrast (:class:`MaxSimLoss`) weighted by ``rank_weight``.
+
+    Input: ``queries`` (B, Lq, d) and ``documents`` (B + B*m, Ld, d) token vectors, L2-normalised, with boolean masks,
+    the documents laid out as :class:`MaxSimLoss` reads them (the B positives, then query 0's m negatives, query 1's...),
+    and ``margins`` (B, m): the teacher's score of (query i, positive) minus its score of (query i, negative j).
+    With s the MaxSim score (:func:`maxsim_matrix`):
+
+        L = mean_ij ( s(q_i, p_i) - s(q_i, n_ij) - margin_ij )^2  +  rank_weight * MaxSimLoss
+
+    Only differences are matched, so the teacher's scores need no calibration to MaxSim's (a cross-encoder's logits
+    and a MaxSim sum over 32 query tokens both move by a few units between a relevant and an unrelated document).
+    """
+
+    def __init__(self, rank_weight: float = 1.0, temperature: float = 1.0) -> None:
+        super().__init__()
+        if rank_weight < 0:
+            raise ConfigError(f"rank_weight must be >= 0, got {rank_weight}")
+        if not temperature > 0:
+            raise ConfigError(f"temperature must be positive, got {temperature}")
+        self.rank_weight, self.temperature = rank_weight, temperature
+
+    def forward(self, queries: torch.Tensor, query_mask: torch.Tensor, documents: torch.Tensor,
+                document_mask: torch.Tensor, margins: torch.Tensor) -> torch.Tensor:
+        b, m = margins.shape if margins.dim() == 2 else (-1, -1)
+        if b != len(queries) or m < 1 or len(documents) != b * (1 + m):
+            raise ConfigError(f"margins {tuple(margins.shape)} must be (B, m) with m >= 1 for {len(queries)} queries and "
+                              f"{len(documents)} documents (B positives, then m negatives a query)")
+        scores = maxsim_matrix(queries, query_mask, documents, document_mask)  # (B, B + B*m)
+        rows = torch.arange(b, device=scores.device)
+        positive = scores[rows, rows]  # (B,)
+        negative = scores[rows[:, None], b + rows[:, None] * m + torch.arange(m, device=scores.device)]  # (B, m)
+        distill = F.mse_loss(positive[:, None] - negative, margins.to(scores.dtype))
+        if not self.rank_weight:
+            return distill
+        return distill + self.rank_weight * F.cross_entropy(scores / self.temperature, rows)
+
+
 def maxsim_matrix(queries: torch.Tensor, query_mask: torch.Tensor, documents: torch.Tensor,
                   document_mask: torch.Tensor) -> torch.Tensor:
     """(B, Lq, d), (B, Lq), (N, Ld, d), (N, Ld) -> (B, N) MaxSim scores (masked tokens take no part)."""

@@ -9,8 +9,6 @@ at random (seeded) or from the top. Results go to parquet so a run can be reused
 from __future__ import annotations
 
 import logging
-import os
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from twostage.indexer.atomic import write_parquet
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.records import Qrels, Query, top_k
 
@@ -72,10 +71,7 @@ def mine_hard_negatives(queries: Sequence[Query], qrels: Qrels, doc_ids: Sequenc
 
 def save_negatives(frame: pd.DataFrame, path: str | Path) -> None:
     """Write the negatives to parquet through a temporary file and a rename."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-    frame.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
+    write_parquet(path, frame)
 
 
 def load_negatives(path: str | Path) -> dict[str, list[str]]:

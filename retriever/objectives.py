@@ -19,6 +19,7 @@ from twostage.retriever.losses import (
     CosineSimilarityLoss,
     MarginMSELoss,
     MaxSimLoss,
+    MaxSimMarginMSELoss,
     MultipleNegativesRankingLoss,
     SoftmaxLoss,
     TripletLoss,
@@ -110,6 +111,19 @@ def _maxsim(loss: torch.nn.Module, model: Any, batch: Sequence[PairExample], par
     return loss(q, q_keep, d, d_keep)
 
 
+def _maxsim_margin_mse(loss: torch.nn.Module, model: Any, batch: Sequence[PairExample],
+                       params: LossParams) -> torch.Tensor:
+    q, q_keep = _tokens(model, [e.anchor for e in batch], "query")
+    d, d_keep = _tokens(model, [e.positive for e in batch] + [t for e in batch for t in e.negatives], "document")
+    return loss(q, q_keep, d, d_keep, torch.tensor([e.margins for e in batch], device=q.device))
+
+
+def _margins_check(name: str) -> Callable[[Sequence[Any]], str | None]:
+    return lambda ex: _first(ex, lambda e: not e.negatives or len(e.margins) != len(e.negatives),
+                             f"needs one teacher margin per negative (and at least one negative) for the {name} "
+                             "objective")
+
+
 OBJECTIVES: dict[str, Objective] = {
     "mnrl": Objective(
         PairExample,
@@ -121,13 +135,14 @@ OBJECTIVES: dict[str, Objective] = {
         lambda ex: _first(ex, lambda e: not e.negatives,
                           "has no negative: the triplet objective needs a negative in every example")),
     "margin_mse": Objective(
-        PairExample, lambda model, labels, c: MarginMSELoss(c.scale), _margin_mse,
-        lambda ex: _first(ex, lambda e: not e.negatives or len(e.margins) != len(e.negatives),
-                          "needs one teacher margin per negative (and at least one negative) for the margin_mse "
-                          "objective")),
+        PairExample, lambda model, labels, c: MarginMSELoss(c.scale), _margin_mse, _margins_check("margin_mse")),
     "cosine": Objective(ScoredPair, lambda model, labels, c: CosineSimilarityLoss(), _pairs),
     "contrastive": Objective(ScoredPair, lambda model, labels, c: ContrastiveLoss(), _pairs),
     "softmax": Objective(ScoredPair, lambda model, labels, c: SoftmaxLoss(model.dim, labels), _pairs),
     # a late-interaction model (retriever.late.LateEncoder): in-batch and hard negatives scored by MaxSim
     "maxsim": Objective(PairExample, lambda model, labels, c: MaxSimLoss(), _maxsim),
+    # the same, distilling a teacher's margins (losses.MaxSimMarginMSELoss; in-batch MaxSim by margin_rank_weight)
+    "maxsim_margin_mse": Objective(
+        PairExample, lambda model, labels, c: MaxSimMarginMSELoss(c.margin_rank_weight), _maxsim_margin_mse,
+        _margins_check("maxsim_margin_mse")),
 }

@@ -84,13 +84,13 @@ def train_retriever(data: str | Path | BeirDataset, split: str, base: str, out: 
     """Fine-tune ``base`` on ``split`` of a BEIR directory and save the model to ``out``.
 
     With ``teacher`` (a function scoring (query, document) pairs, e.g. a cross-encoder's logits), the queries
-    with hard negatives train with MarginMSE distillation of the teacher's margins plus MNRL
-    (``recipe.train.margin_rank_weight``); the recipe needs ``negatives`` > 0 for that. ``dev`` is given the
+    with hard negatives train with Margin-MSE distillation of the teacher's margins (a bi-encoder's cosines, or a
+    late-interaction model's MaxSim scores) plus in-batch contrast weighted by ``recipe.train.margin_rank_weight``;
+    the recipe needs ``negatives`` > 0 for that. The teacher's scores are kept in ``OUT.teacher.parquet`` beside
+    the model as they are computed, so a run started again scores only what is missing. ``dev`` is given the
     ``recipe.dev_fraction`` of queries held out (and BM25 when it was built) and returns what scores a checkpoint
     after each epoch; :func:`twostage.engine.training.train_retriever_on` gives the engine's own dense search.
     """
-    if teacher is not None and recipe.late:
-        raise ConfigError("distillation from a teacher trains a bi-encoder; a late-interaction model trains by MaxSim")
     if teacher is not None and not recipe.negatives:
         raise ConfigError("distillation from a teacher needs hard negatives: set negatives > 0")
     if recipe.dev_fraction and dev is None:  # else the held-out queries would go unused
@@ -132,7 +132,9 @@ def train_retriever(data: str | Path | BeirDataset, split: str, base: str, out: 
         sets = [pairs_from_qrels(corpus, full, sp.qrels, negatives=negatives, num_negatives=recipe.negatives,
                                  name=f"{name}+negatives", max_positives=recipe.max_positives, seed=recipe.train.seed)]
         if teacher is not None:
-            sets[0] = with_margins(sets[0], teacher)
+            sets[0] = with_margins(sets[0], teacher, objective="maxsim_margin_mse" if recipe.late else "margin_mse",
+                                   cache=out.parent / f"{out.name}.teacher.parquet",
+                                   teacher_name=teacher_name or "given")
         if rest:
             logger.info("%d queries have no hard negative past the guard; they train on in-batch negatives", len(rest))
             sets.append(pairs_from_qrels(corpus, rest, sp.qrels, name=f"{name}/in-batch",
@@ -141,8 +143,8 @@ def train_retriever(data: str | Path | BeirDataset, split: str, base: str, out: 
         sets.append(_sample(pairs_from_titles(corpus), recipe.title_pairs, recipe.train.seed))
     if recipe.nli:
         sets.append(_sample(nli_triplets(recipe.nli), recipe.nli_pairs, recipe.train.seed))
-    if recipe.late:
-        sets = [replace(s, objective="maxsim") for s in sets]
+    if recipe.late:  # MaxSim in place of cosines (a distilled set already reads MaxSim's margins)
+        sets = [s if s.objective == "maxsim_margin_mse" else replace(s, objective="maxsim") for s in sets]
     score = dev(dev_queries, sp.qrels.subset(q.id for q in dev_queries), bm25) if dev_queries and dev else None
     info: dict[str, Any] = {"data": str(ds.root), "split": split, "base": base, "recipe": asdict(recipe),
                             "train_queries": len(queries), "dev_queries": len(dev_queries),

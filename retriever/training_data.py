@@ -100,24 +100,65 @@ def pairs_from_qrels(corpus: Corpus, queries: Sequence[Query], qrels: Qrels, *,
 PairScorer = Callable[[Sequence[tuple[str, str]]], np.ndarray]
 
 
-def with_margins(training_set: TrainingSet, teacher: PairScorer, name: str | None = None) -> TrainingSet:
-    """``training_set`` (examples with hard negatives) as a ``margin_mse`` set: the teacher scores every
-    (anchor, positive) and (anchor, negative) pair once, and each negative gets the margin
-    teacher(anchor, positive) - teacher(anchor, negative).
+def with_margins(training_set: TrainingSet, teacher: PairScorer, name: str | None = None, *,
+                 cache: str | Path | None = None, teacher_name: str = "", objective: str = "margin_mse",
+                 chunk: int = 2048) -> TrainingSet:
+    """``training_set`` (examples with hard negatives) as a distillation set (``objective``: ``margin_mse`` for a
+    bi-encoder, ``maxsim_margin_mse`` for a late-interaction model): the teacher scores every (anchor, positive) and
+    (anchor, negative) pair once, and each negative gets the margin teacher(anchor, positive) - teacher(anchor,
+    negative).
+
+    ``cache``: a parquet file of the teacher's scores (:func:`teacher_scores`), written after every ``chunk`` pairs;
+    a run started again with the same teacher scores only the pairs it lacks.
     """
     examples = [e for e in training_set.examples if isinstance(e, PairExample)]
     if len(examples) != len(training_set.examples) or any(not e.negatives for e in examples):
         raise DataError(f"training set {training_set.name!r}: distillation needs (anchor, positive, negatives) examples")
     pairs = sorted({(e.anchor, t) for e in examples for t in (e.positive, *e.negatives)})
-    scores = np.asarray(teacher(pairs), dtype=np.float64).reshape(-1)
-    if len(scores) != len(pairs) or not np.isfinite(scores).all():
-        raise DataError(f"the teacher returned {len(scores)} scores (finite: {np.isfinite(scores).all()}) "
-                        f"for {len(pairs)} pairs")
-    score = dict(zip(pairs, scores.tolist()))
+    score = teacher_scores(pairs, teacher, cache, teacher_name, chunk)
     out = tuple(PairExample(e.anchor, e.positive, e.negatives,
                             tuple(score[(e.anchor, e.positive)] - score[(e.anchor, n)] for n in e.negatives))
                 for e in examples)
-    return TrainingSet(name or f"{training_set.name}+margins", "margin_mse", out)
+    return TrainingSet(name or f"{training_set.name}+margins", objective, out)
+
+
+def teacher_scores(pairs: Sequence[tuple[str, str]], teacher: PairScorer, cache: str | Path | None = None,
+                   teacher_name: str = "", chunk: int = 2048) -> dict[tuple[str, str], float]:
+    """The teacher's score of every pair, those in ``cache`` (a parquet file: the sha1 of each pair, the teacher's
+    name, its score) read back when its teacher is ``teacher_name``; the rest scored in chunks of ``chunk`` pairs,
+    the cache rewritten (atomically) after each."""
+    import hashlib
+
+    import pandas as pd
+
+    from twostage.indexer.atomic import write_parquet
+
+    def key(pair: tuple[str, str]) -> str:
+        return hashlib.sha1(f"{len(pair[0])}:{pair[0]}{pair[1]}".encode("utf-8", "surrogatepass")).hexdigest()
+
+    known: dict[str, float] = {}
+    if cache is not None and Path(cache).is_file():
+        try:
+            frame = pd.read_parquet(cache)
+            if {"key", "teacher", "score"} <= set(frame.columns) and (frame["teacher"] == teacher_name).all():
+                known = dict(zip(frame["key"].astype(str), frame["score"].astype(float)))
+            else:
+                logger.info("%s: scores of another teacher; scoring again", cache)
+        except (OSError, ValueError) as exc:
+            logger.info("%s: unreadable (%s); scoring again", cache, exc)
+    keys = [key(p) for p in pairs]
+    todo = [i for i, k in enumerate(keys) if k not in known]
+    for start in range(0, len(todo), chunk):
+        part = todo[start:start + chunk]
+        got = np.asarray(teacher([pairs[i] for i in part]), dtype=np.float64).reshape(-1)
+        if len(got) != len(part) or not np.isfinite(got).all():
+            raise DataError(f"the teacher returned {len(got)} scores (finite: {np.isfinite(got).all()}) "
+                            f"for {len(part)} pairs")
+        known.update((keys[i], float(v)) for i, v in zip(part, got))
+        if cache is not None:
+            write_parquet(cache, pd.DataFrame({"key": list(known), "teacher": teacher_name,
+                                               "score": list(known.values())}))
+    return {p: known[k] for p, k in zip(pairs, keys)}
 
 
 def pairs_from_titles(corpus: Iterable, name: str = "title-text", min_chars: int = 20) -> TrainingSet:

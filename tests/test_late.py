@@ -570,6 +570,83 @@ def test_a_late_interaction_model_trains_with_the_retrievers_loop(tmp_path, tiny
         RetrieverRecipe(late=True, title_pairs=10)
 
 
+def test_maxsim_margin_mse_matches_its_formula():
+    """#83: (s(q, p) - s(q, n) - margin)^2 over MaxSim scores, plus in-batch MaxSim contrast by its weight."""
+    from twostage.retriever.losses import MaxSimLoss, MaxSimMarginMSELoss, maxsim_matrix
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.nn.functional.normalize(torch.randn(2, 4, 8, generator=g), dim=-1)
+    d = torch.nn.functional.normalize(torch.randn(2 + 2 * 3, 5, 8, generator=g), dim=-1)
+    q_keep, d_keep = torch.ones(2, 4, dtype=torch.bool), torch.rand(8, 5, generator=g) > 0.3
+    d_keep[:, 0] = True
+    margins = torch.randn(2, 3, generator=g)
+    s = maxsim_matrix(q, q_keep, d, d_keep)
+    student = torch.stack([s[i, i] - s[i, 2 + 3 * i: 5 + 3 * i] for i in range(2)])
+    want = ((student - margins) ** 2).mean()
+    assert torch.allclose(MaxSimMarginMSELoss(rank_weight=0)(q, q_keep, d, d_keep, margins), want, atol=1e-6)
+    both = MaxSimMarginMSELoss(rank_weight=0.5)(q, q_keep, d, d_keep, margins)
+    assert torch.allclose(both, want + 0.5 * MaxSimLoss()(q, q_keep, d, d_keep), atol=1e-6)
+    assert MaxSimMarginMSELoss(rank_weight=0)(q, q_keep, d, d_keep, student.detach()).item() < 1e-10
+    with pytest.raises(ConfigError, match="B positives, then m negatives"):
+        MaxSimMarginMSELoss()(q, q_keep, d[:6], d_keep[:6], margins)
+
+
+def test_the_teachers_scores_are_cached_and_resumed(tmp_path):
+    """#83: a teacher scores each pair once; a run started again reads the cache and scores only what it lacks; a
+    cache of another teacher is scored again."""
+    from twostage.retriever.training_data import teacher_scores
+
+    calls = []
+
+    def teacher(pairs):
+        calls.append(len(pairs))
+        return [float(len(a) - len(b)) for a, b in pairs]
+
+    pairs = [(f"query {i}", f"document {j}" * (j + 1)) for i in range(3) for j in range(4)]
+    cache = tmp_path / "t.parquet"
+    first = teacher_scores(pairs[:7], teacher, cache, "ce-1", chunk=3)
+    assert calls == [3, 3, 1] and first == {p: float(len(p[0]) - len(p[1])) for p in pairs[:7]}
+    calls.clear()
+    again = teacher_scores(pairs, teacher, cache, "ce-1", chunk=3)
+    assert calls == [3, 2] and again == {p: float(len(p[0]) - len(p[1])) for p in pairs}
+    calls.clear()
+    teacher_scores(pairs, teacher, cache, "ce-1")
+    assert calls == []
+    teacher_scores(pairs, teacher, cache, "ce-2")
+    assert calls == [12]
+
+
+def test_a_late_model_distils_a_cross_encoder(tmp_path, tiny_bert_dir, sample_dir, models, monkeypatch):
+    """#83: RetrieverRecipe(late=True) with a teacher trains on the cross-encoder's margins over MaxSim
+    (maxsim_margin_mse), its scores kept beside the model; a reranker recipe refuses a teacher."""
+    import pandas as pd
+
+    from twostage.eval.workflows import train
+    from twostage.models.model_meta import read_model_meta
+    from twostage.reranker.training import RerankerConfig
+    from twostage.retriever.recipe import RetrieverRecipe
+    from twostage.retriever.trainer import TrainConfig
+
+    from dataclasses import replace
+
+    from twostage.retriever import objectives
+
+    _, reranker = models
+    used = []
+    distil = objectives.OBJECTIVES["maxsim_margin_mse"]
+    monkeypatch.setitem(objectives.OBJECTIVES, "maxsim_margin_mse", replace(
+        distil, compute=lambda *a: used.append(len(a[2])) or distil.compute(*a)))
+    recipe = RetrieverRecipe(train=TrainConfig(epochs=1, batch_size=8, lr=1e-3, bf16=False), negatives=2, late=True)
+    result = train(recipe, sample_dir, "train", tmp_path / "late", base=str(tiny_bert_dir), dev_fraction=0.2,
+                   teacher=reranker)
+    _, _, training = read_model_meta(tmp_path / "late")
+    assert training["teacher"] == str(reranker) and result.steps > 0 and used and all(n <= 8 for n in used)
+    scores = pd.read_parquet(tmp_path / "late.teacher.parquet")
+    assert len(scores) > 0 and set(scores["teacher"]) == {str(reranker)} and scores["score"].notna().all()
+    with pytest.raises(ConfigError, match="a RerankerConfig trains the cross-encoder itself"):
+        train(RerankerConfig(), sample_dir, "train", tmp_path / "ce", base=str(tiny_bert_dir), teacher=reranker)
+
+
 def test_maxsim_steps_aside_for_a_language_its_model_does_not_list(tmp_path, models):
     """#80: token states of a model whose card says English never reorder a Chinese query's candidates; the
     dense model (no card: every language) still serves it."""

@@ -2,6 +2,7 @@
 
     python benchmarks/experiments/engine_latency.py --retriever MODEL_DIR --reranker MODEL_DIR \
         [--modes fp32:20 auto:10,20,50] [--rerank-whole-up-to N] [--out benchmarks/results/engine_latency]
+    python benchmarks/experiments/engine_latency.py --engine ENGINE_DIR [--rounds 3]
 
 For each precision an engine is built over the SciFact corpus (hybrid first stage, the default settings; the
 openvino-int8 models calibrated on the corpus by the build), then every test query is searched once with
@@ -12,6 +13,11 @@ hits. ``--rerank-whole-up-to N`` adds, for each (precision, depth), a row from t
 reranker reading every candidate of at most N words whole (the default reads one of more than
 ``rerank_whole_up_to`` words by its best passage in each first stage): what the passage reads cost. The engine
 directories are removed afterwards.
+
+``--engine ENGINE_DIR`` times the default search (``engine.search(query, k=10)``) of an engine already built, every
+test query ``--rounds`` times after the warm-up, and prints one JSON line (p50, p95, nDCG@10, the library's path):
+run alternately with two versions of the library on the same engine (one through ``PYTHONPATH``), it compares
+them interleaved on one machine.
 """
 
 from __future__ import annotations
@@ -31,8 +37,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--retriever", required=True)
-    ap.add_argument("--reranker", required=True)
+    ap.add_argument("--retriever")
+    ap.add_argument("--reranker")
+    ap.add_argument("--engine", type=Path, help="time this engine's default search instead of building engines")
+    ap.add_argument("--rounds", type=int, default=3, help="--engine: passes over the test queries (default 3)")
     ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "scifact")
     ap.add_argument("--modes", nargs="+", default=["fp32:20", "auto:10,20,50"],
                     help="PRECISION:DEPTH[,DEPTH...] (default: fp32:20 auto:10,20,50; auto is shown resolved)")
@@ -40,6 +48,10 @@ def main() -> None:
                     help="also measure each row with the reranker reading candidates of at most N words whole")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "engine_latency")
     args = ap.parse_args()
+    if args.engine is not None:
+        return time_existing(args.engine, args.data, args.rounds)
+    if not args.retriever or not args.reranker:
+        ap.error("give --retriever and --reranker (the engines built), or --engine DIR")
 
     from twostage import BeirDataset, SearchEngine
     from twostage.indexer.manifest import library_versions
@@ -89,6 +101,30 @@ def main() -> None:
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     args.out.with_suffix(".json").write_text(json.dumps({"rows": rows, "latencies_ms": raw}, indent=1) + "\n")
     print("\n".join(lines))
+
+
+def time_existing(path: Path, data: Path, rounds: int) -> None:
+    """The default search of the engine at ``path``, every test query ``rounds`` times after a warm-up: one JSON line."""
+    import twostage
+    from twostage import BeirDataset, SearchEngine
+    from twostage.eval.metrics import mean_ndcg10
+    from twostage.indexer.records import RankedList
+
+    split = BeirDataset(data).split("test")
+    queries = list(split.queries)
+    engine = SearchEngine.load(path)
+    for q in queries[:20]:
+        engine.search(q.text, k=10)
+    total, run = [], {}
+    for _ in range(rounds):
+        for q in queries:
+            t = time.perf_counter()
+            res = engine.search(q.text, k=10)
+            total.append(1000 * (time.perf_counter() - t))
+            run[q.id] = RankedList(np.array([h.id for h in res.hits], dtype=object),
+                                   np.array([h.score for h in res.hits], dtype=np.float32))
+    print(json.dumps({"p50": float(np.percentile(total, 50)), "p95": float(np.percentile(total, 95)),
+                      "ndcg@10": mean_ndcg10(split.qrels, run), "library": str(Path(twostage.__file__).parent)}))
 
 
 class PairCounter:
