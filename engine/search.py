@@ -152,7 +152,7 @@ class TwoStageSearch(ABC):
             fast = query_encoder(self._models, self.manifest.retriever, self.settings.precision)
             if fast is not None:
                 return fast
-        return self.encoder
+        return self.loaded_encoder()  # queries need no dense index attached (the engine's ``encoder`` attaches it)
 
     @property
     def reranker(self) -> Any:
