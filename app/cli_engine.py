@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from twostage.app.cli import help_of
-from twostage.engine.settings import ANN_PARAMS, FIRST_STAGES, FUSIONS, EngineSettings, check_ann_params
+from twostage.engine.settings import ANN_PARAMS, FIRST_STAGES, FUSION_NAMES, EngineSettings, check_ann_params
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.vectors import BACKENDS, METRICS
 from twostage.models.device import PRECISIONS
@@ -614,7 +614,7 @@ def add_commands(sub: Any, only: str | None = None) -> None:
     b.add_argument("--rerank-blend", default="auto",
                    help="the reranker's weight against the first stage: auto (the blend the reranker chose on dev, "
                         "written into the engine as numbers), none (the reranker alone) or a number in [0, 1]")
-    b.add_argument("--fusion", default=None, choices=(*FUSIONS, "blend"),
+    b.add_argument("--fusion", default=None, choices=FUSION_NAMES,
                    help=f"how hybrid fuses BM25 and dense: rrf (reciprocal rank) or wsum (a weighted sum of normalised "
                    f"scores; blend: its old name) (default {d.fusion}; --adapt chooses it on its dev pseudo-queries)")
     b.add_argument("--dense-weight", type=float, default=None,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from twostage.engine.settings import FUSIONS
+from twostage.engine.settings import FUSION_NAMES
 
 MAX_DEPTH = 10_000  # the deepest a depth option reaches (and the most hits one query may ask for)
 
@@ -43,7 +43,7 @@ SEARCH_OPTIONS: tuple[SearchOption, ...] = (
     SearchOption("rerank_blend", "blend", "the reranker's weight against the first stage: none (the reranker alone) "
                  "or a number in [0, 1] (default: the engine's)"),
     SearchOption("fusion", "choice", "hybrid fusion (default: the engine's; blend: the old name of wsum)",
-                 choices=(*FUSIONS, "blend")),
+                 choices=FUSION_NAMES),
     SearchOption("dense_weight", "float", "wsum fusion: dense's weight in [0, 1]", 0, 1),
     SearchOption("k_rrf", "float", "rrf fusion: the k of 1 / (k + rank)", 0, MAX_DEPTH),
     SearchOption("first_stage_depth", "int", "candidates each first stage gives the fusion (default: the engine's)",

@@ -18,6 +18,8 @@ FUSIONS = ("rrf", "wsum")
 # Renamed values, once: (setting, old value, new value). The weighted-sum fusion was called "blend", the word that
 # also names the reranker's and MaxSim's weights (rerank_blend, maxsim_blend).
 RENAMED_VALUES: tuple[tuple[str, str, str], ...] = (("fusion", "blend", "wsum"),)
+# what a --fusion flag or an HTTP field accepts: the fusions and their old names
+FUSION_NAMES = (*FUSIONS, *(was for name, was, _ in RENAMED_VALUES if name == "fusion"))
 
 
 # the ANN backends' parameters a user may set, all integers (a backend ignores those it does not use), and those that

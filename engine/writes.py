@@ -168,11 +168,7 @@ class EngineWriter:
     def add(self, documents: CorpusSource, *, show_progress: bool = False) -> SearchEngine:
         """Add documents (new ids only) to documents, BM25 and the dense index in one version; returns it. A
         passage engine adds every passage of each document in that version."""
-        engine = self.engine
-        docs = list(iter_documents(documents))
-        rows = split_all(docs, engine.shape) if engine.shape.enabled else docs
-        vectors, truncated = self.encode_rows(rows, show_progress)
-        tokens = self.token_rows(rows, show_progress)
+        docs, rows, vectors, truncated, tokens = self.new_rows(documents, show_progress)
 
         def make(base: SearchEngine) -> tuple[IndexChange, list[Document]]:
             if base.shape.enabled:
@@ -186,11 +182,7 @@ class EngineWriter:
     def upsert(self, documents: CorpusSource, *, show_progress: bool = False) -> SearchEngine:
         """Replace the documents with these ids and add the new ones, in one version (a passage engine replaces
         all of a document's passages)."""
-        engine = self.engine
-        docs = list(iter_documents(documents))
-        rows = split_all(docs, engine.shape) if engine.shape.enabled else docs
-        vectors, truncated = self.encode_rows(rows, show_progress)
-        tokens = self.token_rows(rows, show_progress)
+        docs, rows, vectors, truncated, tokens = self.new_rows(documents, show_progress)
 
         def make(base: SearchEngine) -> tuple[IndexChange, list[Document]]:
             old = base.passage_ids([d.id for d in docs if d.id in base]) if base.shape.enabled else []
@@ -198,10 +190,19 @@ class EngineWriter:
 
         return self.commit_change(make, truncated=truncated, tokens=tokens)
 
+    def new_rows(self, documents: CorpusSource, show_progress: bool
+                 ) -> tuple[list[Document], list[Document], np.ndarray, int, CodedTokens | None]:
+        """What an add or upsert writes, encoded before the writer lock is taken: the documents, their rows (a
+        passage engine's passages), the rows' vectors, how many were cut, and their token vectors (or None)."""
+        engine = self.engine
+        docs = list(iter_documents(documents))
+        rows = split_all(docs, engine.shape) if engine.shape.enabled else docs
+        vectors, truncated = self.encode_rows(rows, show_progress)
+        return docs, rows, vectors, truncated, self.token_rows(rows, show_progress)
+
     def delete(self, ids: Iterable[str]) -> SearchEngine:
         """Delete documents by id (an unknown id is an error naming it), in one version; a passage engine deletes
         every passage of each."""
-        engine = self.engine
         ids = ids_to_delete(ids)
 
         def make(base: SearchEngine) -> tuple[IndexChange, list[Document]]:
@@ -211,7 +212,6 @@ class EngineWriter:
 
     def compact(self) -> SearchEngine:
         """Rewrite the dense part without deleted rows (BM25 already holds only live documents)."""
-        engine = self.engine
         return self.commit_change(lambda base: (base.index.change_compact(), None))
 
     def late_interaction(self, model: str | Path, *, dim: int = 0, bits: int = 8,
@@ -335,7 +335,6 @@ class EngineWriter:
         from twostage.indexer.tokens import code_rows, join_coded
 
         engine = self.engine
-
         part = engine.tokens
         if engine.manifest.late is None or part is None:
             return None
