@@ -23,6 +23,7 @@ def _bench(args: argparse.Namespace) -> int:
     from twostage.eval.report import markdown_table, write_outputs
     from twostage.eval.significance import check_test
     from twostage.eval.systems import NEEDS_LATE, NEEDS_MODEL, NEEDS_RERANKER, SYSTEMS, SystemOptions, resolve_systems
+    from twostage.indexer.beir import BeirDataset
 
     if args.language != "legacy":
         from twostage.retriever.languages import check_language
@@ -71,11 +72,24 @@ def _bench(args: argparse.Namespace) -> int:
     if len(collections) > 1:
         return _suite(args, collections, identical, options, retriever_model, reranker_model)
     t = time.perf_counter()
-    result = run_bench(args.data, args.split, args.systems, k=args.k, ignore_identical_ids=identical[0],
+    dataset, stages = BeirDataset(args.data), []
+    if trained is not None and late_model and settings.dev_fraction and any(n in NEEDS_LATE for n in systems):
+        # the dev rule, as for the reranker: MaxSim served only where the held-out train queries show a gain
+        from twostage.eval.workflows import choose_maxsim
+
+        choice = choose_maxsim(dataset, args.train_split, settings.dev_fraction, settings.seed, options)
+        options, stages = replace(options, maxsim_blend=choice.weight), [choice.line]
+    if trained and trained.reranker:
+        from twostage.eval.workflows import reranker_choice
+
+        chosen = reranker_choice(trained.reranker)
+        stages += [chosen.line] if chosen is not None else []
+    result = run_bench(dataset, args.split, args.systems, k=args.k, ignore_identical_ids=identical[0],
                        options=options, rel_level=args.rel_level, show_progress=not args.quiet)
     phases = {**(trained.seconds if trained else {}), "evaluate_s": time.perf_counter() - t}
     config = _config(args, args.data, result, identical[0], retriever_model, reranker_model, phases,
                      trained.settings if trained else None, late_model)
+    config["stages"] = stages
     out = write_outputs(result, args.out, config)
     print(markdown_table(result.table()))
     print("phases: " + ", ".join(f"{k} {v:.0f}" for k, v in phases.items()))

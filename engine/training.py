@@ -41,7 +41,7 @@ from twostage.reranker.cross_encoder import CrossEncoder
 from twostage.reranker.training import RerankerConfig, groups_from_split, title_groups, train_reranker
 from twostage.retriever.bm25 import BM25Retriever
 from twostage.retriever.recipe import DevFactory, DevMetric, RetrieverRecipe, train_retriever
-from twostage.retriever.training_data import PairScorer, hold_out
+from twostage.retriever.training_data import PairScorer, hold_out, within_budget
 
 logger = logging.getLogger(__name__)
 
@@ -218,6 +218,27 @@ def select_blend(engine: TwoStageSearch, model: Any, queries: Sequence[Query], q
                                tuple((name, one_se_blend(curve), means(curve)) for name, curve in curves.items()))
 
 
+def select_maxsim_blend(engine: TwoStageSearch, queries: Sequence[Query], qrels: Qrels, metric: DevMetric,
+                        grid: Sequence[float] = GRID, *, show_progress: bool = False) -> InterpolationChoice:
+    """MaxSim's weight against the engine's first stage chosen on dev ``queries``, as the reranker's is: every
+    weight of ``grid`` searched through ``engine`` (which has token vectors) with MaxSim reading its
+    ``maxsim_depth``, 0.0 being the first stage alone (MaxSim off), and the smallest weight within one standard error
+    of the best kept (:func:`one_se_blend`): MaxSim stays off unless dev shows it gains."""
+    if not queries:
+        raise ConfigError("choosing MaxSim's blend needs held-out queries")
+    if engine.manifest.late is None:
+        raise ConfigError("choosing MaxSim's blend needs an engine with token vectors (twostage late)")
+    from tqdm.auto import tqdm
+
+    texts, ids = [q.text for q in queries], [q.id for q in queries]
+    curve: list[tuple[float, np.ndarray]] = []
+    for a in tqdm(grid, desc="choose MaxSim blend", unit="blend", disable=not show_progress):
+        view = engine.with_settings(maxsim=bool(reorders(float(a))), maxsim_blend=float(a), rerank=False)
+        lists = view.as_retriever(rerank=False).search_batch(texts, 10)
+        curve.append((float(a), np.asarray(metric(qrels, dict(zip(ids, lists))), dtype=np.float64)))
+    return InterpolationChoice(one_se_blend(curve), tuple((a, float(np.mean(v))) for a, v in curve))
+
+
 def choose_blend(result: FitResult, engine: TwoStageSearch, queries: Sequence[Query], qrels: Qrels, depth: int,
                  metric: DevMetric, first_stages: Sequence[str] = FIRST_STAGES, *,
                  show_progress: bool = False) -> FitResult:
@@ -270,6 +291,8 @@ def train_reranker_on(data: str | Path | BeirDataset, split: str, base: str, out
     sp = ds.split(split)
     corpus = ds.corpus
     queries, dev_queries = hold_out(list(sp.queries), dev_fraction, config.seed)
+    queries, cap, sampled = within_budget(queries, sp.qrels, config.max_pairs, config.max_positives, config.seed)
+    config = replace(config, max_positives=cap)
     bm25 = BM25Retriever.build(corpus)
     scorers: dict[str, Any] = {"bm25": bm25.scores}
     bi_encoder = str(retriever) if retriever is not None else base
@@ -286,7 +309,8 @@ def train_reranker_on(data: str | Path | BeirDataset, split: str, base: str, out
     seed_everything(config.seed)  # the new head's weights are the seed's
     model = CrossEncoder.load(base, allow_untrained_head=True)
     info = {"data": str(ds.root), "split": split, "base": base, "train_queries": len(queries),
-            "dev_queries": [q.id for q in dev_queries], "title_groups": config.title_groups, "command": command}
+            "dev_queries": [q.id for q in dev_queries], "title_groups": config.title_groups, "command": command,
+            **({"sampled": asdict(sampled)} if sampled is not None else {})}
     if not dev_queries or dev_metric is None:
         return train_reranker(model, groups, config, out, resume=resume, show_progress=show_progress, info=info)
     with temporary_engine(corpus, bi_encoder, settings, device=config.device, show_progress=show_progress) as engine:

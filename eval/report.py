@@ -110,6 +110,9 @@ def render_report(result: BenchResult, config: Mapping[str, Any], sig: pd.DataFr
                      "nDCG keeps every positive grade as its gain.\n")
     if config.get("phase_seconds"):
         parts.append(phase_section(config["phase_seconds"]))
+    if config.get("stages"):
+        parts.append("\n## Stages chosen on dev\n")
+        parts.append("\n".join(f"- {line}" for line in config["stages"]) + "\n")
     if result.notes:
         parts.append("\n## What the models cut\n")
         parts.append("\n".join(f"- {n}" for n in result.notes) + "\n")

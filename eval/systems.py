@@ -32,6 +32,9 @@ class SystemOptions:
     show_progress: bool = False
     device: str = "auto"  # where the models run (twostage.models.device)
     language: str | None = EngineSettings().language  # the lexical analysis (EngineSettings.language)
+    # MaxSim's weight against the first stage for the +maxsim systems ("auto": the engine's; 0.0: MaxSim off, as
+    # the one command's dev rule may choose, twostage.eval.workflows.choose_maxsim)
+    maxsim_blend: float | str = "auto"
 
 
 # One engine per (corpus, model settings): dense, hybrid and their +rerank systems are views of it, so a bench run
@@ -55,6 +58,8 @@ def engine_for(corpus: Corpus, options: SystemOptions, *, need_reranker: bool = 
     if key not in shared:
         shared[key] = _build_engine(corpus, options)
     engine = shared[key]
+    if options.maxsim_blend != "auto" and engine.manifest.late is not None:  # a view: the engine is shared
+        engine = engine.with_settings(maxsim_blend=float(options.maxsim_blend))
     if need_reranker and engine.manifest.reranker is None:
         raise ConfigError("the +rerank systems need a cross-encoder: pass --reranker-model NAME_OR_DIR"
                           + (f" (engine {options.engine} has none; rebuild it with --reranker)" if options.engine else ""))
@@ -108,7 +113,8 @@ def _view(first_stage: str, rerank: bool, maxsim: bool = False) -> SystemFactory
     def build(corpus: Corpus, options: SystemOptions) -> SearchSystem:
         engine = engine_for(corpus, options, need_reranker=rerank, need_retriever=first_stage != "bm25",
                             need_late=maxsim)
-        return engine.as_retriever(first_stage=first_stage, rerank=rerank, maxsim=maxsim)
+        served = maxsim and options.maxsim_blend != 0.0  # a weight of 0.0 chosen on dev: MaxSim off, as served
+        return engine.as_retriever(first_stage=first_stage, rerank=rerank, maxsim=served)
 
     return build
 

@@ -7,6 +7,7 @@ nDCG@10 (:func:`twostage.eval.metrics.ndcg10_by_query`) unless another is given.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,13 +19,14 @@ from twostage.eval.metrics import ndcg10_by_query
 
 if TYPE_CHECKING:
     from twostage.engine.settings import EngineSettings
+    from twostage.eval.systems import SystemOptions
     from twostage.indexer.beir import BeirDataset
     from twostage.indexer.corpus import Corpus, CorpusSource
     from twostage.models.fit import FitResult
     from twostage.reranker.training import RerankerConfig
     from twostage.retriever.recipe import DevMetric, RetrieverRecipe
 
-__all__ = ["adapt", "train"]
+__all__ = ["StageChoice", "adapt", "choose_maxsim", "train"]
 
 
 def train(recipe: RetrieverRecipe | RerankerConfig, data: str | Path | BeirDataset, split: str, out: str | Path, *,
@@ -59,3 +61,65 @@ def adapt(corpus: CorpusSource | Corpus, out: str | Path, *, base: str = "all-Mi
     """
     return adapt_corpus(corpus, out, base=base, recipe=recipe, dev_metric=dev_metric, show_progress=show_progress,
                         device=device, keep_checkpoints=keep_checkpoints)
+
+
+@dataclass(frozen=True)
+class StageChoice:
+    """What dev chose for a stage the one command serves: its weight against the first stage (0.0: off), the dev
+    metric at every weight tried and the number of dev queries; ``line`` says it in words."""
+
+    stage: str
+    weight: float
+    dev_by_weight: tuple[tuple[float, float], ...]
+    dev_queries: int
+
+    @property
+    def served(self) -> bool:
+        return self.weight != 0.0
+
+    @property
+    def line(self) -> str:
+        curve = dict(self.dev_by_weight)
+        base, best = curve.get(0.0, float("nan")), max(curve.values())
+        if not self.served:
+            return (f"{self.stage}: off. On the {self.dev_queries} dev queries the first stage alone scored "
+                    f"{base:.3f} and no weight of {self.stage} was more than one standard error above it (best "
+                    f"{best:.3f}), so the engine does not serve it")
+        return (f"{self.stage}: served at weight {self.weight:g} against the first stage, chosen on the "
+                f"{self.dev_queries} dev queries ({curve[self.weight]:.3f} against the first stage alone {base:.3f}; "
+                "the smallest weight within one standard error of the best)")
+
+
+def choose_maxsim(dataset: BeirDataset, train_split: str, dev_fraction: float, seed: int, options: SystemOptions, *,
+                  dev_metric: DevMetric = ndcg10_by_query) -> StageChoice:
+    """MaxSim's weight for the +maxsim systems chosen on the train split's held-out queries (the ones every model of
+    the one command held out: ``dev_fraction`` and ``seed``), searched through the engine those systems are views of
+    (:func:`twostage.engine.training.select_maxsim_blend`): 0.0, MaxSim off, unless dev shows a gain."""
+    from twostage.engine.training import select_maxsim_blend
+    from twostage.eval.systems import engine_for
+    from twostage.retriever.training_data import hold_out
+
+    split = dataset.split(train_split)
+    dev = hold_out(list(split.queries), dev_fraction, seed)[1]
+    qrels = split.qrels.subset(q.id for q in dev)
+    dev = [q for q in dev if qrels.relevant(q.id)]
+    engine = engine_for(dataset.corpus, options, need_late=True)
+    choice = select_maxsim_blend(engine, dev, qrels, dev_metric, show_progress=options.show_progress)
+    return StageChoice("MaxSim", choice.alpha, choice.dev_by_alpha, len(dev))
+
+
+def reranker_choice(model_dir: str | Path, first_stage: str = "hybrid") -> StageChoice | None:
+    """What the reranker's training chose on dev after ``first_stage`` (its training record beside the weights), as
+    a :class:`StageChoice`; None for a model trained without dev queries."""
+    from twostage.models.model_meta import read_model_meta
+
+    meta = read_model_meta(Path(model_dir))
+    training = meta[2] if meta is not None else {}
+    chosen = training.get("interpolation")
+    if not isinstance(chosen, dict):
+        return None
+    for stage, weight, curve in chosen.get("by_first_stage") or []:
+        if stage == first_stage:
+            return StageChoice("the reranker", float(weight), tuple((float(a), float(m)) for a, m in curve),
+                               len(training.get("dev_queries") or []))
+    return None

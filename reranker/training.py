@@ -59,6 +59,7 @@ class RerankerConfig(LoopConfig):
     title_negatives: int = 3
     groups_per_pass: int = 0  # > 0: a batch's groups this many a forward pass (the same gradient, less memory)
     max_positives: int = 0  # at most this many groups a query, the highest-graded documents first (0: one per judgment)
+    max_pairs: int = 0  # at most this many (query, positive) groups (retriever.training_data.within_budget; 0: all)
     mining: MiningConfig = field(default_factory=lambda: MiningConfig(num_negatives=7, depth=50, skip_top=0))
 
     def __post_init__(self) -> None:

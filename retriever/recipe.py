@@ -28,6 +28,7 @@ from twostage.retriever.training_data import (
     pairs_from_qrels,
     pairs_from_titles,
     with_margins,
+    within_budget,
 )
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,9 @@ class RetrieverRecipe:
     dev_fraction: float = 0.0  # train queries held out for model selection
     dev_candidates: int = 30  # the dev engine holds the union of each dev query's BM25 top-N and its positives
     max_positives: int = 0  # at most this many relevant documents a query train, highest grades first (0: all)
+    # at most this many (query, positive) pairs: fewer positives a query, then a seeded sample of the queries, recorded
+    # as ``sampled`` in the training record (training_data.within_budget; 0: every pair)
+    max_pairs: int = 0
     max_length: int | None = None
     # train a late-interaction model (MaxSim over token vectors, objective "maxsim") from ``base`` instead of a
     # bi-encoder: the same data, negatives and loop; saved in PyLate's layout (retriever.late.LateEncoder)
@@ -102,6 +106,11 @@ def train_retriever(data: str | Path | BeirDataset, split: str, base: str, out: 
     model: Any = (LateEncoder.load(base, document_length=recipe.max_length) if recipe.late
                   else BiEncoder.load(base, max_length=recipe.max_length))
     queries, dev_queries = hold_out(list(sp.queries), recipe.dev_fraction, recipe.train.seed)
+    queries, cap, sampled = within_budget(queries, sp.qrels, recipe.max_pairs, recipe.max_positives, recipe.train.seed)
+    if sampled is not None:
+        logger.info("training budget of %d pairs: %d of %d queries, at most %d positives each (%d pairs)",
+                    sampled.max_pairs, sampled.queries, sampled.of_queries, cap, sampled.pairs)
+        recipe = replace(recipe, max_positives=cap)
     out = Path(out)
     negatives = None
     bm25 = BM25Retriever.build(corpus) if recipe.mine_from == "bm25" or dev_queries else None
@@ -148,5 +157,6 @@ def train_retriever(data: str | Path | BeirDataset, split: str, base: str, out: 
     score = dev(dev_queries, sp.qrels.subset(q.id for q in dev_queries), bm25) if dev_queries and dev else None
     info: dict[str, Any] = {"data": str(ds.root), "split": split, "base": base, "recipe": asdict(recipe),
                             "train_queries": len(queries), "dev_queries": len(dev_queries),
+                            **({"sampled": asdict(sampled)} if sampled is not None else {}),
                             **({"teacher": teacher_name or "given"} if teacher is not None else {})}
     return train(model, sets, recipe.train, out, dev=score, show_progress=show_progress, info=info)

@@ -65,6 +65,47 @@ def positives(qrels: Qrels, query_id: str, limit: int = 0, seed: int = 0) -> lis
     return sorted(relevant[i] for i in order[:limit])
 
 
+@dataclass(frozen=True)
+class Sampled:
+    """What a training budget kept of a split (:func:`within_budget`): ``queries`` of ``of_queries`` training queries,
+    at most ``positives_per_query`` relevant documents each (0: all), ``pairs`` (query, positive) pairs in all, under
+    the budget of ``max_pairs``."""
+
+    max_pairs: int
+    queries: int
+    of_queries: int
+    positives_per_query: int
+    pairs: int
+
+
+def within_budget(queries: Sequence[Query], qrels: Qrels, max_pairs: int, max_positives: int = 0,
+                  seed: int = 0) -> tuple[list[Query], int, Sampled | None]:
+    """The training queries and positives a query that make at most ``max_pairs`` (query, positive) pairs (0: no
+    budget): every query with ``max_positives`` when that fits; else the same positives for each query (at least one,
+    the highest grades first: :func:`positives`) and, if still too many, a seeded sample of the queries (their order
+    kept). Returns (queries, positives a query, what was sampled: None when everything fits)."""
+    if max_pairs < 0:
+        raise ConfigError(f"max_pairs must be >= 0 (0: no budget), got {max_pairs}")
+    queries = list(queries)
+
+    def pairs(qs: Sequence[Query], cap: int) -> list[int]:
+        return [len(positives(qrels, q.id, cap, seed)) for q in qs]
+
+    if not max_pairs or not queries or sum(pairs(queries, max_positives)) <= max_pairs:
+        return queries, max_positives, None
+    of_queries, cap = len(queries), max(1, max_pairs // len(queries))
+    cap = min(cap, max_positives) if max_positives else cap
+    counts = pairs(queries, cap)
+    if sum(counts) > max_pairs:  # a seeded draw of the queries, up to the budget
+        kept, total = set(), 0
+        for i in np.random.default_rng(seed).permutation(len(queries)):
+            if counts[i] and total + counts[i] <= max_pairs:
+                kept.add(int(i))
+                total += counts[i]
+        queries, counts = [q for i, q in enumerate(queries) if i in kept], [c for i, c in enumerate(counts) if i in kept]
+    return queries, cap, Sampled(max_pairs, len(queries), of_queries, cap, sum(counts))
+
+
 def pairs_from_qrels(corpus: Corpus, queries: Sequence[Query], qrels: Qrels, *,
                      negatives: Mapping[str, Sequence[str]] | None = None, num_negatives: int = 0,
                      name: str = "qrels", max_positives: int = 0, seed: int = 0) -> TrainingSet:

@@ -308,12 +308,17 @@ def test_bench_trains_a_maxsim_model_for_the_maxsim_systems(tmp_path, sample_dir
     assert meta["training"]["recipe"]["max_length"] == 180 and meta["training"]["dev_queries"] > 0
     assert meta["training"]["train_queries"] + meta["training"]["dev_queries"] == len(train_ids)
     metrics = json.loads((tmp_path / "o" / "metrics.json").read_text())
-    assert set(metrics) == {"hybrid", "hybrid+maxsim"} and metrics["hybrid+maxsim"] != metrics["hybrid"]
+    assert set(metrics) == {"hybrid", "hybrid+maxsim"}
+    (line,) = config["stages"]  # the dev rule: MaxSim's weight chosen on the held-out train queries, 0.0 = off
+    assert line.startswith("MaxSim: ") and "Stages chosen on dev" in (tmp_path / "o" / "report.md").read_text()
+    quality = {s: {m: v for m, v in metrics[s].items() if "@" in m} for s in metrics}
+    assert (quality["hybrid+maxsim"] == quality["hybrid"]) == line.startswith("MaxSim: off")
     capsys.readouterr()
     assert main([*args, "--train-split", "train", "--late-model", str(late), "--retriever-model",
                  str(tmp_path / "o.models" / "retriever"), "--out", str(tmp_path / "p")]) == 0
-    config = json.loads((tmp_path / "p" / "config.json").read_text())
-    assert set(config["phase_seconds"]) == {"evaluate_s"} and config["late_model"] == str(late)
+    config2 = json.loads((tmp_path / "p" / "config.json").read_text())
+    assert set(config2["phase_seconds"]) == {"evaluate_s"} and config2["late_model"] == str(late)
+    assert config2["stages"] == config["stages"]  # the same dev queries, the same choice
     again = json.loads((tmp_path / "p" / "metrics.json").read_text())
     for system in metrics:  # the same models, the same quality (latency aside)
         assert {m: v for m, v in again[system].items() if "@" in m} == {

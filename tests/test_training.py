@@ -317,8 +317,9 @@ def test_training_commands_with_no_flags_train_the_recipe_bench_trains(tmp_path,
 
     settings = TrainSettings().aligned()
     bench_records = json.loads(json.dumps(asdict(settings), default=str))  # what train_models records
-    assert settings.retriever == replace(RetrieverRecipe(), dev_fraction=settings.dev_fraction)
-    assert settings.reranker == RerankerConfig()
+    assert settings.retriever == replace(RetrieverRecipe(), dev_fraction=settings.dev_fraction,
+                                         max_pairs=settings.max_pairs)
+    assert settings.reranker == replace(RerankerConfig(), max_pairs=settings.max_pairs)
 
     base = str(tiny_bert_dir)
     assert main(["-q", "train-retriever", "--data", str(sample_dir), "--base", base, "--out", str(tmp_path / "bi")]) == 0
@@ -428,3 +429,23 @@ def test_train_keeps_the_recipe_s_dev_fraction(monkeypatch, tmp_path):
     assert seen == [0.3, 0.1, 0.0, 0.3]
     with pytest.raises(ConfigError, match="disagree"):
         workflows.train(RetrieverRecipe(dev_fraction=0.3), tmp_path, "train", tmp_path / "out", dev_fraction=0.2)
+
+
+def test_a_training_budget_keeps_fewer_positives_then_samples_queries():
+    """NFCorpus-like qrels (many positives a query) come down to the budget: first one positive a query (the highest
+    grade), then a seeded sample of the queries; a split within the budget is left whole."""
+    from twostage.indexer.records import Query
+    from twostage.retriever.training_data import within_budget
+
+    queries = [Query(f"q{i}", f"query {i}") for i in range(10)]
+    qrels = Qrels([Judgment(f"q{i}", f"d{i}-{j}", 2 if j == 3 else 1) for i in range(10) for j in range(5)])
+    assert within_budget(queries, qrels, 0) == (queries, 0, None)
+    assert within_budget(queries, qrels, 50) == (queries, 0, None)  # 50 pairs: all fit
+    kept, cap, sampled = within_budget(queries, qrels, 20, seed=3)
+    assert (len(kept), cap, sampled.pairs, sampled.of_queries) == (10, 2, 20, 10)
+    kept, cap, sampled = within_budget(queries, qrels, 6, seed=3)
+    assert (len(kept), cap, sampled.queries, sampled.pairs) == (6, 1, 6, 6)
+    assert kept == sorted(kept, key=lambda q: int(q.id[1:]))  # order kept
+    assert within_budget(queries, qrels, 6, seed=3)[0] == kept and within_budget(queries, qrels, 6, seed=4)[0] != kept
+    with pytest.raises(ConfigError, match="max_pairs"):
+        within_budget(queries, qrels, -1)
