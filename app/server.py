@@ -483,7 +483,7 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
     from twostage.app.compat import add_compat_routes
     from twostage.app.observe import ServerMetrics
     from twostage.engine.door import open_engine
-    from twostage.engine.search import TwoStageSearch
+    from twostage.engine.search import SearchMethods
 
     if api_key is not None and not api_key:
         raise ConfigError("the API key is empty; set it to a secret string or serve without one")
@@ -496,7 +496,7 @@ def create_app(source: str | Path | Any, *, api_key: str | None = None, read_onl
         raise ConfigError("protect_reads needs an API key (--api-key-env VAR): without one nothing can read /stats")
     hosts = None if allowed_hosts is None else _host_names(allowed_hosts)
     budgets = budgets or Budgets()
-    opened = source if isinstance(source, TwoStageSearch) else open_engine(source, verify=verify, device=device,
+    opened = source if isinstance(source, SearchMethods) else open_engine(source, verify=verify, device=device,
                                                                             ray=ray, address=ray_address,
                                                                             replicas=replicas)
     stats = ServerStats()

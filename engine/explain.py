@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from twostage.indexer.records import DiversityPart, Explanation, RankedList, Rer
 
 if TYPE_CHECKING:
     from twostage.engine.plan import SearchPlan
+    from twostage.engine.source import CandidateSource
     from twostage.engine.stages import SearchTrace
 
 
@@ -116,7 +117,7 @@ def _diversity(trace: Trace, d: str) -> DiversityPart | None:
     return DiversityPart(trace.diversity, relevance, low, high, redundancy, like)
 
 
-def explanations(source: Any, plan: SearchPlan, trace: SearchTrace) -> list[dict[str, Explanation]]:
+def explanations(source: CandidateSource, plan: SearchPlan, trace: SearchTrace) -> list[dict[str, Explanation]]:
     """Each query's explanations of its page's hits, from what the search path computed (:class:`~twostage.engine.
     stages.SearchTrace`): each stage's lists (``lexical``: BM25's as it found them, passages in a passage engine),
     the fused first stage, the reranked lists and probabilities, the diversified lists."""

@@ -1,15 +1,16 @@
 """From a query to reranked hits, for anything that can list first-stage candidates: one engine or many shards.
 
-:class:`TwoStageSearch` holds the search path both :class:`~twostage.engine.search_engine.SearchEngine` and
-:class:`~twostage.engine.sharded.ShardedEngine` answer with: the query is encoded once, the subclass returns
-each first stage's candidates (``candidates``: one engine's indexes, or the merge of every shard's), then the
-lists are fused (RRF), the reranker reads the top ``rerank_depth`` and is blended with the first stage, and the hits
-are filled in from the document store.
+The search path is a set of functions over a :class:`~twostage.engine.source.Searchable` (:func:`search`,
+:func:`search_batch`, :func:`ranked_trace`, :func:`similar`, :func:`rerank_given`): the query is encoded once, the
+source returns each first stage's candidates (one engine's indexes, or the merge of every shard's), the stages fuse,
+rerank and page them (:mod:`twostage.engine.stages`), and the hits are filled in from the documents the reranker read.
+:class:`SearchMethods` gives both engines these as methods, and the model properties they share; it holds no state and
+declares nothing abstract: what it reads of an engine is the protocol.
 
-:meth:`TwoStageSearch.with_settings` and :meth:`TwoStageSearch.with_reranker` give read-only views of an engine
-(other settings, another reranker object) that share its loaded models and its version: the harness measures
-systems, and training chooses the reranker's epoch and blend, through such views, so what is measured and tuned is
-what the engine serves.
+:meth:`SearchMethods.with_settings` and :meth:`SearchMethods.with_reranker` give read-only views of an engine (other
+settings, another reranker object) that share its loaded models and its version: the harness measures systems, and
+training chooses the reranker's epoch and blend, through such views, so what is measured and tuned is what the
+engine serves.
 """
 
 from __future__ import annotations
@@ -17,14 +18,10 @@ from __future__ import annotations
 import copy
 import hmac
 import time
-from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from twostage.engine.fusion import reorders
 from twostage.engine.knobs import blend_of, settings_for
@@ -33,23 +30,27 @@ from twostage.engine.on_disk import EngineManifest
 from twostage.engine.pages import PageToken, decode_page_token, encode_page_token, fingerprint, page_key
 from twostage.engine.plan import EngineParts, make_plan
 from twostage.engine.settings import EngineSettings, with_changes
+from twostage.engine.source import CandidateSource, Searchable
 from twostage.engine.stages import Read, SearchTrace, StageScores
 from twostage.engine.stages import rerank as stage_rerank
 from twostage.engine.stages import run as run_stages
-from twostage.engine.steer import Expansion, Steering, split_steering
-from twostage.indexer.errors import ConfigError, DataError, PageExpiredError
+from twostage.engine.steer import Steering, split_steering
+from twostage.indexer.errors import ConfigError, DataError
 from twostage.indexer.filters import CheckedFilter, Where, check_filter, parse_filter
 from twostage.indexer.passages import split_id
-from twostage.indexer.records import Document, Hit, RankedList, SearchResult, check_encodable, check_k
+from twostage.indexer.records import Hit, RankedList, SearchResult, check_encodable, check_k
 from twostage.models.device import resolve_precisions
 
 if TYPE_CHECKING:
     from twostage.indexer.protocols import Reranker
 
-class TwoStageSearch(ABC):
-    """The search methods of an engine. Subclasses set ``manifest``, ``version_dir`` and ``_models`` and provide
-    the documents (:meth:`documents`), each first stage's candidates (:meth:`candidates`) and the metadata's
-    types (:meth:`metadata_kinds`)."""
+class SearchMethods:
+    """The entry points and model properties both engines share (a mixin: no state of its own, nothing abstract).
+
+    What they read of the engine is the :class:`~twostage.engine.source.Searchable` protocol, which
+    :class:`~twostage.engine.search_engine.SearchEngine` and :class:`~twostage.engine.sharded.ShardedEngine` each
+    implement: the methods take ``self`` as that protocol and hand it to the functions of this module, so the search
+    path never calls back into a subclass it does not name."""
 
     manifest: EngineManifest
     root: Path
@@ -57,6 +58,12 @@ class TwoStageSearch(ABC):
     _models: Models
     encoder: Any
     read_only: bool = False  # a view (with_settings, with_reranker): it searches, it never writes or releases
+
+    @property
+    def loaded_models(self) -> Models:
+        """The models this engine searches with (loaded on first use), shared with its views and the versions it
+        opens."""
+        return self._models
 
     def with_settings(self, **changes: Any) -> Any:
         """A read-only view of this engine with other search settings (the :class:`EngineSettings` names; old names
@@ -116,9 +123,9 @@ class TwoStageSearch(ABC):
             return by_role["retriever"]
         return ", ".join(f"{role} {precision}" for role, precision in by_role.items())
 
-    def shares_models(self, other: TwoStageSearch) -> bool:
+    def shares_models(self, other: Searchable) -> bool:
         """Whether ``other`` searches with this engine's loaded models (a version a model swap wrote does not)."""
-        return self._models is other._models
+        return self._models is other.loaded_models
 
     def use_models(self, *, encoder: Any = None, reranker: Any = None, late: Any = None) -> None:
         """Search with these objects in place of the loaded models, e.g. wrappers that batch across requests
@@ -176,60 +183,28 @@ class TwoStageSearch(ABC):
             return None
         return self._models.loaded("late", self.manifest.late, "retriever", load_late, self.settings.precision)
 
-    @abstractmethod
-    def token_scores(self, query: np.ndarray, ids: list[str]) -> np.ndarray:
-        """MaxSim of the query's token vectors (q, dim) against each of ``ids`` (documents, or a passage engine's
-        passages) stored in the engine's late-interaction part."""
-
-    @abstractmethod
-    def documents(self, ids: Iterable[str]) -> list[Document]:
-        """The stored documents with these ids, whole (a KeyError names an unknown one)."""
-
-    def documents_with_passages(self, ids: Iterable[str]) -> list[tuple[Document, list[Document], list[int]]]:
-        """Each document with its passages and where each starts in its text (here: whole documents)."""
-        return [(d, [d], [0]) for d in self.documents(ids)]
-
-    def passages(self, pids: Iterable[str]) -> list[Document]:
-        """The passages with these ids (a passage engine's); a whole-document engine has none."""
-        raise ConfigError("this engine holds whole documents, not passages")
-
-    def analyzer(self) -> Any:
-        """The analyzer that marks query terms in a hit's passage (the engine's BM25 analyzer; here: one of the
-        engine's language, which detects each text's language when it is auto)."""
-        from twostage.retriever.analyzer import Analyzer, for_language
-
-        return Analyzer(for_language(self.settings.language))
-
     @property
-    def language(self) -> str:
+    def language(self: Searchable) -> str:
         """The lexical analysis in words: ``auto (de, en)``, ``zh``, or the English one of older engines."""
-        return self.analyzer().config.described
+        return str(self.analyzer().config.described)
 
-    @abstractmethod
-    def candidates(self, queries: list[str], vectors: np.ndarray | None, first_stage: str, n: int, where: Where,
-                   timings: dict[str, float], expansion: Expansion | None = None) -> dict[str, list[RankedList]]:
-        """Each first stage's ("dense", "bm25") top ``n`` for every query, best first (BM25's query grown by
-        ``expansion`` when given); adds its seconds to ``timings``."""
+    def late_languages(self) -> tuple[str, ...] | None:
+        """The languages the late-interaction model's card lists (None: no such model, or its card does not say:
+        every language), read once per model."""
+        ref = self.manifest.late
+        if ref is None:
+            return None
+        cached = self.__dict__.get("_late_languages")
+        if cached is None or cached[0] != ref.sha256:
+            from twostage.models.model_card import model_languages
 
-    @abstractmethod
-    def metadata_kinds(self) -> dict[str, str]:
-        """Each metadata field's type (:data:`twostage.indexer.filters.KINDS`)."""
+            cached = (ref.sha256, model_languages(ref.path) if Path(ref.path).is_dir() else None)
+            self.__dict__["_late_languages"] = cached
+        return cached[1]
 
-    @abstractmethod
-    def example_features(self, ids: list[str], m: int) -> dict[str, tuple[np.ndarray, dict[str, float]]]:
-        """Each of these documents' vector and its ``m`` strongest BM25 terms with their weights (an unknown id is
-        left out)."""
-
-    @abstractmethod
-    def vectors_by_id(self, ids: list[str]) -> dict[str, np.ndarray]:
-        """The dense vector of each id (a document's, or a passage's; an unknown id is left out)."""
-
-    @abstractmethod
-    def matched_terms(self, terms: dict[str, float], ids: list[str]) -> dict[str, list[tuple[str, float]]]:
-        """For each id BM25 holds, the weighted query terms it matched and each one's share of its score."""
-
-    def search(self, query: str, k: int = 10, *, where: Where = None, offset: int = 0, page_token: str | None = None,
-               **knobs: Any) -> SearchResult:
+    # ---- the entry points: each hands the engine, as a Searchable, to this module's functions ------------------
+    def search(self: Searchable, query: str, k: int = 10, *, where: Where = None, offset: int = 0,
+               page_token: str | None = None, **knobs: Any) -> SearchResult:
         """The ``k`` best documents for ``query``: first stage, then the reranker on the top ``rerank_depth``.
 
         Hits carry id, title, text, metadata, the final score and each stage's score; ``timings`` the seconds
@@ -249,104 +224,52 @@ class TwoStageSearch(ABC):
             FilterError: ``where`` is malformed or names a field no document has.
             PageExpiredError: ``page_token`` belongs to a version no longer on disk.
         """
-        if page_token is not None:
-            if offset:
-                raise ConfigError("give offset or page_token, not both (the token holds its offset)")
-            self.check_where(where)  # a malformed filter is named before it is digested
-            token = self.read_page_token(page_token)
-            if k != token.k:
-                raise ConfigError(f"page_token: it pages {token.k} hits at a time; ask for k={token.k} with it (or "
-                                  "search again without it for a first page of another size)")
-            if not hmac.compare_digest(token.fingerprint, fingerprint(query, where, knobs)):
-                raise ConfigError("page_token: it was given for another query, filter or settings; search again "
-                                  "without it for the first page")
-            with self.at_version(token.version) as pinned:
-                return pinned.search_batch([query], k, where=where, offset=token.offset, **knobs)[0]
-        return self.search_batch([query], k, where=where, offset=offset, **knobs)[0]
+        return search(self, query, k, where=where, offset=offset, page_token=page_token, **knobs)
 
-    def read_page_token(self, text: str) -> PageToken:
-        """A ``next_page`` token this engine gave, its signature checked (:mod:`twostage.engine.pages`)."""
-        return decode_page_token(text, page_key(self.root))
-
-    def at_version(self, version: str) -> AbstractContextManager[TwoStageSearch]:
-        """This engine as it was at ``version`` (for page tokens). Here: only the version it has open."""
-        if version != self.version:
-            raise PageExpiredError(f"page_token: it belongs to version {version}, the engine is now at "
-                                   f"{self.version}; search again for the first page")
-        return nullcontext(self)
-
-    def search_batch(self, queries: Sequence[str], k: int = 10, *, where: Where = None, offset: int = 0,
+    def search_batch(self: Searchable, queries: Sequence[str], k: int = 10, *, where: Where = None, offset: int = 0,
                      **knobs: Any) -> list[SearchResult]:
         """:meth:`search` for many queries: encoded in one pass, their pairs reranked in shared batches.
 
         Each result's ``timings`` are the batch's seconds per stage divided by the number of queries.
         """
-        queries = check_queries(queries)
-        trace = self._ranked(queries, k, where, knobs, offset)
-        t = time.perf_counter()
-        docs = dict(trace.read)  # what the reranker read, whole; the rest of the pages' documents read now
-        missing = sorted({str(d) for r in trace.pages for d in r.ids} - set(docs))
-        docs.update((entry[0].id, entry) for entry in self.documents_with_passages(missing))
-        trace.timings["fetch_s"] = time.perf_counter() - t
-        n = len(queries)
-        per_query = {name: seconds / n for name, seconds in trace.timings.items()}
-        per_query["total_s"] = sum(per_query.values())
-        key: bytes | None = None  # the page-token key, read once a batch
-        out, analyzer = [], self.analyzer()
-        for q, (query, scores) in enumerate(zip(queries, trace.stage_scores)):
-            hits = tuple(hits_of(trace, q, scores, docs, offset, analyzer))
-            following = None
-            if trace.more[q] and not callable_where(where):
-                token = PageToken(self.version, offset + k, k, fingerprint(query, where, knobs), int(time.time()))
-                key = key or page_key(self.root)
-                following = encode_page_token(token, key)
-            out.append(SearchResult(query, hits, per_query, following))
-        return out
+        return search_batch(self, queries, k, where=where, offset=offset, **knobs)
 
-    def ranked(self, query: str, k: int = 10, *, where: Where = None, offset: int = 0, **knobs: Any) -> RankedList:
+    def ranked(self: Searchable, query: str, k: int = 10, *, where: Where = None, offset: int = 0,
+               **knobs: Any) -> RankedList:
         """Ids and final scores only (the retriever contract: ``search(query, k) -> RankedList``)."""
-        return self._ranked(check_queries([query]), k, where, knobs, offset).pages[0]
+        return ranked_trace(self, check_queries([query]), k, where, knobs, offset).pages[0]
 
-    def similar(self, doc_id: str, k: int = 10, *, where: Where = None, offset: int = 0,
+    def similar(self: Searchable, doc_id: str, k: int = 10, *, where: Where = None, offset: int = 0,
                 page_token: str | None = None, **knobs: Any) -> SearchResult:
         """The ``k`` documents most like the document ``doc_id`` (itself left out unless ``include_feedback``): its
         vector as the dense query and its strongest terms as BM25's (:mod:`twostage.engine.steer`). The reranker,
         which judges answers to a question, does not run; the result's query is the document's title (or its first
         words). ``knobs``: the stage knobs and steering options of :meth:`search`."""
-        if not isinstance(doc_id, str) or not doc_id:
-            raise ConfigError(f"similar takes a document id (a non-empty string), got {doc_id!r}")
-        if knobs.get("rerank") is True:
-            raise ConfigError("similar: the reranker scores answers to a query, not likeness to a document; search "
-                              "similar documents without rerank")
-        if knobs.get("like") or knobs.get("similar") is not None:
-            raise ConfigError("similar: the document is the query; add other liked documents with search(like=...)")
-        try:
-            doc = self.documents([doc_id])[0]
-        except KeyError:
-            raise ConfigError(f"similar: document {doc_id!r} is not in the engine (deleted, or never added)") from None
-        text = doc.title.strip() or " ".join(doc.text.split()[:12]) or doc_id
-        return self.search(text, k, where=where, offset=offset, page_token=page_token,
-                           **{**knobs, "like": [doc_id], "similar": True, "rerank": False})
+        return similar(self, doc_id, k, where=where, offset=offset, page_token=page_token, **knobs)
 
-    def work_of(self, queries: int, **knobs: Any) -> SearchWork:
+    def rerank(self: Searchable, queries: Sequence[str], candidates: Sequence[RankedList],
+               **knobs: Any) -> list[RankedList]:
+        """First-stage lists from elsewhere (a run file's: one per query, every document in this engine) reranked by
+        this engine's own reranking: each list's top ``rerank_depth`` read by the reranker as the engine reads a
+        document (whole: an engine built with ``passage_words=0``) and blended with the list's scores by the
+        engine's blend; the rest follow in their order. ``knobs``: :data:`KNOBS` for this call (``rerank_depth``,
+        ``rerank_blend``...)."""
+        return rerank_given(self, queries, candidates, **knobs)
+
+    def work_of(self: Searchable, queries: int, **knobs: Any) -> SearchWork:
         """What searching ``queries`` queries with ``knobs`` asks of the models, counted before any of it runs (a
         server's budgets): the (query, candidate) pairs the cross-encoder scores and the candidates MaxSim reads,
         at most, summed over the queries (the first stage may find fewer candidates)."""
-        steer, rest = split_steering(knobs)
-        s, rerank = settings_for(self.settings, rest)
-        pairs = 0
-        if rerank and self.manifest.reranker is not None:
-            alpha = blend_of(s, self._models.reranker, s.first_stage) if s.rerank_blend != "auto" else None
-            if reorders(alpha) or s.min_relevance > 0:
-                pairs = queries * s.rerank_depth
-        maxsim = queries * s.maxsim_depth if s.maxsim and self.manifest.late is not None and not steer.similar \
-            else 0
-        return SearchWork(queries, pairs, maxsim)
+        return work_of(self, queries, **knobs)
 
-    def as_retriever(self, *, first_stage: str | None = None, rerank: bool | None = None,
+    def as_retriever(self: Searchable, *, first_stage: str | None = None, rerank: bool | None = None,
                      rerank_depth: int | None = None, maxsim: bool | None = None) -> EngineRetriever:
         """This engine as a plain retriever (``search`` / ``search_batch`` -> RankedList), e.g. for the harness."""
         return EngineRetriever(self, first_stage, rerank, rerank_depth, maxsim)
+
+    def read_page_token(self, text: str) -> PageToken:
+        """A ``next_page`` token this engine gave, its signature checked (:mod:`twostage.engine.pages`)."""
+        return decode_page_token(text, page_key(self.root))
 
     def window(self, knobs: Mapping[str, Any]) -> int:
         """How many hits one query ranks, and so how deep pages go: the first stage's depth (or the rerank depth,
@@ -354,87 +277,164 @@ class TwoStageSearch(ABC):
         s, rerank = settings_for(self.settings, split_steering(knobs)[1])
         return max(s.first_stage_depth, s.rerank_depth) if rerank and self.has_reranker else s.first_stage_depth
 
-    def check_where(self, where: Where) -> Where:
+    def check_where(self: Searchable, where: Where) -> Where:
         """A JSON filter parsed and checked against the metadata's fields and types (every shard's); a function
         or None as it is."""
-        if where is None or callable_where(where):
-            return where
-        f = parse_filter(where)
-        check_filter(f, self.metadata_kinds())
-        return CheckedFilter(f)
+        return check_where(self, where)
 
-    def parts(self) -> EngineParts:
+    def parts(self: Searchable) -> EngineParts:
         """What this engine holds that a search's plan depends on."""
-        m = self.manifest
-        return EngineParts(m.retriever is not None, m.reranker is not None, self.has_reranker, m.late is not None)
+        return parts_of(self)
 
-    def _ranked(self, queries: list[str], k: int, where: Where, knobs: Mapping[str, Any],
-                offset: int = 0) -> SearchTrace:
-        """Each query's page of final ids and scores, with what the hits carry: the plan made once, then every
-        stage (:mod:`twostage.engine.stages`)."""
-        plan = make_plan(self.settings, knobs, k, offset, self.parts())
-        where = self.check_where(where)
-        self.check_steering(plan.steer)
-        return run_stages(self, plan, queries, self.query_languages(queries, plan.settings), where)
 
-    def check_steering(self, steer: Steering) -> None:
-        """The steering options against this engine: a field to group by some document has, vectors to diversify
-        with."""
-        if steer.group_by is not None:
-            kinds = self.metadata_kinds()
-            if steer.group_by not in kinds:
-                raise ConfigError(f"group_by: no document has the metadata field {steer.group_by!r}; fields: "
-                                  f"{', '.join(sorted(kinds)) or 'none'}")
-        if (steer.diversity > 0 or steer.similar) and self.manifest.retriever is None:
-            raise ConfigError(("diversity" if steer.diversity > 0 else "similar") + " compares the documents' dense "
-                              "vectors, and this engine was built without a retriever (BM25 only); rebuild it with "
-                              "--retriever")
+# ---- the search path over a Searchable (the methods above call these) --------------------------------------------
+def search(engine: Searchable, query: str, k: int = 10, *, where: Where = None, offset: int = 0,
+           page_token: str | None = None, **knobs: Any) -> SearchResult:
+    """:meth:`SearchMethods.search`: a first page, or the page a token names (from the version it pins)."""
+    if page_token is not None:
+        if offset:
+            raise ConfigError("give offset or page_token, not both (the token holds its offset)")
+        check_where(engine, where)  # a malformed filter is named before it is digested
+        token = decode_page_token(page_token, page_key(engine.root))
+        if k != token.k:
+            raise ConfigError(f"page_token: it pages {token.k} hits at a time; ask for k={token.k} with it (or "
+                              "search again without it for a first page of another size)")
+        if not hmac.compare_digest(token.fingerprint, fingerprint(query, where, knobs)):
+            raise ConfigError("page_token: it was given for another query, filter or settings; search again "
+                              "without it for the first page")
+        with engine.at_version(token.version) as pinned:
+            return search_batch(pinned, [query], k, where=where, offset=token.offset, **knobs)[0]
+    return search_batch(engine, [query], k, where=where, offset=offset, **knobs)[0]
 
-    def late_languages(self) -> tuple[str, ...] | None:
-        """The languages the late-interaction model's card lists (None: no such model, or its card does not say:
-        every language), read once per model."""
-        ref = self.manifest.late
-        if ref is None:
-            return None
-        cached = self.__dict__.get("_late_languages")
-        if cached is None or cached[0] != ref.sha256:
-            from twostage.models.model_card import model_languages
 
-            cached = (ref.sha256, model_languages(ref.path) if Path(ref.path).is_dir() else None)
-            self.__dict__["_late_languages"] = cached
-        return cached[1]
+def search_batch(engine: Searchable, queries: Sequence[str], k: int = 10, *, where: Where = None, offset: int = 0,
+                 **knobs: Any) -> list[SearchResult]:
+    """:meth:`SearchMethods.search_batch`: the stages' trace, then the hits from the documents the reranker read
+    (the rest of the pages' documents read now, once)."""
+    queries = check_queries(queries)
+    trace = ranked_trace(engine, queries, k, where, knobs, offset)
+    t = time.perf_counter()
+    docs = dict(trace.read)  # what the reranker read, whole; the rest of the pages' documents read now
+    missing = sorted({str(d) for r in trace.pages for d in r.ids} - set(docs))
+    docs.update((entry[0].id, entry) for entry in engine.documents_with_passages(missing))
+    trace.timings["fetch_s"] = time.perf_counter() - t
+    n = len(queries)
+    per_query = {name: seconds / n for name, seconds in trace.timings.items()}
+    per_query["total_s"] = sum(per_query.values())
+    key: bytes | None = None  # the page-token key, read once a batch
+    out, analyzer = [], engine.analyzer()
+    for q, (query, scores) in enumerate(zip(queries, trace.stage_scores)):
+        hits = tuple(hits_of(trace, q, scores, docs, offset, analyzer))
+        following = None
+        if trace.more[q] and not callable_where(where):
+            token = PageToken(engine.version, offset + k, k, fingerprint(query, where, knobs), int(time.time()))
+            key = key or page_key(engine.root)
+            following = encode_page_token(token, key)
+        out.append(SearchResult(query, hits, per_query, following))
+    return out
 
-    def query_languages(self, queries: list[str], s: EngineSettings) -> list[str] | None:
-        """Each query's language as the engine's analysis reads it, when a model's languages make it matter."""
-        if s.language is None or (s.dense_languages is None and s.rerank_languages is None
-                                  and (not s.maxsim or self.late_languages() is None)):
-            return None
-        analyzer = self.analyzer()
-        return [analyzer.language_of(q) for q in queries]
 
-    def rerank(self, queries: Sequence[str], candidates: Sequence[RankedList], **knobs: Any) -> list[RankedList]:
-        """First-stage lists from elsewhere (a run file's: one per query, every document in this engine) reranked by
-        this engine's own reranking: each list's top ``rerank_depth`` read by the reranker as the engine reads a
-        document (whole: an engine built with ``passage_words=0``) and blended with the list's scores by the
-        engine's blend; the rest follow in their order. ``knobs``: :data:`KNOBS` for this call (``rerank_depth``,
-        ``rerank_blend``...)."""
-        queries = check_queries(queries)
-        if len(candidates) != len(queries):
-            raise ConfigError(f"rerank: {len(queries)} queries but {len(candidates)} candidate lists; give one each")
-        s, _ = settings_for(self.settings, knobs)
-        if s.passages.enabled:
-            raise ConfigError("rerank: lists from elsewhere name whole documents; rerank them with an engine built "
-                              "with passage_words 0")
-        if self.reranker is None:
-            raise ConfigError("this engine has no reranker; build it with --reranker")
-        end = check_k(max(len(c) for c in candidates) or 1)
-        reranked, _, _ = stage_rerank(self, queries, list(candidates), None, s, self.reranker, end, {})
-        return [r.ranked for r in reranked]
+def ranked_trace(engine: Searchable, queries: list[str], k: int, where: Where, knobs: Mapping[str, Any],
+                 offset: int = 0) -> SearchTrace:
+    """Each query's page of final ids and scores, with what the hits carry: the plan made once, then every
+    stage (:mod:`twostage.engine.stages`)."""
+    plan = make_plan(engine.settings, knobs, k, offset, parts_of(engine))
+    where = check_where(engine, where)
+    check_steering(engine, plan.steer)
+    return run_stages(engine, plan, queries, query_languages(engine, queries, plan.settings), where)
+
+
+def parts_of(engine: Searchable) -> EngineParts:
+    """What ``engine`` holds that a search's plan depends on."""
+    m = engine.manifest
+    return EngineParts(m.retriever is not None, m.reranker is not None, engine.has_reranker, m.late is not None)
+
+
+def similar(engine: Searchable, doc_id: str, k: int = 10, *, where: Where = None, offset: int = 0,
+            page_token: str | None = None, **knobs: Any) -> SearchResult:
+    """:meth:`SearchMethods.similar`: the document's title (or first words) searched with it as the liked one."""
+    if not isinstance(doc_id, str) or not doc_id:
+        raise ConfigError(f"similar takes a document id (a non-empty string), got {doc_id!r}")
+    if knobs.get("rerank") is True:
+        raise ConfigError("similar: the reranker scores answers to a query, not likeness to a document; search "
+                          "similar documents without rerank")
+    if knobs.get("like") or knobs.get("similar") is not None:
+        raise ConfigError("similar: the document is the query; add other liked documents with search(like=...)")
+    try:
+        doc = engine.documents([doc_id])[0]
+    except KeyError:
+        raise ConfigError(f"similar: document {doc_id!r} is not in the engine (deleted, or never added)") from None
+    text = doc.title.strip() or " ".join(doc.text.split()[:12]) or doc_id
+    return search(engine, text, k, where=where, offset=offset, page_token=page_token,
+                  **{**knobs, "like": [doc_id], "similar": True, "rerank": False})
+
+
+def work_of(engine: Searchable, queries: int, **knobs: Any) -> SearchWork:
+    """:meth:`SearchMethods.work_of`: the pairs and MaxSim candidates of ``queries`` searches, at most."""
+    steer, rest = split_steering(knobs)
+    s, rerank = settings_for(engine.settings, rest)
+    pairs = 0
+    if rerank and engine.manifest.reranker is not None:
+        alpha = blend_of(s, engine.loaded_models.reranker, s.first_stage) if s.rerank_blend != "auto" else None
+        if reorders(alpha) or s.min_relevance > 0:
+            pairs = queries * s.rerank_depth
+    maxsim = queries * s.maxsim_depth if s.maxsim and engine.manifest.late is not None and not steer.similar \
+        else 0
+    return SearchWork(queries, pairs, maxsim)
+
+
+def check_where(engine: CandidateSource, where: Where) -> Where:
+    """``where`` parsed and checked against the source's metadata (:meth:`SearchMethods.check_where`)."""
+    if where is None or callable_where(where):
+        return where
+    f = parse_filter(where)
+    check_filter(f, engine.metadata_kinds())
+    return CheckedFilter(f)
+
+
+def check_steering(engine: Searchable, steer: Steering) -> None:
+    """The steering options against this engine: a field to group by some document has, vectors to diversify
+    with."""
+    if steer.group_by is not None:
+        kinds = engine.metadata_kinds()
+        if steer.group_by not in kinds:
+            raise ConfigError(f"group_by: no document has the metadata field {steer.group_by!r}; fields: "
+                              f"{', '.join(sorted(kinds)) or 'none'}")
+    if (steer.diversity > 0 or steer.similar) and engine.manifest.retriever is None:
+        raise ConfigError(("diversity" if steer.diversity > 0 else "similar") + " compares the documents' dense "
+                          "vectors, and this engine was built without a retriever (BM25 only); rebuild it with "
+                          "--retriever")
+
+
+def query_languages(engine: CandidateSource, queries: list[str], s: EngineSettings) -> list[str] | None:
+    """Each query's language as the engine's analysis reads it, when a model's languages make it matter."""
+    if s.language is None or (s.dense_languages is None and s.rerank_languages is None
+                              and (not s.maxsim or engine.late_languages() is None)):
+        return None
+    analyzer = engine.analyzer()
+    return [analyzer.language_of(q) for q in queries]
+
+
+def rerank_given(engine: Searchable, queries: Sequence[str], candidates: Sequence[RankedList],
+                 **knobs: Any) -> list[RankedList]:
+    """:meth:`SearchMethods.rerank`: lists from elsewhere through the engine's reranking."""
+    queries = check_queries(queries)
+    if len(candidates) != len(queries):
+        raise ConfigError(f"rerank: {len(queries)} queries but {len(candidates)} candidate lists; give one each")
+    s, _ = settings_for(engine.settings, knobs)
+    if s.passages.enabled:
+        raise ConfigError("rerank: lists from elsewhere name whole documents; rerank them with an engine built "
+                          "with passage_words 0")
+    if engine.reranker is None:
+        raise ConfigError("this engine has no reranker; build it with --reranker")
+    end = check_k(max(len(c) for c in candidates) or 1)
+    reranked, _, _ = stage_rerank(engine, queries, list(candidates), None, s, engine.reranker, end, {})
+    return [r.ranked for r in reranked]
 
 
 @dataclass(frozen=True)
 class SearchWork:
-    """What one search call asks of the models (:meth:`TwoStageSearch.work_of`)."""
+    """What one search call asks of the models (:meth:`SearchMethods.work_of`)."""
 
     queries: int
     pairs: int  # (query, candidate) pairs the cross-encoder scores
@@ -474,7 +474,7 @@ def callable_where(where: Where) -> bool:
 class EngineRetriever:
     """An engine seen as a retriever: ``search(query, k)`` and ``search_batch`` -> RankedList."""
 
-    def __init__(self, engine: TwoStageSearch, first_stage: str | None, rerank: bool | None,
+    def __init__(self, engine: Searchable, first_stage: str | None, rerank: bool | None,
                  rerank_depth: int | None, maxsim: bool | None = None) -> None:
         self.engine, self.first_stage, self.rerank, self.rerank_depth = engine, first_stage, rerank, rerank_depth
         self.maxsim = maxsim
@@ -483,7 +483,7 @@ class EngineRetriever:
         return self.search_batch([query], k)[0]
 
     def search_batch(self, queries: Sequence[str], k: int = 10) -> list[RankedList]:
-        return self.engine._ranked(check_queries(queries), k, None, self.knobs()).pages
+        return ranked_trace(self.engine, check_queries(queries), k, None, self.knobs()).pages
 
     def knobs(self) -> dict[str, Any]:
         return {"first_stage": self.first_stage, "rerank": self.rerank, "rerank_depth": self.rerank_depth,

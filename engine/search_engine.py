@@ -33,7 +33,7 @@ import numpy as np
 
 from twostage.engine.models import Models
 from twostage.engine.on_disk import WHAT, EngineManifest, format_of, read_engine_manifest
-from twostage.engine.search import TwoStageSearch
+from twostage.engine.search import SearchMethods
 from twostage.engine.settings import EngineSettings
 from twostage.engine.steer import Expansion
 from twostage.indexer.atomic import to_json_dict
@@ -55,7 +55,7 @@ logger = logging.getLogger(__name__)
 _SLICE = 1 << 20  # ids compared at a time when an engine opens
 
 
-class SearchEngine(TwoStageSearch):
+class SearchEngine(SearchMethods):
     """A saved two-stage search engine. Build with :meth:`build`, open with :meth:`load`."""
 
     def __init__(self, root: Path, version_dir: Path, manifest: EngineManifest, index: Index, bm25: BM25Retriever,
@@ -169,11 +169,6 @@ class SearchEngine(TwoStageSearch):
         finally:
             engine.close()
 
-    @property
-    def loaded_models(self) -> Models:
-        """The models this engine searches with (loaded on first use), shared with the versions it opens."""
-        return self._models
-
     def with_new_models(self) -> SearchEngine:
         """This engine with its models to be loaded again (on the same device), e.g. in a new precision."""
         self._models = Models(requested_device=self._models.device_as_known).for_manifest(self.manifest)
@@ -184,7 +179,7 @@ class SearchEngine(TwoStageSearch):
         if self._lease is not None and not self.read_only:
             self._lease.release()
 
-    # ---- properties (settings, version, precision, reranker: TwoStageSearch) ----------------------
+    # ---- properties (settings, version, precision, reranker: SearchMethods) -----------------------
     def __len__(self) -> int:
         return self.manifest.documents
 
@@ -320,7 +315,7 @@ class SearchEngine(TwoStageSearch):
         """Each metadata field's type (number, date, string, ...: :mod:`twostage.indexer.filters`)."""
         return self.index.metadata_kinds()
 
-    # ---- searching (TwoStageSearch does the rest) -------------------------------------------------
+    # ---- the candidate source (twostage.engine.source.CandidateSource; the search path is SearchMethods') ------
     def candidates(self, queries: list[str], vectors: np.ndarray | None, first_stage: str, n: int, where: Where,
                    timings: dict[str, float], expansion: Expansion | None = None) -> dict[str, list[RankedList]]:
         """Each first stage's top ``n`` for every query ("dense" from the query vectors, "bm25": the query's terms,

@@ -33,6 +33,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -42,13 +43,13 @@ import numpy as np
 from twostage.engine.models import Models
 from twostage.engine.on_disk import SHARDED_FORMAT
 from twostage.engine.replicas import ReplicatedShards
-from twostage.engine.search import TwoStageSearch, ids_to_delete
+from twostage.engine.search import SearchMethods, ids_to_delete
 from twostage.engine.search_engine import SearchEngine
 from twostage.engine.settings import EngineSettings, check_replicas, with_changes
 from twostage.engine.steer import Expansion
 from twostage.indexer.build import check_unique_ids, chunk_documents, slice_chunks
 from twostage.indexer.corpus import CorpusSource, iter_documents
-from twostage.indexer.errors import ConfigError, DataError, IndexFormatError
+from twostage.indexer.errors import ConfigError, DataError, IndexFormatError, PageExpiredError
 from twostage.indexer.filters import Where, merge_kinds
 from twostage.indexer.index import IndexChange
 from twostage.indexer.manifest import check_file_name, manifest_text, read_manifest_json
@@ -131,7 +132,7 @@ class _Shard:
         self.engine.close()
 
 
-class ShardedEngine(TwoStageSearch):
+class ShardedEngine(SearchMethods):
     """N engine directories searched as one. Build with :meth:`build`, open with :meth:`load`.
 
     >>> engine = ShardedEngine.build("corpus.jsonl", "engines/docs", shards=4, retriever="all-MiniLM-L6-v2")
@@ -252,7 +253,7 @@ class ShardedEngine(TwoStageSearch):
         if self._lease is not None:
             self._lease.release()
 
-    # ---- properties (settings, version, precision, reranker: TwoStageSearch) ----------------------
+    # ---- properties (settings, version, precision, reranker: SearchMethods) -----------------------
     def __len__(self) -> int:
         return self._size
 
@@ -343,6 +344,21 @@ class ShardedEngine(TwoStageSearch):
     def token_scores(self, query: np.ndarray, ids: list[str]) -> np.ndarray:
         found = {k: v for part in self._call("token_scores", query, ids) for k, v in part.items()}
         return np.array([found.get(i, 0.0) for i in ids], dtype=np.float32)
+
+    def documents_with_passages(self, ids: Iterable[str]) -> list[tuple[Document, list[Document], list[int]]]:
+        """Each document as its one passage (the shards hold whole documents)."""
+        return [(d, [d], [0]) for d in self.documents(ids)]
+
+    def passages(self, pids: Iterable[str]) -> list[Document]:
+        """A sharded engine holds whole documents, no passages."""
+        raise ConfigError("this engine holds whole documents, not passages")
+
+    def at_version(self, version: str) -> AbstractContextManager[ShardedEngine]:
+        """This engine as it was at ``version`` (for page tokens): only the version it has open."""
+        if version != self.version:
+            raise PageExpiredError(f"page_token: it belongs to version {version}, the engine is now at "
+                                   f"{self.version}; search again for the first page")
+        return nullcontext(self)
 
     def holder(self, ids: Sequence[str]) -> list[int | None]:
         """The shard holding each id (None: no shard)."""

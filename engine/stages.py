@@ -7,8 +7,8 @@ cut, or grouped) and, when asked, :func:`explain_stage`. A :class:`SearchTrace` 
 computed; the hits are filled in from the documents the reranker already read (:attr:`SearchTrace.read`), and
 explanations read the trace.
 
-The source is anything that lists first-stage candidates and reads documents (:class:`CandidateSource`): one engine
-or the merge of many shards.
+The source is anything that lists first-stage candidates and reads documents (:class:`~twostage.engine.source.
+CandidateSource`): one engine or the merge of many shards.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -24,46 +24,16 @@ from twostage.engine.fusion import Reranked, dense_weights, fuse, reorders, rera
 from twostage.engine.knobs import blend_of, outside
 from twostage.engine.plan import SearchPlan
 from twostage.engine.settings import EngineSettings
+from twostage.engine.source import CandidateSource, Read
 from twostage.engine.steer import Diversified, Expansion, diversify, group_pages, rocchio
 from twostage.engine.steer import feedback as steer_feedback
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.filters import Where
 from twostage.indexer.passages import by_document, word_starts
-from twostage.indexer.records import Document, Explanation, RankedList
+from twostage.indexer.records import Explanation, RankedList
 from twostage.indexer.work import checkpoint
 
 StageScores = dict[str, dict[str, float]]
-Read = tuple[Document, list[Document], list[int]]  # a document, its passages, where each starts in its text
-
-
-class CandidateSource(Protocol):
-    """What the stages ask of an engine (one, or many shards merged): candidates, documents, token scores and the
-    models. :class:`~twostage.engine.search_engine.SearchEngine` and :class:`~twostage.engine.sharded.ShardedEngine`
-    implement it."""
-
-    @property
-    def query_side(self) -> Any: ...
-
-    @property
-    def late(self) -> Any: ...
-
-    @property
-    def reranker(self) -> Any: ...
-
-    def candidates(self, queries: list[str], vectors: np.ndarray | None, first_stage: str, n: int, where: Where,
-                   timings: dict[str, float], expansion: Expansion | None = None) -> dict[str, list[RankedList]]: ...
-
-    def documents_with_passages(self, ids: Sequence[str]) -> list[Read]: ...
-
-    def passages(self, pids: Sequence[str]) -> list[Document]: ...
-
-    def documents(self, ids: Sequence[str]) -> list[Document]: ...
-
-    def token_scores(self, query: np.ndarray, ids: list[str]) -> np.ndarray: ...
-
-    def late_languages(self) -> tuple[str, ...] | None: ...
-
-
 @dataclass(frozen=True)
 class SearchTrace:
     """What one batch's search computed, stage by stage (each list has one entry a query).

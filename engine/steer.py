@@ -34,13 +34,16 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from twostage.engine.fusion import minmax
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.records import RankedList, check_encodable
+
+if TYPE_CHECKING:
+    from twostage.engine.source import CandidateSource
 
 STEERING = ("like", "unlike", "diversity", "group_by", "group_size", "explain", "include_feedback")
 
@@ -93,7 +96,7 @@ class Steering:
 
 def split_steering(knobs: Mapping[str, Any]) -> tuple[Steering, dict[str, Any]]:
     """One call's options as its :class:`Steering` and the stage knobs left."""
-    names = (*STEERING, "similar")  # similar: set by TwoStageSearch.similar, not a user's option
+    names = (*STEERING, "similar")  # similar: set by search.similar, not a user's option
     rest = {k: v for k, v in knobs.items() if k not in names}
     given = {k: v for k, v in knobs.items() if k in names and v is not None}
     like, unlike = _ids(given.get("like"), "like"), _ids(given.get("unlike"), "unlike")
@@ -247,7 +250,7 @@ def grouped(ranked: RankedList, values: Sequence[Any], group_size: int) -> list[
     return order
 
 
-# ---- the steps the search path calls (``engine``: a TwoStageSearch) ---------------------------------------------
+# ---- the steps the search path calls (``engine``: a CandidateSource) ---------------------------------------------
 @dataclass(frozen=True)
 class Feedback:
     """Relevance feedback as the first stages use it: the liked and unliked documents' vectors (rows), and BM25's
@@ -258,7 +261,7 @@ class Feedback:
     expansion: Expansion | None
 
 
-def feedback(engine: Any, steer: Steering, stage: str) -> Feedback:
+def feedback(engine: CandidateSource, steer: Steering, stage: str) -> Feedback:
     """The liked and unliked documents' vectors, and BM25's expansion by the liked ones' strongest terms."""
     lexical_stage = stage in ("bm25", "hybrid") and bool(steer.like)
     found = engine.example_features(list(steer.like + steer.unlike), FEEDBACK.terms if lexical_stage else 0)
@@ -279,7 +282,7 @@ def feedback(engine: Any, steer: Steering, stage: str) -> Feedback:
     return Feedback(stacked(steer.like), stacked(steer.unlike), lexical)
 
 
-def diversify(engine: Any, finals: list[RankedList], reads: list[dict[str, tuple[str, ...]]] | None,
+def diversify(engine: CandidateSource, finals: list[RankedList], reads: list[dict[str, tuple[str, ...]]] | None,
               diversity: float, limit: int | None = None) -> list[Diversified]:
     """Each list's first ``limit`` hits (None: all) by maximal marginal relevance over its documents' vectors (a
     passage engine: each document's best passage)."""
@@ -289,7 +292,7 @@ def diversify(engine: Any, finals: list[RankedList], reads: list[dict[str, tuple
             for f, ks in zip(finals, keys)]
 
 
-def group_pages(engine: Any, finals: list[RankedList], steer: Steering, offset: int,
+def group_pages(engine: CandidateSource, finals: list[RankedList], steer: Steering, offset: int,
                 k: int) -> tuple[list[RankedList], list[dict[str, Any]], list[bool]]:
     """Each list's page of ``k`` groups from the ``offset``-th (:func:`grouped`), each hit's value of the field, and
     whether more groups follow."""

@@ -9,7 +9,7 @@ epoch), built with the engine's settings (passages as served) in fp32, and searc
 
 The dev queries are searched by a :class:`~twostage.engine.search_engine.SearchEngine` (a temporary one, built
 with the retriever and the engine's settings: passages, whole-read threshold, fusion), viewed with the model being
-trained as its reranker (:meth:`~twostage.engine.search.TwoStageSearch.with_reranker`). The epoch is chosen by the
+trained as its reranker (:meth:`~twostage.engine.search.SearchMethods.with_reranker`). The epoch is chosen by the
 reranker alone over each first stage's top ``depth``; the blend by trying every weight of
 :data:`~twostage.engine.fusion.GRID` through the same path (the pairs scored once, remembered across the
 weights), keeping the smallest within one standard error of the best (:func:`one_se_blend`).
@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from twostage.engine.fusion import GRID, InterpolationChoice, one_se_blend, reorders
-from twostage.engine.search import TwoStageSearch
+from twostage.engine.search import SearchMethods
 from twostage.engine.settings import FIRST_STAGES, EngineSettings
 from twostage.indexer.beir import BeirDataset
 from twostage.indexer.corpus import Corpus, CorpusSource
@@ -165,7 +165,7 @@ class ScoreMemo:
         return np.array([self.cache[p] for p in pairs], dtype=np.float32)
 
 
-def dev_lists(engine: TwoStageSearch, reranker: Any, queries: Sequence[Query], first_stage: str, depth: int,
+def dev_lists(engine: SearchMethods, reranker: Any, queries: Sequence[Query], first_stage: str, depth: int,
               blend: float | None) -> dict[str, RankedList]:
     """Each dev query's list as the engine answers it with ``reranker`` reading the top ``depth`` of
     ``first_stage`` at ``blend`` (None: the reranker alone)."""
@@ -175,7 +175,7 @@ def dev_lists(engine: TwoStageSearch, reranker: Any, queries: Sequence[Query], f
     return dict(zip([q.id for q in queries], lists))
 
 
-def dev_scorer(engine: TwoStageSearch, queries: Sequence[Query], qrels: Qrels, depth: int, metric: DevMetric,
+def dev_scorer(engine: SearchMethods, queries: Sequence[Query], qrels: Qrels, depth: int, metric: DevMetric,
                first_stages: Sequence[str] = FIRST_STAGES) -> Callable[[Any], float]:
     """The dev score a training run picks its epoch by: ``metric`` of the reranker alone over each first stage's
     top ``depth`` as ``engine`` searches, averaged over ``first_stages``."""
@@ -189,7 +189,7 @@ def dev_scorer(engine: TwoStageSearch, queries: Sequence[Query], qrels: Qrels, d
     return dev
 
 
-def select_blend(engine: TwoStageSearch, model: Any, queries: Sequence[Query], qrels: Qrels, depth: int,
+def select_blend(engine: SearchMethods, model: Any, queries: Sequence[Query], qrels: Qrels, depth: int,
                  metric: DevMetric, first_stages: Sequence[str] = FIRST_STAGES,
                  grid: Sequence[float] = GRID, *, show_progress: bool = False) -> InterpolationChoice:
     """The blend with each first stage (and over their mean) chosen on dev ``queries``: every weight of ``grid``
@@ -218,7 +218,7 @@ def select_blend(engine: TwoStageSearch, model: Any, queries: Sequence[Query], q
                                tuple((name, one_se_blend(curve), means(curve)) for name, curve in curves.items()))
 
 
-def select_maxsim_blend(engine: TwoStageSearch, queries: Sequence[Query], qrels: Qrels, metric: DevMetric,
+def select_maxsim_blend(engine: SearchMethods, queries: Sequence[Query], qrels: Qrels, metric: DevMetric,
                         grid: Sequence[float] = GRID, *, show_progress: bool = False) -> InterpolationChoice:
     """MaxSim's weight against the engine's first stage chosen on dev ``queries``, as the reranker's is: every
     weight of ``grid`` searched through ``engine`` (which has token vectors) with MaxSim reading its
@@ -239,7 +239,7 @@ def select_maxsim_blend(engine: TwoStageSearch, queries: Sequence[Query], qrels:
     return InterpolationChoice(one_se_blend(curve), tuple((a, float(np.mean(v))) for a, v in curve))
 
 
-def choose_blend(result: FitResult, engine: TwoStageSearch, queries: Sequence[Query], qrels: Qrels, depth: int,
+def choose_blend(result: FitResult, engine: SearchMethods, queries: Sequence[Query], qrels: Qrels, depth: int,
                  metric: DevMetric, first_stages: Sequence[str] = FIRST_STAGES, *,
                  show_progress: bool = False) -> FitResult:
     """Choose the trained reranker's blends (:func:`select_blend`), then fit the calibration of its score on the

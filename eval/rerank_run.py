@@ -5,7 +5,7 @@ scored with the query by the cross-encoder, blended with the run's own scores as
 (:mod:`twostage.engine.fusion`), and the rest of the run's list follows in its order, exactly as the
 harness's ``bm25+rerank`` system does with its own BM25 list. It goes through the engine's own reranking: the
 run's top documents are put in a temporary BM25-only engine (whole documents) with the reranker, whose
-:meth:`~twostage.engine.search.TwoStageSearch.rerank` reads and blends them.
+:meth:`~twostage.engine.search.SearchMethods.rerank` reads and blends them.
 """
 
 from __future__ import annotations

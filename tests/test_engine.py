@@ -525,3 +525,29 @@ def test_one_search_never_bounces_between_the_engine_and_the_search(built):
         sys.setprofile(None)
     assert set(short) <= entered  # both were walked
     assert not bounces, bounces
+
+
+def test_both_engines_implement_the_search_protocols_with_no_base_class_between_them():
+    """#82: what the search path reads of an engine is a protocol (engine/source.py), which the single and the
+    sharded engine each implement; the mixin that gives them the entry points declares nothing abstract and reads
+    no data of its own (candidates, documents, token scores are each engine's)."""
+    import inspect
+
+    from twostage.engine.search import SearchMethods
+    from twostage.engine.sharded import ShardedEngine
+    from twostage.engine.source import CandidateSource, Searchable
+
+    methods = {n for p in (CandidateSource, Searchable) for n, v in vars(p).items()
+               if not n.startswith("_") and (callable(v) or isinstance(v, property))}
+    declared = set(Searchable.__annotations__)  # set by each engine's __init__, declared by the mixin
+    assert {"candidates", "documents", "token_scores", "at_version", "loaded_models"} <= methods
+    assert declared == {"manifest", "root", "version_dir", "read_only"}
+    for cls in (SearchEngine, ShardedEngine):
+        assert [b for b in cls.__mro__ if b not in (cls, SearchMethods, object)] == []
+        missing = sorted(n for n in methods if inspect.getattr_static(cls, n, None) is None)
+        assert not missing, (cls.__name__, missing)
+        assert declared <= set(SearchMethods.__annotations__)
+    assert not getattr(SearchMethods, "__abstractmethods__", None)
+    data = {"candidates", "documents", "documents_with_passages", "passages", "token_scores", "metadata_kinds",
+            "example_features", "vectors_by_id", "matched_terms", "analyzer", "at_version"}
+    assert not data & set(vars(SearchMethods))
