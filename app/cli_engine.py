@@ -8,13 +8,17 @@ import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twostage.app.cli import help_of
 from twostage.engine.settings import ANN_PARAMS, FIRST_STAGES, FUSION_NAMES, EngineSettings, check_ann_params
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.vectors import BACKENDS, METRICS
 from twostage.models.device import PRECISIONS
+
+if TYPE_CHECKING:
+    from twostage.engine.search_engine import SearchEngine
+    from twostage.engine.sharded import ShardedEngine
 
 BATCH = 32  # queries searched together when reading them from a file
 
@@ -288,7 +292,7 @@ def _build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_reading(engine: Any, corpus: Any) -> None:
+def _print_reading(engine: SearchEngine | ShardedEngine, corpus: Any) -> None:
     """What the engine did with long documents, and the files a folder corpus skipped."""
     from twostage.indexer.files import FolderCorpus
 
@@ -421,7 +425,7 @@ def _search(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(engine: Any, batch: list[str], args: argparse.Namespace, kw: dict[str, Any]) -> None:
+def _run(engine: SearchEngine | ShardedEngine, batch: list[str], args: argparse.Namespace, kw: dict[str, Any]) -> None:
     results = engine.search_batch(batch, args.k, **kw)
     for r in results:
         _print_result(r, args.json, timings=len(results) == 1)

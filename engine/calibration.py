@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,6 +27,9 @@ from twostage.indexer.errors import ConfigError
 from twostage.indexer.records import Qrels, Query
 
 EPS = 1e-6
+
+if TYPE_CHECKING:
+    from twostage.engine.search_engine import SearchEngine
 
 
 def logit(scores: np.ndarray) -> np.ndarray:
@@ -87,7 +90,7 @@ def fit_platt(scores: np.ndarray, labels: np.ndarray) -> Calibration:
     return Calibration(a, b, len(y), pos, log_loss)
 
 
-def reranked_pairs(engine: Any, queries: Sequence[Query], qrels: Qrels,
+def reranked_pairs(engine: SearchEngine, queries: Sequence[Query], qrels: Qrels,
                    first_stage: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(reranker scores, 0/1 labels) of every query's reranked top ``rerank_depth`` as ``engine`` serves it (its
     first stage unless one is given; its blend, its reader), the labels from ``qrels``."""
@@ -107,7 +110,7 @@ def reranked_pairs(engine: Any, queries: Sequence[Query], qrels: Qrels,
     return np.asarray(scores, dtype=np.float64), np.asarray(labels, dtype=np.float64)
 
 
-def fit_calibration(engine: Any, queries: Sequence[Query], qrels: Qrels) -> Calibration:
+def fit_calibration(engine: SearchEngine, queries: Sequence[Query], qrels: Qrels) -> Calibration:
     """Platt scaling fitted on ``engine``'s reranked top ``rerank_depth`` of held-out ``queries`` (never test)."""
     if not queries:
         raise ConfigError("calibration needs held-out queries with judgments")
@@ -134,7 +137,7 @@ def reliability(probabilities: np.ndarray, labels: np.ndarray, bins: int = 10) -
             for b in range(bins) if (which == b).any()]
 
 
-def calibration_queries(engine: Any, data: Any, split: str) -> tuple[list[Query], Qrels, str]:
+def calibration_queries(engine: SearchEngine, data: Any, split: str) -> tuple[list[Query], Qrels, str]:
     """The judged queries of ``split`` in the BEIR directory ``data`` to calibrate ``engine`` on, their qrels, and a
     line saying which: when the engine's reranker was trained on that split, only the queries it held out as dev
     (the others it was trained on would make its scores look better calibrated than they are)."""
@@ -161,7 +164,7 @@ def calibration_queries(engine: Any, data: Any, split: str) -> tuple[list[Query]
     return queries, sp.qrels.subset(q.id for q in queries), said
 
 
-def calibrate(engine: Any, data: Any, split: str) -> tuple[Any, Calibration, str]:
+def calibrate(engine: SearchEngine, data: Any, split: str) -> tuple[Any, Calibration, str]:
     """Fit the calibration on judged queries of ``split`` (:func:`calibration_queries`) and write it into a new
     version of ``engine`` (its settings' ``rerank_calibration``); returns the new engine, the fit and which
     queries."""

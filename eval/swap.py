@@ -26,13 +26,16 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from twostage.engine.settings import with_changes
 from twostage.indexer.errors import ConfigError
 from twostage.models.weights import ModelNotFoundError, resolve_model
+
+if TYPE_CHECKING:
+    from twostage.engine.search_engine import SearchEngine
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +124,7 @@ def swap(path: str | Path, *, retriever: str | Path | None = None, reranker: str
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _judgments(engine: Any, qrels: str | Path | None, split: str, n: int, seed: int) -> tuple[list[Any], Any, str]:
+def _judgments(engine: SearchEngine, qrels: str | Path | None, split: str, n: int, seed: int) -> tuple[list[Any], Any, str]:
     """The queries and judgments the two engines are compared on."""
     if qrels is not None:
         from twostage.indexer.beir import BeirDataset
@@ -141,7 +144,7 @@ def _judgments(engine: Any, qrels: str | Path | None, split: str, n: int, seed: 
     return queries, judged, f"{len(queries)} pseudo-queries from {len(docs)} of its documents"
 
 
-def _per_query(engine: Any, queries: Sequence[Any], judged: Any, metric: str) -> np.ndarray:
+def _per_query(engine: SearchEngine, queries: Sequence[Any], judged: Any, metric: str) -> np.ndarray:
     """``metric`` of each query (in order) when ``engine`` answers it with its default search."""
     from twostage.eval.metrics import evaluate
     from twostage.eval.run import Run

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twostage.engine.settings import FIRST_STAGES, EngineSettings
 from twostage.indexer.errors import ConfigError
@@ -20,6 +20,9 @@ from twostage.indexer.records import Qrels, Query, RankedList
 
 FUSION_GRID = tuple(round(0.1 * i, 1) for i in range(1, 10))  # dense weights tried for the blend
 MIN_FUSION_QUERIES = 50
+
+if TYPE_CHECKING:
+    from twostage.engine.search_engine import SearchEngine
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,7 @@ class TuneResult:
         return [f"{fs}{'+rerank' if rr else ''}: {v:.4f}" for fs, rr, v in self.scores]
 
 
-def tune_engine(engine: Any, queries: Sequence[Query], qrels: Qrels, *, metric: str = "ndcg@10",
+def tune_engine(engine: SearchEngine, queries: Sequence[Query], qrels: Qrels, *, metric: str = "ndcg@10",
                 apply: bool = True) -> tuple[Any, TuneResult]:
     """Score each first stage with and without the reranker on ``queries``; keep the best (the current
     settings win ties). With ``apply`` the engine gets a new version with those settings."""
@@ -94,9 +97,9 @@ def tune_engine(engine: Any, queries: Sequence[Query], qrels: Qrels, *, metric: 
     fusion = None
     if len(queries) >= MIN_FUSION_QUERIES:
         texts = [q.text for q in queries]
-        lists = {fs: engine.as_retriever(first_stage=fs, rerank=False).search_batch(texts, current.first_stage_depth)
-                 for fs in ("bm25", "dense")}
-        fusion = tune_fusion(queries, qrels, lists["bm25"], lists["dense"], metric=metric, current=current)
+        by_stage = {fs: engine.as_retriever(first_stage=fs, rerank=False).search_batch(texts, current.first_stage_depth)
+                    for fs in ("bm25", "dense")}
+        fusion = tune_fusion(queries, qrels, by_stage["bm25"], by_stage["dense"], metric=metric, current=current)
         tuned = replace(current, fusion=fusion.fusion, dense_weight=fusion.dense_weight)
         if tuned != current:
             # with apply, a new version; else a view that scores the rest with the tuned fusion, nothing written
