@@ -155,6 +155,15 @@ def maxsim_blend(value: str | None, default: float | None) -> float | None:
     return None if blend == "none" else float(blend)  # type: ignore[arg-type]  # a number: checked above
 
 
+def maxsim_stage_line(settings: EngineSettings, name: str) -> str:
+    """The MaxSim stage of an engine with token vectors, in words: on (depth, weight) or off."""
+    if not settings.maxsim:
+        return (f"token vectors of {name}, off by default (the weight chosen on dev was 0.0, or the maxsim "
+                "setting is false); a search may still ask for it with maxsim")
+    weight = "by its own scores" if settings.maxsim_blend is None else f"weight {settings.maxsim_blend:g}"
+    return f"token vectors of {name} reorder the top {settings.maxsim_depth} ({weight} against the first stage)"
+
+
 def add_device_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="where the models run: cpu, cuda, cuda:N or auto (default: "
                         "a CUDA GPU when torch sees one, else the CPU)")
@@ -256,6 +265,10 @@ def _build(args: argparse.Namespace) -> int:
             raise ConfigError("--late-interaction: a sharded engine is built without token vectors for now; leave "
                               "out --shards")
         common["late_interaction"] = args.late_interaction
+        if args.maxsim_blend is None:  # the weight the one command chose on dev for this model, when it chose one
+            from twostage.engine.knobs import with_maxsim_choice
+
+            common["settings"] = with_maxsim_choice(settings, args.late_interaction)
     if args.ray_actors:
         if args.shards:
             raise ConfigError("--ray-actors encodes one engine's corpus; leave out --shards")
@@ -286,6 +299,8 @@ def _build(args: argparse.Namespace) -> int:
     print(f"built {args.out}: {len(engine)} documents{shards}, version {engine.version}; first stage {s.first_stage}, "
           f"{s.backend} index; language {engine.language}")
     print(f"second stage: {second_stage(s, rr.name if rr else None)}")
+    if engine.manifest.late is not None:
+        print(f"MaxSim: {maxsim_stage_line(s, engine.manifest.late.name)}")
     for note in adapted.notes if adapted is not None else ():
         print(f"adapt: {note}")
     _print_reading(engine, corpus)

@@ -75,10 +75,12 @@ def _bench(args: argparse.Namespace) -> int:
     dataset, stages = BeirDataset(args.data), []
     if trained is not None and late_model and settings.dev_fraction and any(n in NEEDS_LATE for n in systems):
         # the dev rule, as for the reranker: MaxSim served only where the held-out train queries show a gain
-        from twostage.eval.workflows import choose_maxsim
+        from twostage.eval.workflows import choose_maxsim, record_maxsim_choice
 
         choice = choose_maxsim(dataset, args.train_split, settings.dev_fraction, settings.seed, options)
         options, stages = replace(options, maxsim_blend=choice.weight), [choice.line]
+        if trained.late:  # kept with the model: an engine built with it serves the same choice
+            record_maxsim_choice(trained.late, choice)
     if trained and trained.reranker:
         from twostage.eval.workflows import reranker_choice
 

@@ -74,6 +74,38 @@ def _dev_choice(path: str, _mtime: int) -> DevChoice:
                      None if calibration is None else _calibration(calibration, path))
 
 
+MAXSIM_CHOICE = "maxsim_choice"  # the late model's training record: what the one command chose for it on dev
+
+
+def maxsim_choice(model_dir: str | Path | None) -> float | None:
+    """The MaxSim weight against the first stage chosen on dev for the late-interaction model in ``model_dir`` (the
+    one command's dev rule, :func:`twostage.eval.workflows.choose_maxsim`, records it in the model's training record;
+    0.0: MaxSim off); None when nothing was chosen for it (a model trained alone, a ColBERT checkpoint, a name)."""
+    if model_dir is None or not (Path(model_dir) / "twostage.json").is_file():
+        return None
+    from twostage.models.model_meta import read_model_meta
+
+    path = Path(model_dir) / "twostage.json"
+    meta = read_model_meta(Path(model_dir))
+    chosen = meta[2].get(MAXSIM_CHOICE) if meta is not None else None
+    if chosen is None:
+        return None
+    if not isinstance(chosen, dict) or "weight" not in chosen:
+        raise ConfigError(f"{path}: training.{MAXSIM_CHOICE} must be an object with a weight; restore the model "
+                          "directory or train it again")
+    return _blend(chosen["weight"], str(path), f"{MAXSIM_CHOICE}.weight")
+
+
+def with_maxsim_choice(settings: EngineSettings, late_model: str | Path | None) -> EngineSettings:
+    """``settings`` with the MaxSim weight chosen on dev for ``late_model`` (:func:`maxsim_choice`): a weight of
+    0.0 switches the stage off (``maxsim=False``: the token vectors stay, a search may still ask for it); as they
+    are when nothing was chosen."""
+    weight = maxsim_choice(late_model)
+    if weight is None:
+        return settings
+    return replace(settings, maxsim=weight > 0.0, maxsim_blend=weight if weight > 0.0 else settings.maxsim_blend)
+
+
 def _blend(value: Any, path: str, key: str) -> float:
     if value is None or not is_blend(value):
         raise ConfigError(f"{path}: {key} must be a number in [0, 1], got {value!r}; restore the model directory or "

@@ -58,8 +58,9 @@ def engine_for(corpus: Corpus, options: SystemOptions, *, need_reranker: bool = 
     if key not in shared:
         shared[key] = _build_engine(corpus, options)
     engine = shared[key]
-    if options.maxsim_blend != "auto" and engine.manifest.late is not None:  # a view: the engine is shared
-        engine = engine.with_settings(maxsim_blend=float(options.maxsim_blend))
+    weight = maxsim_weight(options)
+    if weight is not None and engine.manifest.late is not None:  # a view: the engine is shared
+        engine = engine.with_settings(maxsim_blend=weight)
     if need_reranker and engine.manifest.reranker is None:
         raise ConfigError("the +rerank systems need a cross-encoder: pass --reranker-model NAME_OR_DIR"
                           + (f" (engine {options.engine} has none; rebuild it with --reranker)" if options.engine else ""))
@@ -69,6 +70,16 @@ def engine_for(corpus: Corpus, options: SystemOptions, *, need_reranker: bool = 
                           + (f" (engine {options.engine} has none; add them with `twostage late`)" if options.engine
                              else ""))
     return engine
+
+
+def maxsim_weight(options: SystemOptions) -> float | None:
+    """MaxSim's weight for the +maxsim systems: the options' number, else (``"auto"``) the weight chosen on dev for
+    the late model (:func:`twostage.engine.knobs.maxsim_choice`), else None (the engine's own setting)."""
+    if options.maxsim_blend != "auto":
+        return float(options.maxsim_blend)
+    from twostage.engine.knobs import maxsim_choice
+
+    return maxsim_choice(options.late_model)
 
 
 def _build_engine(corpus: Corpus, options: SystemOptions) -> Any:
@@ -113,7 +124,7 @@ def _view(first_stage: str, rerank: bool, maxsim: bool = False) -> SystemFactory
     def build(corpus: Corpus, options: SystemOptions) -> SearchSystem:
         engine = engine_for(corpus, options, need_reranker=rerank, need_retriever=first_stage != "bm25",
                             need_late=maxsim)
-        served = maxsim and options.maxsim_blend != 0.0  # a weight of 0.0 chosen on dev: MaxSim off, as served
+        served = maxsim and maxsim_weight(options) != 0.0  # a weight of 0.0 chosen on dev: MaxSim off, as served
         return engine.as_retriever(first_stage=first_stage, rerank=rerank, maxsim=served)
 
     return build

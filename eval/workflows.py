@@ -108,6 +108,18 @@ def choose_maxsim(dataset: BeirDataset, train_split: str, dev_fraction: float, s
     return StageChoice("MaxSim", choice.alpha, choice.dev_by_alpha, len(dev))
 
 
+def record_maxsim_choice(model_dir: str | Path, choice: StageChoice, first_stage: str = "hybrid") -> None:
+    """Keep what dev chose for the late-interaction model in ``model_dir`` in its training record
+    (:data:`twostage.engine.knobs.MAXSIM_CHOICE`), so that an engine built with it later (``twostage build
+    --late-interaction``, ``bench --late-model``) serves the same weight (0.0: MaxSim off)."""
+    from twostage.engine.knobs import MAXSIM_CHOICE
+    from twostage.models.model_meta import record_training
+
+    record_training(Path(model_dir), MAXSIM_CHOICE, {
+        "weight": choice.weight, "first_stage": first_stage, "dev_queries": choice.dev_queries,
+        "dev_by_weight": [list(p) for p in choice.dev_by_weight]})
+
+
 def reranker_choice(model_dir: str | Path, first_stage: str = "hybrid") -> StageChoice | None:
     """What the reranker's training chose on dev after ``first_stage`` (its training record beside the weights), as
     a :class:`StageChoice`; None for a model trained without dev queries."""

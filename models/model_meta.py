@@ -10,7 +10,8 @@ from typing import Any
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.manifest import library_versions
 
-__all__ = ["FILE", "FORMAT", "FORMAT_VERSION", "KINDS", "read_json_object", "read_model_meta", "write_model_meta"]
+__all__ = ["FILE", "FORMAT", "FORMAT_VERSION", "KINDS", "read_json_object", "read_model_meta", "record_training",
+           "write_model_meta"]
 
 FILE = "twostage.json"
 FORMAT, FORMAT_VERSION = "twostage.model", 1
@@ -30,6 +31,19 @@ def write_model_meta(directory: Path, kind: str, base: str, settings: dict[str, 
     if languages:  # what the base model's card says it covers (twostage.models.model_card)
         meta["languages"] = list(languages)
     (directory / FILE).write_text(json.dumps(meta, indent=2, default=str) + "\n", encoding="utf-8")
+
+
+def record_training(directory: Path, key: str, value: Any) -> None:
+    """Add ``key`` to the training record of the model in ``directory`` (a choice made after its training, e.g. the
+    MaxSim weight the one command chose on dev), written through a temporary file and a rename."""
+    from twostage.indexer.atomic import atomic_write_text
+
+    f = Path(directory) / FILE
+    meta = read_json_object(f, "restore the model directory or train it again")
+    if "format" not in meta or not isinstance(meta.get("training", {}), dict):
+        raise ConfigError(f"{f}: not a twostage model description with a training record; train the model again")
+    meta["training"] = {**meta.get("training", {}), key: value}
+    atomic_write_text(f, json.dumps(meta, indent=2, default=str) + "\n")
 
 
 def read_json_object(path: Path, remedy: str = "restore the model directory") -> dict[str, Any]:

@@ -670,3 +670,44 @@ def test_maxsim_steps_aside_for_a_language_its_model_does_not_list(tmp_path, mod
             first = engine.ranked(query, 5, rerank=False, maxsim=False)
             assert [h.id for h in hits] == list(first.ids)
     engine.close()
+
+
+def test_the_maxsim_weight_chosen_on_dev_travels_with_the_model(tmp_path, tiny_bert_dir, sample_dir, models, capsys):
+    """#83: the weight the one command's dev rule chose for MaxSim is kept in the late model's training record; an
+    engine built with that model serves it (0.0: MaxSim off by default, a search may still ask for it), and so do
+    bench's +maxsim systems; a damaged record is one clear error and no engine."""
+    from twostage import SearchEngine
+    from twostage.app.cli import main
+    from twostage.engine.knobs import MAXSIM_CHOICE, maxsim_choice, with_maxsim_choice
+    from twostage.engine.settings import EngineSettings
+    from twostage.eval.systems import SystemOptions, maxsim_weight
+    from twostage.eval.workflows import StageChoice, record_maxsim_choice, train
+    from twostage.models.model_meta import record_training
+    from twostage.retriever.recipe import RetrieverRecipe
+    from twostage.retriever.trainer import TrainConfig
+
+    late = tmp_path / "late"
+    train(RetrieverRecipe(train=TrainConfig(epochs=1, batch_size=8, lr=1e-3, bf16=False), negatives=1, late=True),
+          sample_dir, "train", late, base=str(tiny_bert_dir), dev_fraction=0.2)
+    assert maxsim_choice(late) is None and with_maxsim_choice(EngineSettings(), late) == EngineSettings()
+    record_maxsim_choice(late, StageChoice("MaxSim", 0.0, ((0.0, 0.61), (0.3, 0.60)), 8))
+    assert maxsim_choice(late) == 0.0 and maxsim_weight(SystemOptions(late_model=str(late))) == 0.0
+    assert maxsim_weight(SystemOptions(late_model=str(late), maxsim_blend=0.2)) == 0.2
+    build = ["build", "--corpus", str(SAMPLE), "--retriever", str(models[0]), "--late-interaction", str(late),
+             "--passage-words", "0", "--device", "cpu"]
+    assert main([*build, "--out", str(tmp_path / "off")]) == 0
+    assert "off by default (the weight chosen on dev was 0.0" in capsys.readouterr().out
+    off = SearchEngine.load(tmp_path / "off")
+    assert off.settings.maxsim is False and "maxsim" not in off.search("rain and snow", 3).hits[0].stage_scores
+    assert "maxsim" in off.search("rain and snow", 3, maxsim=True).hits[0].stage_scores
+    record_maxsim_choice(late, StageChoice("MaxSim", 0.4, ((0.0, 0.61), (0.4, 0.70)), 8))
+    assert main([*build, "--out", str(tmp_path / "on")]) == 0
+    assert "weight 0.4 against the first stage" in capsys.readouterr().out
+    on = SearchEngine.load(tmp_path / "on").settings
+    assert on.maxsim is True and on.maxsim_blend == 0.4
+    assert main([*build, "--out", str(tmp_path / "given"), "--maxsim-blend", "0.9"]) == 0  # the flag wins
+    assert SearchEngine.load(tmp_path / "given").settings.maxsim_blend == 0.9
+    record_training(late, MAXSIM_CHOICE, {"weight": 3})
+    capsys.readouterr()
+    assert main([*build, "--out", str(tmp_path / "bad")]) == 2
+    assert f"{MAXSIM_CHOICE}.weight" in capsys.readouterr().err and not (tmp_path / "bad").exists()
