@@ -313,6 +313,8 @@ def test_bench_trains_a_maxsim_model_for_the_maxsim_systems(tmp_path, sample_dir
     assert line.startswith("MaxSim: ") and "Stages chosen on dev" in (tmp_path / "o" / "report.md").read_text()
     quality = {s: {m: v for m, v in metrics[s].items() if "@" in m} for s in metrics}
     assert (quality["hybrid+maxsim"] == quality["hybrid"]) == line.startswith("MaxSim: off")
+    chosen = json.loads((late / "twostage.json").read_text())["training"]["maxsim_choice"]  # kept with the model
+    assert (chosen["weight"] == 0.0) == line.startswith("MaxSim: off") and chosen["first_stage"] == "hybrid"
     capsys.readouterr()
     assert main([*args, "--train-split", "train", "--late-model", str(late), "--retriever-model",
                  str(tmp_path / "o.models" / "retriever"), "--out", str(tmp_path / "p")]) == 0

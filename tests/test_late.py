@@ -619,17 +619,16 @@ def test_the_teachers_scores_are_cached_and_resumed(tmp_path):
 def test_a_late_model_distils_a_cross_encoder(tmp_path, tiny_bert_dir, sample_dir, models, monkeypatch):
     """#83: RetrieverRecipe(late=True) with a teacher trains on the cross-encoder's margins over MaxSim
     (maxsim_margin_mse), its scores kept beside the model; a reranker recipe refuses a teacher."""
+    from dataclasses import replace
+
     import pandas as pd
 
     from twostage.eval.workflows import train
     from twostage.models.model_meta import read_model_meta
     from twostage.reranker.training import RerankerConfig
+    from twostage.retriever import objectives
     from twostage.retriever.recipe import RetrieverRecipe
     from twostage.retriever.trainer import TrainConfig
-
-    from dataclasses import replace
-
-    from twostage.retriever import objectives
 
     _, reranker = models
     used = []
