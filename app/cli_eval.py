@@ -86,6 +86,8 @@ def _bench(args: argparse.Namespace) -> int:
 
         chosen = reranker_choice(trained.reranker)
         stages += [chosen.line] if chosen is not None else []
+    elif not stages:  # given models: what their own training chose on its dev queries, as this run serves it
+        stages = _recorded_stages(systems, late_model, reranker_model, options)
     result = run_bench(dataset, args.split, args.systems, k=args.k, ignore_identical_ids=identical[0],
                        options=options, rel_level=args.rel_level, show_progress=not args.quiet)
     phases = {**(trained.seconds if trained else {}), "evaluate_s": time.perf_counter() - t}
@@ -100,6 +102,24 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+
+
+def _recorded_stages(systems: list[str], late_model: str | None, reranker_model: str | None,
+                     options: Any) -> list[str]:
+    """The stage weights given models carry from the dev queries of their own training (another collection's, for a
+    model used zero-shot), in words, for the report's "Stages chosen on dev"."""
+    from twostage.eval.systems import NEEDS_LATE, NEEDS_RERANKER
+    from twostage.eval.workflows import recorded_maxsim_choice, reranker_choice
+
+    lines = []
+    maxsim = recorded_maxsim_choice(late_model) if any(n in NEEDS_LATE for n in systems) else None
+    if maxsim is not None and options.maxsim_blend == "auto":
+        lines.append(f"{maxsim.line} (recorded with {late_model} by its training)")
+    rerank = (reranker_choice(reranker_model) if reranker_model and Path(reranker_model).is_dir()
+              and any(n in NEEDS_RERANKER for n in systems) else None)
+    if rerank is not None and options.rerank_blend == "auto":
+        lines.append(f"{rerank.line} (recorded with {reranker_model} by its training)")
+    return lines
 
 
 def add_significance_flags(parser: argparse.ArgumentParser, baseline: str | None = "bm25") -> None:

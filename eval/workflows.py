@@ -120,6 +120,20 @@ def record_maxsim_choice(model_dir: str | Path, choice: StageChoice, first_stage
         "dev_by_weight": [list(p) for p in choice.dev_by_weight]})
 
 
+def recorded_maxsim_choice(model_dir: str | Path | None) -> StageChoice | None:
+    """What the one command chose on dev for the late-interaction model in ``model_dir`` (:func:`record_maxsim_choice`),
+    as a :class:`StageChoice`; None when nothing was recorded."""
+    from twostage.engine.knobs import MAXSIM_CHOICE, maxsim_choice
+    from twostage.models.model_meta import read_model_meta
+
+    weight = maxsim_choice(model_dir)  # checked
+    if weight is None or model_dir is None:
+        return None
+    chosen = read_model_meta(Path(model_dir))[2][MAXSIM_CHOICE]  # type: ignore[index]  # maxsim_choice read it
+    curve = chosen.get("dev_by_weight") or [[weight, float("nan")]]
+    return StageChoice("MaxSim", weight, tuple((float(a), float(m)) for a, m in curve), int(chosen.get("dev_queries", 0)))
+
+
 def reranker_choice(model_dir: str | Path, first_stage: str = "hybrid") -> StageChoice | None:
     """What the reranker's training chose on dev after ``first_stage`` (its training record beside the weights), as
     a :class:`StageChoice`; None for a model trained without dev queries."""

@@ -325,6 +325,12 @@ def test_bench_trains_a_maxsim_model_for_the_maxsim_systems(tmp_path, sample_dir
     for system in metrics:  # the same models, the same quality (latency aside)
         assert {m: v for m, v in again[system].items() if "@" in m} == {
             m: v for m, v in metrics[system].items() if "@" in m}
+    assert main([*args[:10], "--late-model", str(late), "--retriever-model", str(tmp_path / "o.models" / "retriever"),
+                 "--out", str(tmp_path / "q")]) == 0  # no training: the weight recorded with the model, said so
+    config3 = json.loads((tmp_path / "q" / "config.json").read_text())
+    assert config3["stages"] == [f"{line} (recorded with {late} by its training)"]
+    served = json.loads((tmp_path / "q" / "metrics.json").read_text())["hybrid+maxsim"]  # the same weight served
+    assert {m: v for m, v in served.items() if "@" in m} == {m: v for m, v in again["hybrid+maxsim"].items() if "@" in m}
 
 
 def test_training_flags_are_generated_from_the_recipe_table():
