@@ -77,23 +77,52 @@ def _dev_choice(path: str, _mtime: int) -> DevChoice:
 MAXSIM_CHOICE = "maxsim_choice"  # the late model's training record: what the one command chose for it on dev
 
 
-def maxsim_choice(model_dir: str | Path | None) -> float | None:
-    """The MaxSim weight against the first stage chosen on dev for the late-interaction model in ``model_dir`` (the
-    one command's dev rule, :func:`twostage.eval.workflows.choose_maxsim`, records it in the model's training record;
-    0.0: MaxSim off); None when nothing was chosen for it (a model trained alone, a ColBERT checkpoint, a name)."""
+@dataclass(frozen=True)
+class MaxSimChoice:
+    """What the one command chose on dev for a late-interaction model: MaxSim's ``weight`` against the first stage
+    (0.0: off), the dev metric at every weight tried and the number of dev queries."""
+
+    weight: float
+    dev_by_weight: tuple[tuple[float, float], ...] = ()
+    dev_queries: int = 0
+
+
+def maxsim_record(model_dir: str | Path | None) -> MaxSimChoice | None:
+    """The MaxSim choice recorded in the training record of the late-interaction model in ``model_dir`` (the one
+    command's dev rule, :func:`twostage.eval.workflows.choose_maxsim`, puts it there), checked; None when nothing was
+    chosen for it (a model trained alone, a ColBERT checkpoint, a name)."""
     if model_dir is None or not (Path(model_dir) / "twostage.json").is_file():
         return None
+    path = Path(model_dir) / "twostage.json"
+    return _maxsim_record(str(path), path.stat().st_mtime_ns)
+
+
+@lru_cache(maxsize=64)
+def _maxsim_record(path: str, _mtime: int) -> MaxSimChoice | None:
     from twostage.models.model_meta import read_model_meta
 
-    path = Path(model_dir) / "twostage.json"
-    meta = read_model_meta(Path(model_dir))
+    meta = read_model_meta(Path(path).parent)
     chosen = meta[2].get(MAXSIM_CHOICE) if meta is not None else None
     if chosen is None:
         return None
     if not isinstance(chosen, dict) or "weight" not in chosen:
         raise ConfigError(f"{path}: training.{MAXSIM_CHOICE} must be an object with a weight; restore the model "
                           "directory or train it again")
-    return _blend(chosen["weight"], str(path), f"{MAXSIM_CHOICE}.weight")
+    curve = chosen.get("dev_by_weight") or []
+    if not isinstance(curve, list) or not all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(v, (int, float)) for v in p) for p in curve):
+        raise ConfigError(f"{path}: training.{MAXSIM_CHOICE}.dev_by_weight must list [weight, dev score] pairs; "
+                          "restore the model directory or train it again")
+    queries = chosen.get("dev_queries", 0)
+    return MaxSimChoice(_blend(chosen["weight"], path, f"{MAXSIM_CHOICE}.weight"),
+                        tuple((float(a), float(m)) for a, m in curve), queries if isinstance(queries, int) else 0)
+
+
+def maxsim_choice(model_dir: str | Path | None) -> float | None:
+    """The MaxSim weight chosen on dev for the late-interaction model in ``model_dir`` (:func:`maxsim_record`; 0.0:
+    MaxSim off), None when nothing was chosen for it."""
+    record = maxsim_record(model_dir)
+    return None if record is None else record.weight
 
 
 def with_maxsim_choice(settings: EngineSettings, late_model: str | Path | None) -> EngineSettings:

@@ -123,15 +123,13 @@ def record_maxsim_choice(model_dir: str | Path, choice: StageChoice, first_stage
 def recorded_maxsim_choice(model_dir: str | Path | None) -> StageChoice | None:
     """What the one command chose on dev for the late-interaction model in ``model_dir`` (:func:`record_maxsim_choice`),
     as a :class:`StageChoice`; None when nothing was recorded."""
-    from twostage.engine.knobs import MAXSIM_CHOICE, maxsim_choice
-    from twostage.models.model_meta import read_model_meta
+    from twostage.engine.knobs import maxsim_record
 
-    weight = maxsim_choice(model_dir)  # checked
-    if weight is None or model_dir is None:
+    record = maxsim_record(model_dir)
+    if record is None:
         return None
-    chosen = read_model_meta(Path(model_dir))[2][MAXSIM_CHOICE]  # type: ignore[index]  # maxsim_choice read it
-    curve = chosen.get("dev_by_weight") or [[weight, float("nan")]]
-    return StageChoice("MaxSim", weight, tuple((float(a), float(m)) for a, m in curve), int(chosen.get("dev_queries", 0)))
+    return StageChoice("MaxSim", record.weight, record.dev_by_weight or ((record.weight, float("nan")),),
+                       record.dev_queries)
 
 
 def reranker_choice(model_dir: str | Path, first_stage: str = "hybrid") -> StageChoice | None:
