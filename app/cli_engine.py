@@ -511,11 +511,13 @@ def _late(args: argparse.Namespace) -> int:
 
     engine = SearchEngine.load(args.engine, verify=False, device=args.device)
     new = engine.late_interaction(args.model, dim=args.dim, bits=args.bits, show_progress=not args.quiet,
-                                  trust_remote_code=args.trust_remote_code)
+                                  trust_remote_code=args.trust_remote_code, serve_choice=not args.keep_settings)
     assert new.tokens is not None
     tokens = sum(s.tokens for s in new.tokens.segments)
-    print(f"token vectors of {new.manifest.late.name if new.manifest.late else args.model}: {new.tokens.dim}-d, "
-          f"{tokens:,} tokens, {new.tokens.bytes / 1e6:.1f} MB; version {new.version}")
+    name = new.manifest.late.name if new.manifest.late else args.model
+    print(f"token vectors of {name}: {new.tokens.dim}-d, {tokens:,} tokens, {new.tokens.bytes / 1e6:.1f} MB; "
+          f"version {new.version}")
+    print(f"MaxSim: {maxsim_stage_line(new.settings, name)}")
     return 0
 
 
@@ -740,6 +742,8 @@ def add_commands(sub: Any, only: str | None = None) -> None:
                     "(fitted on the corpus; default 0: the model's own)")
     la.add_argument("--bits", type=int, default=8, choices=(8, 4), help="bits a dimension (default 8)")
     la.add_argument("--trust-remote-code", action="store_true", help="let the model run Python code shipped with it")
+    la.add_argument("--keep-settings", action="store_true", help="leave the engine's MaxSim settings as they are "
+                    "(default: serve the weight the model's training chose on dev, when it recorded one)")
     add_device_flag(la)
     la.set_defaults(func=_late)
     sw = sub.add_parser("swap", help=help_of("swap"))

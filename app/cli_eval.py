@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from twostage.app.cli import help_of
-from twostage.app.cli_engine import add_device_flag, add_renamed_flags, blend_setting
+from twostage.app.cli_engine import add_device_flag, add_renamed_flags, blend_setting, parse_blend
 from twostage.engine.settings import EngineSettings
 from twostage.indexer.errors import ConfigError, DataError
 from twostage.models.device import PRECISIONS
@@ -62,6 +62,7 @@ def _bench(args: argparse.Namespace) -> int:
                             backend=args.backend,
                             reranker_model=reranker_model, rerank_depth=args.rerank_depth, late_model=late_model,
                             rerank_blend=blend_setting(args.rerank_blend),
+                            maxsim_blend=bench_maxsim_blend(args.maxsim_blend),
                             batch_size=args.batch_size, show_progress=not args.quiet, device=args.device,
                             language=None if args.language == "legacy" else args.language)
     check_test(args.test, args.correction)
@@ -73,7 +74,8 @@ def _bench(args: argparse.Namespace) -> int:
         return _suite(args, collections, identical, options, retriever_model, reranker_model)
     t = time.perf_counter()
     dataset, stages = BeirDataset(args.data), []
-    if trained is not None and late_model and settings.dev_fraction and any(n in NEEDS_LATE for n in systems):
+    if (trained is not None and late_model and settings.dev_fraction and options.maxsim_blend == "auto"
+            and any(n in NEEDS_LATE for n in systems)):
         # the dev rule, as for the reranker: MaxSim served only where the held-out train queries show a gain
         from twostage.eval.workflows import choose_maxsim, record_maxsim_choice
 
@@ -102,6 +104,15 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+
+
+def bench_maxsim_blend(value: str) -> float | str:
+    """A bench's --maxsim-blend: auto or a number in [0, 1]."""
+    blend = parse_blend(value, "--maxsim-blend")
+    if blend == "none":
+        raise ConfigError("bench --maxsim-blend must be auto or a number in [0, 1] (1: MaxSim's order alone), "
+                          "got 'none'")
+    return blend  # type: ignore[return-value]  # auto or a number: parse_blend checked it
 
 
 def _recorded_stages(systems: list[str], late_model: str | None, reranker_model: str | None,
@@ -309,6 +320,10 @@ def add_commands(sub: Any, only: str | None = None) -> None:
     bench.add_argument("--rerank-blend", default="auto",
                        help="the reranker's weight against the first stage: auto (an --engine's own setting, else "
                             "the value the reranker chose on dev, if any), none (reranker alone) or a number in [0, 1]")
+    bench.add_argument("--maxsim-blend", default="auto",
+                       help="MaxSim's weight against the first stage in the +maxsim systems: auto (with --train-split "
+                            "chosen on dev, else the one the --late-model's training recorded, else the engine's "
+                            "setting) or a number in [0, 1]")
     bench.add_argument("--precision", default=None, choices=list(PRECISIONS),
                        help="inference precision of both models (default: an --engine's own, else auto: with the "
                        "openvino extra "

@@ -161,6 +161,29 @@ def one_se_blend(curve: Sequence[tuple[float, np.ndarray]]) -> float:
     raise AssertionError("unreachable: the best alpha is within its own error")  # pragma: no cover
 
 
+def gated_best_blend(curve: Sequence[tuple[float, np.ndarray]]) -> float:
+    """Of the alphas whose per-query gain over the smallest alpha (the first stage alone) is more than one standard
+    error of that gain, the one with the best mean (equal means: the smallest); none of them: the smallest alpha
+    (the stage off)."""
+    ordered = sorted(curve, key=lambda r: r[0])
+    first = np.asarray(ordered[0][1], dtype=np.float64)
+    best, best_mean = float(ordered[0][0]), float(first.mean())
+    for alpha, values in ordered[1:]:
+        gain = np.asarray(values, dtype=np.float64) - first
+        se = float(gain.std(ddof=1) / np.sqrt(len(gain))) if len(gain) > 1 else 0.0
+        if float(gain.mean()) > se + 1e-12 and float(np.mean(values)) > best_mean + 1e-12:
+            best, best_mean = float(alpha), float(np.mean(values))
+    return best
+
+
+BLEND_RULES = {"one_se": one_se_blend, "gated_best": gated_best_blend}  # how a stage's weight is chosen on dev
+
+
+def maxsim_rule(curve: Sequence[tuple[float, np.ndarray]]) -> float:
+    """MaxSim's weight from its dev curve (each weight with one value a query): :func:`one_se_blend`."""
+    return one_se_blend(curve)
+
+
 @dataclass(frozen=True)
 class Reranked:
     """One query's final list and the reranker's own score of each reranked document (by id)."""

@@ -521,14 +521,16 @@ class SearchEngine(SearchMethods):
         return EngineWriter(self).compact()
 
     def late_interaction(self, model: str | Path, *, dim: int = 0, bits: int = 8, show_progress: bool = False,
-                         trust_remote_code: bool = False) -> SearchEngine:
+                         trust_remote_code: bool = False, serve_choice: bool = False) -> SearchEngine:
         """A new version with every row's token vectors by ``model`` (a ColBERT checkpoint, or a bi-encoder read
         token by token), so that MaxSim reorders the first stage's top ``maxsim_depth``; returns it. ``dim``: store
-        them projected to this many dimensions (0: the model's); ``bits``: 8 or 4 a dimension."""
+        them projected to this many dimensions (0: the model's); ``bits``: 8 or 4 a dimension; ``serve_choice``:
+        serve the MaxSim weight the model's training chose on dev (in the same commit; none recorded: the settings
+        as they are)."""
         from twostage.engine.writes import EngineWriter
 
         return EngineWriter(self).late_interaction(model, dim=dim, bits=bits, show_progress=show_progress,
-                                       trust_remote_code=trust_remote_code)
+                                                   trust_remote_code=trust_remote_code, serve_choice=serve_choice)
 
     def configure(self, settings: EngineSettings | None = None, **changes: Any) -> SearchEngine:
         """A new version with other search settings (first stage, depths, blend, rerank, precision); the documents

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from twostage.engine.fusion import GRID, InterpolationChoice, one_se_blend, reorders
+from twostage.engine.fusion import GRID, InterpolationChoice, maxsim_rule, one_se_blend, reorders
 from twostage.engine.search import SearchMethods
 from twostage.engine.settings import FIRST_STAGES, EngineSettings
 from twostage.indexer.beir import BeirDataset
@@ -218,12 +218,11 @@ def select_blend(engine: SearchMethods, model: Any, queries: Sequence[Query], qr
                                tuple((name, one_se_blend(curve), means(curve)) for name, curve in curves.items()))
 
 
-def select_maxsim_blend(engine: SearchMethods, queries: Sequence[Query], qrels: Qrels, metric: DevMetric,
-                        grid: Sequence[float] = GRID, *, show_progress: bool = False) -> InterpolationChoice:
-    """MaxSim's weight against the engine's first stage chosen on dev ``queries``, as the reranker's is: every
-    weight of ``grid`` searched through ``engine`` (which has token vectors) with MaxSim reading its
-    ``maxsim_depth``, 0.0 being the first stage alone (MaxSim off), and the smallest weight within one standard error
-    of the best kept (:func:`one_se_blend`): MaxSim stays off unless dev shows it gains."""
+def maxsim_curve(engine: SearchMethods, queries: Sequence[Query], qrels: Qrels, metric: DevMetric,
+                 grid: Sequence[float] = GRID, *, show_progress: bool = False) -> list[tuple[float, np.ndarray]]:
+    """Each weight of ``grid`` with ``metric``'s value for every one of ``queries`` (in their order): the top 10 of
+    ``engine`` (which has token vectors) with MaxSim blended at that weight after the first stage, reading its
+    ``maxsim_depth`` (0.0: the first stage alone), the reranker off."""
     if not queries:
         raise ConfigError("choosing MaxSim's blend needs held-out queries")
     if engine.manifest.late is None:
@@ -236,7 +235,15 @@ def select_maxsim_blend(engine: SearchMethods, queries: Sequence[Query], qrels: 
         view = engine.with_settings(maxsim=bool(reorders(float(a))), maxsim_blend=float(a), rerank=False)
         lists = view.as_retriever(rerank=False).search_batch(texts, 10)
         curve.append((float(a), np.asarray(metric(qrels, dict(zip(ids, lists))), dtype=np.float64)))
-    return InterpolationChoice(one_se_blend(curve), tuple((a, float(np.mean(v))) for a, v in curve))
+    return curve
+
+
+def select_maxsim_blend(engine: SearchMethods, queries: Sequence[Query], qrels: Qrels, metric: DevMetric,
+                        grid: Sequence[float] = GRID, *, show_progress: bool = False) -> InterpolationChoice:
+    """MaxSim's weight against the engine's first stage chosen on dev ``queries`` over :func:`maxsim_curve` by
+    :func:`~twostage.engine.fusion.maxsim_rule`: MaxSim stays off (0.0) unless dev shows it gains."""
+    curve = maxsim_curve(engine, queries, qrels, metric, grid, show_progress=show_progress)
+    return InterpolationChoice(maxsim_rule(curve), tuple((a, float(np.mean(v))) for a, v in curve))
 
 
 def choose_blend(result: FitResult, engine: SearchMethods, queries: Sequence[Query], qrels: Qrels, depth: int,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from twostage.engine.knobs import resolved_blends, with_model_languages
+from twostage.engine.knobs import resolved_blends, with_maxsim_choice, with_model_languages
 from twostage.engine.models import Models, NoRetriever
 from twostage.engine.on_disk import WHAT, EngineManifest, ModelRef, counts, engine_files, format_of
 from twostage.engine.search import ids_to_delete
@@ -214,13 +214,15 @@ class EngineWriter:
         """Rewrite the dense part without deleted rows (BM25 already holds only live documents)."""
         return self.commit_change(lambda base: (base.index.change_compact(), None))
 
-    def late_interaction(self, model: str | Path, *, dim: int = 0, bits: int = 8,
-                         show_progress: bool = False, trust_remote_code: bool = False) -> SearchEngine:
+    def late_interaction(self, model: str | Path, *, dim: int = 0, bits: int = 8, show_progress: bool = False,
+                         trust_remote_code: bool = False, serve_choice: bool = False) -> SearchEngine:
         """A new version with every row's token vectors by ``model`` (replacing those of another model), so that MaxSim
         reorders the first stage's candidates; documents and indexes are carried over as they are. ``dim``: store them
         projected to this many dimensions (0: the model's), the projection fitted on the corpus's first 64k tokens;
         ``bits``: 8 or 4 a dimension (:mod:`twostage.indexer.tokens`). The rows are encoded before the writer lock is
-        taken, and again under it only if a write committed meanwhile."""
+        taken, and again under it only if a write committed meanwhile. ``serve_choice``: the new version serves the
+        MaxSim weight the model's training chose on dev (:func:`twostage.engine.knobs.with_maxsim_choice`; its
+        settings as they are when none was recorded)."""
         import shutil
         import tempfile
 
@@ -294,7 +296,8 @@ class EngineWriter:
                     encode(base, work / "late")
                 return base.index.change_unchanged(), None
 
-            engine = self.commit_change(make, late=(ref, work / "late"))
+            engine = self.commit_change(make, late=(ref, work / "late"), settings_of=(
+                (lambda s: with_maxsim_choice(s, ref.path)) if serve_choice else None))
         finally:
             shutil.rmtree(work, ignore_errors=True)
         engine.use_models(late=late)
@@ -353,7 +356,8 @@ class EngineWriter:
     def commit_change(self, make: Callable[[SearchEngine], tuple[IndexChange, list[Document] | None]],
                       settings: EngineSettings | None = None, *, bm25: BM25Retriever | None = None,
                       pinned: bool = False, truncated: int = 0, tokens: CodedTokens | None = None,
-                      late: tuple[ModelRef, Path] | None = None) -> SearchEngine:
+                      late: tuple[ModelRef, Path] | None = None,
+                      settings_of: Callable[[EngineSettings], EngineSettings] | None = None) -> SearchEngine:
         """Lock, re-open the version current now, apply ``make`` to it, write every part, commit, return it.
 
         ``pinned``: start from this object's version, not CURRENT's (a shard, whose committed version is the one
@@ -361,7 +365,8 @@ class EngineWriter:
         caller (a shard's, with the whole corpus's statistics); by default it is built here. ``truncated``: how many
         of the new rows were longer than the retriever reads (a whole-document engine counts them); ``tokens``: the
         new rows' token vectors, when the engine has a late-interaction part; ``late``: a new late-interaction model and
-        its part, written for ``make``'s rows (which are unchanged).
+        its part, written for ``make``'s rows (which are unchanged); ``settings_of``: the new version's settings made
+        from those of the version current under the lock (when ``settings`` is not given).
         """
         engine = self.engine
         engine.check_writable()
@@ -393,7 +398,9 @@ class EngineWriter:
                 _write_engine(version.tmp, bm25, replace(base.manifest, documents=count, passages=rows,
                                                          truncated=base.manifest.truncated + (
                                                              0 if base.shape.enabled else truncated),
-                                                         settings=settings or base.manifest.settings,
+                                                         settings=settings or (
+                                                             settings_of(base.manifest.settings) if settings_of
+                                                             else base.manifest.settings),
                                                          late=late[0] if late is not None else base.manifest.late))
             return open_current(engine.root, lambda v, lease: engine.open_version(engine.root, v, lease, False,
                                                                                   engine.loaded_models), WHAT)

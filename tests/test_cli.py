@@ -331,6 +331,16 @@ def test_bench_trains_a_maxsim_model_for_the_maxsim_systems(tmp_path, sample_dir
     assert config3["stages"] == [f"{line} (recorded with {late} by its training)"]
     served = json.loads((tmp_path / "q" / "metrics.json").read_text())["hybrid+maxsim"]  # the same weight served
     assert {m: v for m, v in served.items() if "@" in m} == {m: v for m, v in again["hybrid+maxsim"].items() if "@" in m}
+    given = [*args[:10], "--late-model", str(late), "--retriever-model", str(tmp_path / "o.models" / "retriever")]
+    assert main([*given, "--maxsim-blend", "1", "--out", str(tmp_path / "r")]) == 0  # a given weight: no recorded one
+    assert json.loads((tmp_path / "r" / "config.json").read_text())["stages"] == []
+    alone = json.loads((tmp_path / "r" / "metrics.json").read_text())
+    assert {m: v for m, v in alone["hybrid"].items() if "@" in m} == {
+        m: v for m, v in again["hybrid"].items() if "@" in m}
+    capsys.readouterr()
+    for bad in ("none", "1.5"):
+        assert main([*given, "--maxsim-blend", bad, "--out", str(tmp_path / "s")]) == 2
+        assert "--maxsim-blend must be auto" in capsys.readouterr().err and not (tmp_path / "s").exists()
 
 
 def test_training_flags_are_generated_from_the_recipe_table():

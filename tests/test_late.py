@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import string
 from pathlib import Path
@@ -706,6 +707,16 @@ def test_the_maxsim_weight_chosen_on_dev_travels_with_the_model(tmp_path, tiny_b
     assert on.maxsim is True and on.maxsim_blend == 0.4
     assert main([*build, "--out", str(tmp_path / "given"), "--maxsim-blend", "0.9"]) == 0  # the flag wins
     assert SearchEngine.load(tmp_path / "given").settings.maxsim_blend == 0.9
+    plain = ["build", "--corpus", str(SAMPLE), "--retriever", str(models[0]), "--passage-words", "0", "--device", "cpu"]
+    assert main([*plain, "--out", str(tmp_path / "later")]) == 0  # token vectors added later: the same choice
+    before = SearchEngine.load(tmp_path / "later").settings
+    assert main(["late", str(tmp_path / "later"), "--model", str(late), "--device", "cpu", "--keep-settings"]) == 0
+    assert SearchEngine.load(tmp_path / "later").settings == before  # asked to: as they were
+    capsys.readouterr()
+    assert main(["late", str(tmp_path / "later"), "--model", str(late), "--device", "cpu"]) == 0
+    assert "weight 0.4 against the first stage" in capsys.readouterr().out.splitlines()[-1]
+    served = SearchEngine.load(tmp_path / "later").settings
+    assert served == dataclasses.replace(before, maxsim=True, maxsim_blend=0.4)
     record_training(late, MAXSIM_CHOICE, {"weight": 3})
     capsys.readouterr()
     assert main([*build, "--out", str(tmp_path / "bad")]) == 2

@@ -186,6 +186,19 @@ def test_blend_choice_is_the_smallest_within_one_standard_error():
     assert one_se_blend([first, (0.5, np.array([0.6, 0.6, 0.6, 0.62])), (1.0, np.array([0.9, 0.2, 0.9, 0.3]))]) == 0.5
 
 
+def test_gated_best_blend_keeps_the_best_only_when_it_beats_the_first_stage():
+    """The gated rule keeps the best weight (not the smallest near it) when its gain over the first stage alone is
+    beyond one standard error, and switches the stage off when the gain is noise."""
+    from twostage.engine.fusion import BLEND_RULES, gated_best_blend
+
+    first, middle = (0.0, np.array([0.5, 0.5, 0.5, 0.5])), (0.5, np.array([0.6, 0.6, 0.6, 0.6]))
+    assert gated_best_blend([(1.0, np.array([0.7, 0.7, 0.7, 0.71])), middle, first]) == 1.0  # order does not matter
+    assert gated_best_blend([first, middle, (1.0, np.array([1.0, 0.2, 1.0, 0.3]))]) == 0.5  # best mean, noisy: next
+    assert gated_best_blend([first, (0.5, np.array([0.9, 0.1, 0.9, 0.1]))]) == 0.0  # a noisy gain: off
+    assert gated_best_blend([first, (0.5, first[1].copy())]) == 0.0  # a tie: the first stage alone
+    assert set(BLEND_RULES) == {"one_se", "gated_best"}
+
+
 def test_search_policy_is_the_engines_not_the_models(tmp_path, tiny_bert_dir, sample_dir):
     """#64: a saved cross-encoder's settings hold no search policy (blend, calibration); what training chose on dev is
     its training record, which an engine built with ``rerank_blend="auto"`` writes into its own manifest as numbers.

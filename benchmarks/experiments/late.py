@@ -43,13 +43,17 @@ IGNORE_IDENTICAL = [False]
 
 
 def engine_dir(name: str, data: Path, work: Path, retriever: str) -> Path:
-    """The collection's plain engine (built once; the steering study's when it is there)."""
+    """The collection's plain engine (built once; with the zero-shot retriever, the steering study's when it is
+    there; a trained retriever's engine is named by its last two path parts)."""
     from twostage import SearchEngine
 
-    for path in (work / f"{name}-zeroshot", ROOT / "runs" / "steering" / f"{name}-zeroshot"):
+    zero_shot = retriever == "all-MiniLM-L6-v2"
+    tag = "zeroshot" if zero_shot else "-".join(Path(retriever).parts[-2:])
+    found = (work / f"{name}-{tag}",) + ((ROOT / "runs" / "steering" / f"{name}-zeroshot",) if zero_shot else ())
+    for path in found:
         if (path / "CURRENT").exists():
             return path
-    path = work / f"{name}-zeroshot"
+    path = found[0]
     t = time.perf_counter()
     SearchEngine.build(data, path, retriever=retriever, show_progress=True).close()
     print(f"built {name} in {time.perf_counter() - t:.0f} s", file=sys.stderr)
@@ -180,6 +184,39 @@ def choose(engine: Any, split: Any) -> dict[str, Any]:
     blend = blend_text.split()[1]
     return {"grid": grid, "best": best, "maxsim_blend": blend if blend == "none" else float(blend),
             "maxsim_depth": int(depth_text.split()[1])}
+
+
+def rules(engine: Any, split: Any, repeats: int) -> dict[str, Any]:
+    """Which rule for MaxSim's weight holds up on queries it did not see: the per-query dev curve over the library's
+    grid (:func:`twostage.engine.training.maxsim_curve`, the one command's search), then ``repeats`` random halves of
+    the dev queries: each rule of :data:`twostage.engine.fusion.BLEND_RULES` chooses on one half and is scored on
+    the other (and the other way round)."""
+    from twostage.engine.fusion import BLEND_RULES
+    from twostage.engine.training import maxsim_curve
+    from twostage.eval.metrics import ndcg10_by_query
+
+    curve = maxsim_curve(engine, list(split.queries), split.qrels, ndcg10_by_query, show_progress=True)
+    values = dict(curve)
+    n = len(curve[0][1])
+    rng = np.random.default_rng(0)
+    held: dict[str, list[float]] = {name: [] for name in BLEND_RULES}
+    chosen: dict[str, list[float]] = {name: [] for name in BLEND_RULES}
+    for _ in range(repeats):
+        order = rng.permutation(n)
+        for a, b in ((order[: n // 2], order[n // 2:]), (order[n // 2:], order[: n // 2])):
+            for name, rule in BLEND_RULES.items():
+                weight = rule([(w, v[a]) for w, v in curve])
+                chosen[name].append(weight)
+                held[name].append(float(values[weight][b].mean()))
+    base = np.asarray(held["one_se"])
+    return {"queries": n, "repeats": repeats, "curve": {f"{w:g}": float(v.mean()) for w, v in curve},
+            "full_dev_choice": {name: rule(curve) for name, rule in BLEND_RULES.items()},
+            "held_out": {name: {"mean": float(np.mean(v)), "vs_one_se": float(np.mean(np.asarray(v) - base)),
+                                "wins": float(np.mean(np.asarray(v) > base + 1e-12)),
+                                "losses": float(np.mean(np.asarray(v) < base - 1e-12)),
+                                "mean_weight": float(np.mean(chosen[name])),
+                                "off": float(np.mean(np.asarray(chosen[name]) == 0.0))}
+                         for name, v in held.items()}}
 
 
 def frontier(engine: Any, split: Any, reranker: Any, knobs: dict[str, Any],
@@ -321,6 +358,9 @@ def main() -> int:
     ap.add_argument("--codecs", default=None, metavar="DIM:BITS,...",
                     help="also store the token vectors projected to DIM dimensions (0: the model's) in BITS (8 or 4) "
                          "and measure each: storage, dev and test nDCG@10, latency")
+    ap.add_argument("--rules", type=int, default=0, metavar="REPEATS",
+                    help="compare the rules for MaxSim's weight on dev by REPEATS random halves (choose on one, score "
+                         "on the other), then stop")
     ap.add_argument("--no-frontier", action="store_true", help="build and choose only (the timed part needs the "
                     "machine to itself)")
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "late")
@@ -353,6 +393,14 @@ def main() -> int:
                               f"{__import__('os').cpu_count()} cores"}
     knobs: dict[str, Any] = {}
     dev = dev_split(ds, args.collection, args.model, result["model_training"])
+    if args.rules:
+        if dev is None:
+            raise SystemExit(f"{args.collection}: no dev queries to compare the rules on; leave out --rules")
+        result["dev_split"], result["rules"] = dev[1], rules(engine, dev[0], args.rules)
+        out = args.out or ROOT / "benchmarks" / "results" / f"late-rules-{args.collection}"
+        out.with_suffix(".json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+        print(json.dumps({"dev_split": dev[1], **result["rules"]}, indent=2))
+        return 0
     if args.choose:
         if dev is None:
             raise SystemExit(f"{args.collection}: no dev queries to choose on (no dev split, or {args.model} trained on "
