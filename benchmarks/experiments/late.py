@@ -332,6 +332,22 @@ def report(result: dict[str, Any], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def rules_report(result: dict[str, Any], command: str) -> str:
+    r = result["rules"]
+    lines = [f"# MaxSim's weight: which rule holds up on unseen dev queries ({result['collection']})", "",
+             f"Command: `{command}`", "",
+             f"Late model `{result['model']}` over an engine with retriever `{result['retriever']}`; dev: "
+             f"{result['dev_split']}, {r['queries']} queries. Each rule chooses the weight on one random half and is "
+             f"scored (nDCG@10 of hybrid -> MaxSim) on the other, both ways, {r['repeats']} random halvings.", "",
+             "Dev curve (all the dev queries): " + ", ".join(f"{w} {v:.4f}" for w, v in r["curve"].items()) + ".", "",
+             "| rule | weight on all of dev | held-out nDCG@10 (mean) | vs one_se | wins / losses vs one_se | "
+             "mean weight chosen | MaxSim off |", "|---|---|---|---|---|---|---|"]
+    for name, h in r["held_out"].items():
+        lines.append(f"| {name} | {r['full_dev_choice'][name]:g} | {h['mean']:.4f} | {h['vs_one_se']:+.4f} | "
+                     f"{h['wins']:.0%} / {h['losses']:.0%} | {h['mean_weight']:.2f} | {h['off']:.0%} |")
+    return "\n".join(lines) + "\n"
+
+
 def model_training(model: str) -> dict[str, Any] | None:
     """The training record in a model's ``twostage.json`` (None for a model trained elsewhere)."""
     card = Path(model) / "twostage.json"
@@ -399,7 +415,9 @@ def main() -> int:
         result["dev_split"], result["rules"] = dev[1], rules(engine, dev[0], args.rules)
         out = args.out or ROOT / "benchmarks" / "results" / f"late-rules-{args.collection}"
         out.with_suffix(".json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-        print(json.dumps({"dev_split": dev[1], **result["rules"]}, indent=2))
+        text = rules_report(result, "python benchmarks/experiments/late.py " + " ".join(sys.argv[1:]))
+        out.with_suffix(".md").write_text(text)
+        print(text)
         return 0
     if args.choose:
         if dev is None:
