@@ -189,7 +189,7 @@ def test_blend_choice_is_the_smallest_within_one_standard_error():
 def test_gated_best_blend_keeps_the_best_only_when_it_beats_the_first_stage():
     """The gated rule keeps the best weight (not the smallest near it) when its gain over the first stage alone is
     beyond one standard error, and switches the stage off when the gain is noise."""
-    from twostage.engine.fusion import BLEND_RULES, gated_best_blend
+    from twostage.engine.fusion import BLEND_RULES, gated_best_blend, maxsim_rule, one_se_blend
 
     first, middle = (0.0, np.array([0.5, 0.5, 0.5, 0.5])), (0.5, np.array([0.6, 0.6, 0.6, 0.6]))
     assert gated_best_blend([(1.0, np.array([0.7, 0.7, 0.7, 0.71])), middle, first]) == 1.0  # order does not matter
@@ -197,6 +197,8 @@ def test_gated_best_blend_keeps_the_best_only_when_it_beats_the_first_stage():
     assert gated_best_blend([first, (0.5, np.array([0.9, 0.1, 0.9, 0.1]))]) == 0.0  # a noisy gain: off
     assert gated_best_blend([first, (0.5, first[1].copy())]) == 0.0  # a tie: the first stage alone
     assert set(BLEND_RULES) == {"one_se", "gated_best"}
+    rising = [first, (0.5, np.array([0.7, 0.6, 0.7, 0.6])), (1.0, np.array([0.9, 0.5, 0.9, 0.5]))]
+    assert one_se_blend(rising) == 0.5 and maxsim_rule(rising) == 1.0  # MaxSim's weight: the gated rule's
 
 
 def test_search_policy_is_the_engines_not_the_models(tmp_path, tiny_bert_dir, sample_dir):
