@@ -80,11 +80,13 @@ MAXSIM_CHOICE = "maxsim_choice"  # the late model's training record: what the on
 @dataclass(frozen=True)
 class MaxSimChoice:
     """What the one command chose on dev for a late-interaction model: MaxSim's ``weight`` against the first stage
-    (0.0: off), the dev metric at every weight tried and the number of dev queries."""
+    (0.0: off), the dev metric at every weight tried, the number of dev queries and the rule that chose (a name in
+    :data:`twostage.engine.fusion.BLEND_RULES`; a record without one is from before the gated rule: ``one_se``)."""
 
     weight: float
     dev_by_weight: tuple[tuple[float, float], ...] = ()
     dev_queries: int = 0
+    rule: str = "one_se"
 
 
 def maxsim_record(model_dir: str | Path | None) -> MaxSimChoice | None:
@@ -113,9 +115,10 @@ def _maxsim_record(path: str, _mtime: int) -> MaxSimChoice | None:
             isinstance(p, list) and len(p) == 2 and all(isinstance(v, (int, float)) for v in p) for p in curve):
         raise ConfigError(f"{path}: training.{MAXSIM_CHOICE}.dev_by_weight must list [weight, dev score] pairs; "
                           "restore the model directory or train it again")
-    queries = chosen.get("dev_queries", 0)
+    queries, rule = chosen.get("dev_queries", 0), chosen.get("rule", "one_se")
     return MaxSimChoice(_blend(chosen["weight"], path, f"{MAXSIM_CHOICE}.weight"),
-                        tuple((float(a), float(m)) for a, m in curve), queries if isinstance(queries, int) else 0)
+                        tuple((float(a), float(m)) for a, m in curve), queries if isinstance(queries, int) else 0,
+                        rule if isinstance(rule, str) else "one_se")
 
 
 def maxsim_choice(model_dir: str | Path | None) -> float | None:

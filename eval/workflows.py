@@ -72,6 +72,7 @@ class StageChoice:
     weight: float
     dev_by_weight: tuple[tuple[float, float], ...]
     dev_queries: int
+    rule: str = "one_se"  # a name in twostage.engine.fusion.BLEND_RULES: how ``weight`` was chosen
 
     @property
     def served(self) -> bool:
@@ -87,7 +88,11 @@ class StageChoice:
                     f"{best:.3f}), so the engine does not serve it")
         return (f"{self.stage}: served at weight {self.weight:g} against the first stage, chosen on the "
                 f"{self.dev_queries} dev queries ({curve[self.weight]:.3f} against the first stage alone {base:.3f}; "
-                "the smallest weight within one standard error of the best)")
+                f"{RULE_WORDS.get(self.rule, self.rule)})")
+
+
+RULE_WORDS = {"one_se": "the smallest weight within one standard error of the best",
+              "gated_best": "the best weight whose gain over the first stage alone is more than one standard error"}
 
 
 def choose_maxsim(dataset: BeirDataset, train_split: str, dev_fraction: float, seed: int, options: SystemOptions, *,
@@ -105,7 +110,7 @@ def choose_maxsim(dataset: BeirDataset, train_split: str, dev_fraction: float, s
     dev = [q for q in dev if qrels.relevant(q.id)]
     engine = engine_for(dataset.corpus, options, need_late=True)
     choice = select_maxsim_blend(engine, dev, qrels, dev_metric, show_progress=options.show_progress)
-    return StageChoice("MaxSim", choice.alpha, choice.dev_by_alpha, len(dev))
+    return StageChoice("MaxSim", choice.alpha, choice.dev_by_alpha, len(dev), "gated_best")
 
 
 def record_maxsim_choice(model_dir: str | Path, choice: StageChoice, first_stage: str = "hybrid") -> None:
@@ -116,7 +121,7 @@ def record_maxsim_choice(model_dir: str | Path, choice: StageChoice, first_stage
     from twostage.models.model_meta import record_training
 
     record_training(Path(model_dir), MAXSIM_CHOICE, {
-        "weight": choice.weight, "first_stage": first_stage, "dev_queries": choice.dev_queries,
+        "weight": choice.weight, "first_stage": first_stage, "dev_queries": choice.dev_queries, "rule": choice.rule,
         "dev_by_weight": [list(p) for p in choice.dev_by_weight]})
 
 
@@ -129,7 +134,7 @@ def recorded_maxsim_choice(model_dir: str | Path | None) -> StageChoice | None:
     if record is None:
         return None
     return StageChoice("MaxSim", record.weight, record.dev_by_weight or ((record.weight, float("nan")),),
-                       record.dev_queries)
+                       record.dev_queries, record.rule)
 
 
 def reranker_choice(model_dir: str | Path, first_stage: str = "hybrid") -> StageChoice | None:

@@ -681,7 +681,7 @@ def test_the_maxsim_weight_chosen_on_dev_travels_with_the_model(tmp_path, tiny_b
     from twostage.engine.knobs import MAXSIM_CHOICE, maxsim_choice, with_maxsim_choice
     from twostage.engine.settings import EngineSettings
     from twostage.eval.systems import SystemOptions, maxsim_weight
-    from twostage.eval.workflows import StageChoice, record_maxsim_choice, train
+    from twostage.eval.workflows import StageChoice, record_maxsim_choice, recorded_maxsim_choice, train
     from twostage.models.model_meta import record_training
     from twostage.retriever.recipe import RetrieverRecipe
     from twostage.retriever.trainer import TrainConfig
@@ -700,7 +700,8 @@ def test_the_maxsim_weight_chosen_on_dev_travels_with_the_model(tmp_path, tiny_b
     off = SearchEngine.load(tmp_path / "off")
     assert off.settings.maxsim is False and "maxsim" not in off.search("rain and snow", 3).hits[0].stage_scores
     assert "maxsim" in off.search("rain and snow", 3, maxsim=True).hits[0].stage_scores
-    record_maxsim_choice(late, StageChoice("MaxSim", 0.4, ((0.0, 0.61), (0.4, 0.70)), 8))
+    record_maxsim_choice(late, StageChoice("MaxSim", 0.4, ((0.0, 0.61), (0.4, 0.70)), 8, "gated_best"))
+    assert recorded_maxsim_choice(late).rule == "gated_best"  # the rule travels with the choice
     assert main([*build, "--out", str(tmp_path / "on")]) == 0
     assert "weight 0.4 against the first stage" in capsys.readouterr().out
     on = SearchEngine.load(tmp_path / "on").settings
