@@ -100,6 +100,7 @@ def choose_maxsim(dataset: BeirDataset, train_split: str, dev_fraction: float, s
     """MaxSim's weight for the +maxsim systems chosen on the train split's held-out queries (the ones every model of
     the one command held out: ``dev_fraction`` and ``seed``), searched through the engine those systems are views of
     (:func:`twostage.engine.training.select_maxsim_blend`): 0.0, MaxSim off, unless dev shows a gain."""
+    from twostage.engine.fusion import MAXSIM_RULE
     from twostage.engine.training import select_maxsim_blend
     from twostage.eval.systems import engine_for
     from twostage.retriever.training_data import hold_out
@@ -110,7 +111,7 @@ def choose_maxsim(dataset: BeirDataset, train_split: str, dev_fraction: float, s
     dev = [q for q in dev if qrels.relevant(q.id)]
     engine = engine_for(dataset.corpus, options, need_late=True)
     choice = select_maxsim_blend(engine, dev, qrels, dev_metric, show_progress=options.show_progress)
-    return StageChoice("MaxSim", choice.alpha, choice.dev_by_alpha, len(dev), "gated_best")
+    return StageChoice("MaxSim", choice.alpha, choice.dev_by_alpha, len(dev), MAXSIM_RULE)
 
 
 def record_maxsim_choice(model_dir: str | Path, choice: StageChoice, first_stage: str = "hybrid") -> None:
