@@ -58,9 +58,10 @@ class TrainSettings:
     # 0.7817 at the epoch kept), on test 0.758 vs 0.764 (benchmarks/results/one_command_scifact.md, #83)
     distill_late: bool = False
     # the training budget of each model: at most this many (query, positive) pairs of the train split
-    # (retriever.training_data.within_budget: fewer positives a query, then a seeded sample of the queries; what was
-    # kept is in each model's training record). About SciFact's train split (919 pairs, which it leaves whole), whose
-    # one command fits this machine; NFCorpus's 110,575 come down to one positive for each of 1,000 queries. 0: all.
+    # (retriever.training_data.within_budget: fewer positives a query unless max_positives names them, then a seeded
+    # sample of the queries; what was kept is in each model's training record). About SciFact's train split (919
+    # pairs, which it leaves whole), whose one command fits this machine; NFCorpus's 110,575 come down to one positive
+    # for each of 1,000 queries. 0: all.
     max_pairs: int = 1000
 
     def aligned(self) -> TrainSettings:

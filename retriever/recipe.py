@@ -54,8 +54,8 @@ class RetrieverRecipe:
     dev_fraction: float = 0.0  # train queries held out for model selection
     dev_candidates: int = 30  # the dev engine holds the union of each dev query's BM25 top-N and its positives
     max_positives: int = 0  # at most this many relevant documents a query train, highest grades first (0: all)
-    # at most this many (query, positive) pairs: fewer positives a query, then a seeded sample of the queries, recorded
-    # as ``sampled`` in the training record (training_data.within_budget; 0: every pair)
+    # at most this many (query, positive) pairs: fewer positives a query (max_positives when set), then a seeded
+    # sample of the queries, recorded as ``sampled`` in the training record (training_data.within_budget; 0: every pair)
     max_pairs: int = 0
     max_length: int | None = None
     # train a late-interaction model (MaxSim over token vectors, objective "maxsim") from ``base`` instead of a

@@ -81,9 +81,10 @@ class Sampled:
 def within_budget(queries: Sequence[Query], qrels: Qrels, max_pairs: int, max_positives: int = 0,
                   seed: int = 0) -> tuple[list[Query], int, Sampled | None]:
     """The training queries and positives a query that make at most ``max_pairs`` (query, positive) pairs (0: no
-    budget): every query with ``max_positives`` when that fits; else the same positives for each query (at least one,
-    the highest grades first: :func:`positives`) and, if still too many, a seeded sample of the queries (their order
-    kept). Returns (queries, positives a query, what was sampled: None when everything fits)."""
+    budget): every query with ``max_positives`` when that fits; else the same positives for each query (the highest
+    grades first: :func:`positives`): ``max_positives`` when it names a number, else as many as the budget gives
+    each query (at least one), and, if still too many, a seeded sample of the queries (their order kept). Returns
+    (queries, positives a query, what was sampled: None when everything fits)."""
     if max_pairs < 0:
         raise ConfigError(f"max_pairs must be >= 0 (0: no budget), got {max_pairs}")
     queries = list(queries)
@@ -93,8 +94,7 @@ def within_budget(queries: Sequence[Query], qrels: Qrels, max_pairs: int, max_po
 
     if not max_pairs or not queries or sum(pairs(queries, max_positives)) <= max_pairs:
         return queries, max_positives, None
-    of_queries, cap = len(queries), max(1, max_pairs // len(queries))
-    cap = min(cap, max_positives) if max_positives else cap
+    of_queries, cap = len(queries), max_positives or max(1, max_pairs // len(queries))
     counts = pairs(queries, cap)
     if sum(counts) > max_pairs:  # a seeded draw of the queries, up to the budget
         kept, total = set(), 0

@@ -433,9 +433,10 @@ def test_train_keeps_the_recipe_s_dev_fraction(monkeypatch, tmp_path):
 
 def test_a_training_budget_keeps_fewer_positives_then_samples_queries():
     """NFCorpus-like qrels (many positives a query) come down to the budget: first one positive a query (the highest
-    grade), then a seeded sample of the queries; a split within the budget is left whole."""
+    grade), then a seeded sample of the queries; a split within the budget is left whole; a given max_positives is
+    kept and only the queries sampled."""
     from twostage.indexer.records import Query
-    from twostage.retriever.training_data import within_budget
+    from twostage.retriever.training_data import positives, within_budget
 
     queries = [Query(f"q{i}", f"query {i}") for i in range(10)]
     qrels = Qrels([Judgment(f"q{i}", f"d{i}-{j}", 2 if j == 3 else 1) for i in range(10) for j in range(5)])
@@ -447,5 +448,9 @@ def test_a_training_budget_keeps_fewer_positives_then_samples_queries():
     assert (len(kept), cap, sampled.queries, sampled.pairs) == (6, 1, 6, 6)
     assert kept == sorted(kept, key=lambda q: int(q.id[1:]))  # order kept
     assert within_budget(queries, qrels, 6, seed=3)[0] == kept and within_budget(queries, qrels, 6, seed=4)[0] != kept
+    # a named number of positives a query is kept: the budget samples the queries instead
+    kept, cap, sampled = within_budget(queries, qrels, 6, max_positives=2, seed=3)
+    assert (len(kept), cap, sampled.queries, sampled.pairs) == (3, 2, 3, 6)
+    assert all(len(positives(qrels, q.id, cap, 3)) == 2 for q in kept)
     with pytest.raises(ConfigError, match="max_pairs"):
         within_budget(queries, qrels, -1)
