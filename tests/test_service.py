@@ -108,7 +108,9 @@ def test_cohere_client_rerank_equals_the_engine(engine):
     texts = [h.text for h in hits]
     want = {h.id: h.stage_scores["rerank"] for h in hits}
     with TestClient(create_app(engine.root, verify=False), raise_server_exceptions=False) as http:
-        client = cohere.ClientV2(api_key="unused", base_url="http://testserver", httpx_client=http)
+        # a number for timeout: without one cohere passes httpx's own "client default" marker, which the TestClient's
+        # httpx2 (2.17) refuses
+        client = cohere.ClientV2(api_key="unused", base_url="http://testserver", httpx_client=http, timeout=60)
         got = client.rerank(model="twostage", query=query, documents=texts, top_n=5)
         assert len(got.results) == 5
         scores = [r.relevance_score for r in got.results]
