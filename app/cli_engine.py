@@ -246,6 +246,7 @@ def _build(args: argparse.Namespace) -> int:
             raise ConfigError("--retriever none builds one BM25-only engine: leave out --adapt and --shards")
         retriever = None
     adapted: Any = None
+    served: Any = None  # the MaxSim weight a late model's record serves here (engine.knobs.served_maxsim)
     if args.adapt is not None:
         from dataclasses import replace
 
@@ -266,9 +267,12 @@ def _build(args: argparse.Namespace) -> int:
                               "out --shards")
         common["late_interaction"] = args.late_interaction
         if args.maxsim_blend is None:  # the weight the one command chose on dev for this model, when it chose one
-            from twostage.engine.knobs import with_maxsim_choice
+            from twostage.engine.knobs import served_maxsim, with_maxsim
+            from twostage.indexer.corpus_sketch import corpus_ids
 
-            common["settings"] = with_maxsim_choice(settings, args.late_interaction)
+            # over its dev corpus; over another (ids read only for a record that names its corpus), its weight there
+            served = served_maxsim(args.late_interaction, corpus_ids(corpus_of(args)))
+            common["settings"] = with_maxsim(settings, served)
     if args.ray_actors:
         if args.shards:
             raise ConfigError("--ray-actors encodes one engine's corpus; leave out --shards")
@@ -301,6 +305,8 @@ def _build(args: argparse.Namespace) -> int:
     print(f"second stage: {second_stage(s, rr.name if rr else None)}")
     if engine.manifest.late is not None:
         print(f"MaxSim: {maxsim_stage_line(s, engine.manifest.late.name)}")
+        if served is not None:
+            print(f"MaxSim's weight: {served.line}")
     for note in adapted.notes if adapted is not None else ():
         print(f"adapt: {note}")
     _print_reading(engine, corpus)
@@ -518,6 +524,12 @@ def _late(args: argparse.Namespace) -> int:
     print(f"token vectors of {name}: {new.tokens.dim}-d, {tokens:,} tokens, {new.tokens.bytes / 1e6:.1f} MB; "
           f"version {new.version}")
     print(f"MaxSim: {maxsim_stage_line(new.settings, name)}")
+    if not args.keep_settings:
+        from twostage.engine.knobs import served_maxsim
+
+        served = served_maxsim(args.model, new.document_ids())
+        if served is not None:
+            print(f"MaxSim's weight: {served.line}")
     return 0
 
 

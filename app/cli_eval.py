@@ -81,15 +81,15 @@ def _bench(args: argparse.Namespace) -> int:
 
         choice = choose_maxsim(dataset, args.train_split, settings.dev_fraction, settings.seed, options)
         options, stages = replace(options, maxsim_blend=choice.weight), [choice.line]
-        if trained.late:  # kept with the model: an engine built with it serves the same choice
-            record_maxsim_choice(trained.late, choice)
+        if trained.late:  # kept with the model: an engine built with it serves the same choice over this corpus
+            record_maxsim_choice(trained.late, choice, dataset.corpus)
     if trained and trained.reranker:
         from twostage.eval.workflows import reranker_choice
 
         chosen = reranker_choice(trained.reranker)
         stages += [chosen.line] if chosen is not None else []
     elif not stages:  # given models: what their own training chose on its dev queries, as this run serves it
-        stages = _recorded_stages(systems, late_model, reranker_model, options)
+        stages = _recorded_stages(systems, late_model, reranker_model, options, dataset.corpus)
     result = run_bench(dataset, args.split, args.systems, k=args.k, ignore_identical_ids=identical[0],
                        options=options, rel_level=args.rel_level, show_progress=not args.quiet)
     phases = {**(trained.seconds if trained else {}), "evaluate_s": time.perf_counter() - t}
@@ -116,14 +116,15 @@ def bench_maxsim_blend(value: str) -> float | str:
 
 
 def _recorded_stages(systems: list[str], late_model: str | None, reranker_model: str | None,
-                     options: Any) -> list[str]:
+                     options: Any, corpus: Any) -> list[str]:
     """The stage weights given models carry from the dev queries of their own training (another collection's, for a
-    model used zero-shot), in words, for the report's "Stages chosen on dev"."""
+    model used zero-shot: MaxSim's weight for another corpus, served over ``corpus``), in words, for the report's
+    "Stages chosen on dev"."""
     from twostage.eval.systems import NEEDS_LATE, NEEDS_RERANKER
     from twostage.eval.workflows import recorded_maxsim_choice, reranker_choice
 
     lines = []
-    maxsim = recorded_maxsim_choice(late_model) if any(n in NEEDS_LATE for n in systems) else None
+    maxsim = recorded_maxsim_choice(late_model, corpus) if any(n in NEEDS_LATE for n in systems) else None
     if maxsim is not None and options.maxsim_blend == "auto":
         lines.append(f"{maxsim.line} (recorded with {late_model} by its training)")
     rerank = reranker_choice(reranker_model) if reranker_model and any(n in NEEDS_RERANKER for n in systems) else None

@@ -11,7 +11,7 @@ settings (``interpolation``, ``interpolation_by_first_stage``, ``calibration``):
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
@@ -75,18 +75,27 @@ def _dev_choice(path: str, _mtime: int) -> DevChoice:
 
 
 MAXSIM_CHOICE = "maxsim_choice"  # the late model's training record: what the one command chose for it on dev
+HOME_SIMILARITY = 0.5  # an engine sharing at least this much of its documents with the dev corpus serves its choice
 
 
 @dataclass(frozen=True)
 class MaxSimChoice:
     """What the one command chose on dev for a late-interaction model: MaxSim's ``weight`` against the first stage
     (0.0: off), the dev metric at every weight tried, the number of dev queries and the rule that chose (a name in
-    :data:`twostage.engine.fusion.BLEND_RULES`; a record without one is from before the gated rule: ``one_se``)."""
+    :data:`twostage.engine.fusion.BLEND_RULES`; a record without one is from before the gated rule: ``one_se``).
+
+    ``elsewhere`` is the weight for a corpus other than the one the dev queries searched, whose bottom-k sketch of
+    document ids is ``home`` (:mod:`twostage.indexer.corpus_sketch`) and whose size is ``home_documents``: the
+    smallest weight within one standard error of dev's best, never above ``weight``. A record from before it names
+    no corpus (``home`` empty): its weight is served everywhere."""
 
     weight: float
     dev_by_weight: tuple[tuple[float, float], ...] = ()
     dev_queries: int = 0
     rule: str = "one_se"
+    elsewhere: float | None = None
+    home: tuple[str, ...] = ()
+    home_documents: int = 0
 
 
 def maxsim_record(model_dir: str | Path | None) -> MaxSimChoice | None:
@@ -101,6 +110,7 @@ def maxsim_record(model_dir: str | Path | None) -> MaxSimChoice | None:
 
 @lru_cache(maxsize=64)
 def _maxsim_record(path: str, _mtime: int) -> MaxSimChoice | None:
+    from twostage.indexer.corpus_sketch import is_sketch
     from twostage.models.model_meta import read_model_meta
 
     meta = read_model_meta(Path(path).parent)
@@ -116,26 +126,86 @@ def _maxsim_record(path: str, _mtime: int) -> MaxSimChoice | None:
         raise ConfigError(f"{path}: training.{MAXSIM_CHOICE}.dev_by_weight must list [weight, dev score] pairs; "
                           "restore the model directory or train it again")
     queries, rule = chosen.get("dev_queries", 0), chosen.get("rule", "one_se")
-    return MaxSimChoice(_blend(chosen["weight"], path, f"{MAXSIM_CHOICE}.weight"),
-                        tuple((float(a), float(m)) for a, m in curve), queries if isinstance(queries, int) else 0,
-                        rule if isinstance(rule, str) else "one_se")
+    home = chosen.get("home") or {}
+    sketch: Any = home.get("sketch") or [] if isinstance(home, dict) else None
+    documents: Any = home.get("documents", 0) if isinstance(home, dict) else 0
+    if not is_sketch(sketch) or isinstance(documents, bool) or not isinstance(documents, int) or documents < 0:
+        raise ConfigError(f"{path}: training.{MAXSIM_CHOICE}.home must hold the dev corpus's documents (a count) and "
+                          "sketch (ascending 16-digit hex hashes); restore the model directory or train it again")
+    weight = _blend(chosen["weight"], path, f"{MAXSIM_CHOICE}.weight")
+    elsewhere = chosen.get("elsewhere")
+    if elsewhere is not None:
+        elsewhere = _blend(elsewhere, path, f"{MAXSIM_CHOICE}.elsewhere")
+        if elsewhere > weight:
+            raise ConfigError(f"{path}: training.{MAXSIM_CHOICE}.elsewhere ({elsewhere:g}) is above its weight "
+                              f"({weight:g}); restore the model directory or train it again")
+    return MaxSimChoice(weight, tuple((float(a), float(m)) for a, m in curve), queries if isinstance(queries, int) else 0,
+                        rule if isinstance(rule, str) else "one_se", elsewhere, tuple(str(h) for h in sketch),
+                        documents)
 
 
-def maxsim_choice(model_dir: str | Path | None) -> float | None:
-    """The MaxSim weight chosen on dev for the late-interaction model in ``model_dir`` (:func:`maxsim_record`; 0.0:
-    MaxSim off), None when nothing was chosen for it."""
-    record = maxsim_record(model_dir)
-    return None if record is None else record.weight
+@dataclass(frozen=True)
+class ServedMaxSim:
+    """The MaxSim weight an engine serves for a late-interaction model with a recorded dev choice, and why.
+
+    ``similarity`` is the estimated share of documents the engine's corpus and the dev corpus have in common (None:
+    not known, the record or the caller naming no corpus); below :data:`HOME_SIMILARITY` the engine serves the
+    record's ``elsewhere`` weight instead of the one dev chose, since the dev queries never searched this corpus."""
+
+    weight: float
+    record: MaxSimChoice
+    similarity: float | None = None
+
+    @property
+    def home(self) -> bool:
+        return self.similarity is None or self.similarity >= HOME_SIMILARITY
+
+    @property
+    def line(self) -> str:
+        if self.home:
+            where = "" if self.similarity is None else f" (this corpus is the dev corpus: {self.similarity:.0%} shared)"
+            return f"weight {self.weight:g}, chosen on {self.record.dev_queries} dev queries{where}"
+        return (f"weight {self.weight:g}, the weight for another corpus: dev chose {self.record.weight:g} on a corpus of "
+                f"{self.record.home_documents} documents that shares {self.similarity:.0%} of this one's, and "
+                f"{self.weight:g} is the smallest weight within one standard error of dev's best there")
 
 
-def with_maxsim_choice(settings: EngineSettings, late_model: str | Path | None) -> EngineSettings:
-    """``settings`` with the MaxSim weight chosen on dev for ``late_model`` (:func:`maxsim_choice`): a weight of
-    0.0 switches the stage off (``maxsim=False``: the token vectors stay, a search may still ask for it); as they
-    are when nothing was chosen."""
-    weight = maxsim_choice(late_model)
-    if weight is None:
+def served_maxsim(late_model: str | Path | None, document_ids: Iterable[str] | None = None) -> ServedMaxSim | None:
+    """The MaxSim weight to serve for the late-interaction model in ``late_model`` (:func:`maxsim_record`) over an
+    engine holding ``document_ids`` (read only when the record names its dev corpus): the dev choice on the dev
+    corpus, the record's ``elsewhere`` weight on another one; None when nothing was chosen for the model."""
+    record = maxsim_record(late_model)
+    if record is None:
+        return None
+    if not record.home or record.elsewhere is None or document_ids is None:
+        return ServedMaxSim(record.weight, record)
+    from twostage.indexer.corpus_sketch import corpus_sketch, similarity
+
+    shared = similarity(record.home, corpus_sketch(document_ids, len(record.home)))
+    return ServedMaxSim(record.weight if shared >= HOME_SIMILARITY else record.elsewhere, record, shared)
+
+
+def maxsim_choice(model_dir: str | Path | None, document_ids: Iterable[str] | None = None) -> float | None:
+    """The MaxSim weight to serve for the late-interaction model in ``model_dir`` over an engine holding
+    ``document_ids`` (:func:`served_maxsim`; 0.0: MaxSim off), None when nothing was chosen for it."""
+    served = served_maxsim(model_dir, document_ids)
+    return None if served is None else served.weight
+
+
+def with_maxsim(settings: EngineSettings, served: ServedMaxSim | None) -> EngineSettings:
+    """``settings`` serving ``served``'s weight: a weight of 0.0 switches the stage off (``maxsim=False``: the token
+    vectors stay, a search may still ask for it); as they are when nothing was chosen (None)."""
+    if served is None:
         return settings
+    weight = served.weight
     return replace(settings, maxsim=weight > 0.0, maxsim_blend=weight if weight > 0.0 else settings.maxsim_blend)
+
+
+def with_maxsim_choice(settings: EngineSettings, late_model: str | Path | None,
+                       document_ids: Iterable[str] | None = None) -> EngineSettings:
+    """``settings`` with the MaxSim weight to serve for ``late_model`` over an engine holding ``document_ids``
+    (:func:`served_maxsim`, :func:`with_maxsim`)."""
+    return with_maxsim(settings, served_maxsim(late_model, document_ids))
 
 
 def _blend(value: Any, path: str, key: str) -> float:

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from twostage.engine.fusion import GRID, InterpolationChoice, maxsim_rule, one_se_blend, reorders
+from twostage.engine.fusion import GRID, InterpolationChoice, one_se_blend, reorders
 from twostage.engine.search import SearchMethods
 from twostage.engine.settings import FIRST_STAGES, EngineSettings
 from twostage.indexer.beir import BeirDataset
@@ -236,14 +236,6 @@ def maxsim_curve(engine: SearchMethods, queries: Sequence[Query], qrels: Qrels, 
         lists = view.as_retriever(rerank=False).search_batch(texts, 10)
         curve.append((float(a), np.asarray(metric(qrels, dict(zip(ids, lists))), dtype=np.float64)))
     return curve
-
-
-def select_maxsim_blend(engine: SearchMethods, queries: Sequence[Query], qrels: Qrels, metric: DevMetric,
-                        grid: Sequence[float] = GRID, *, show_progress: bool = False) -> InterpolationChoice:
-    """MaxSim's weight against the engine's first stage chosen on dev ``queries`` over :func:`maxsim_curve` by
-    :func:`~twostage.engine.fusion.maxsim_rule`: MaxSim stays off (0.0) unless dev shows it gains."""
-    curve = maxsim_curve(engine, queries, qrels, metric, grid, show_progress=show_progress)
-    return InterpolationChoice(maxsim_rule(curve), tuple((a, float(np.mean(v))) for a, v in curve))
 
 
 def choose_blend(result: FitResult, engine: SearchMethods, queries: Sequence[Query], qrels: Qrels, depth: int,

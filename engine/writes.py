@@ -221,8 +221,8 @@ class EngineWriter:
         projected to this many dimensions (0: the model's), the projection fitted on the corpus's first 64k tokens;
         ``bits``: 8 or 4 a dimension (:mod:`twostage.indexer.tokens`). The rows are encoded before the writer lock is
         taken, and again under it only if a write committed meanwhile. ``serve_choice``: the new version serves the
-        MaxSim weight the model's training chose on dev (:func:`twostage.engine.knobs.with_maxsim_choice`; its
-        settings as they are when none was recorded)."""
+        MaxSim weight the model's training chose on dev over its dev corpus, or its weight for another corpus over
+        another (:func:`twostage.engine.knobs.with_maxsim_choice`; its settings as they are when none was recorded)."""
         import shutil
         import tempfile
 
@@ -296,8 +296,9 @@ class EngineWriter:
                     encode(base, work / "late")
                 return base.index.change_unchanged(), None
 
+            ids = engine.document_ids() if serve_choice else None  # which weight: this corpus is the dev one or not
             engine = self.commit_change(make, late=(ref, work / "late"), settings_of=(
-                (lambda s: with_maxsim_choice(s, ref.path)) if serve_choice else None))
+                (lambda s: with_maxsim_choice(s, ref.path, ids)) if serve_choice else None))
         finally:
             shutil.rmtree(work, ignore_errors=True)
         engine.use_models(late=late)

@@ -58,7 +58,7 @@ def engine_for(corpus: Corpus, options: SystemOptions, *, need_reranker: bool = 
     if key not in shared:
         shared[key] = _build_engine(corpus, options)
     engine = shared[key]
-    weight = maxsim_weight(options)
+    weight = maxsim_weight(options, corpus)
     if weight is not None and engine.manifest.late is not None:  # a view: the engine is shared
         engine = engine.with_settings(maxsim_blend=weight)
     if need_reranker and engine.manifest.reranker is None:
@@ -72,14 +72,15 @@ def engine_for(corpus: Corpus, options: SystemOptions, *, need_reranker: bool = 
     return engine
 
 
-def maxsim_weight(options: SystemOptions) -> float | None:
-    """MaxSim's weight for the +maxsim systems: the options' number, else (``"auto"``) the weight chosen on dev for
-    the late model (:func:`twostage.engine.knobs.maxsim_choice`), else None (the engine's own setting)."""
+def maxsim_weight(options: SystemOptions, corpus: Corpus) -> float | None:
+    """MaxSim's weight for the +maxsim systems over ``corpus``: the options' number, else (``"auto"``) the weight
+    chosen on dev for the late model, or its weight for another corpus where ``corpus`` is not the dev queries' own
+    (:func:`twostage.engine.knobs.maxsim_choice`), else None (the engine's own setting)."""
     if options.maxsim_blend != "auto":
         return float(options.maxsim_blend)
     from twostage.engine.knobs import maxsim_choice
 
-    return maxsim_choice(options.late_model)
+    return maxsim_choice(options.late_model, corpus.ids)
 
 
 def _build_engine(corpus: Corpus, options: SystemOptions) -> Any:
@@ -124,7 +125,7 @@ def _view(first_stage: str, rerank: bool, maxsim: bool = False) -> SystemFactory
     def build(corpus: Corpus, options: SystemOptions) -> SearchSystem:
         engine = engine_for(corpus, options, need_reranker=rerank, need_retriever=first_stage != "bm25",
                             need_late=maxsim)
-        served = maxsim and maxsim_weight(options) != 0.0  # a weight of 0.0 chosen on dev: MaxSim off, as served
+        served = maxsim and maxsim_weight(options, corpus) != 0.0  # a weight of 0.0 chosen on dev: MaxSim off, as served
         return engine.as_retriever(first_stage=first_stage, rerank=rerank, maxsim=served)
 
     return build

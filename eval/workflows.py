@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from twostage.engine.adapt import AdaptRecipe, AdaptResult
 from twostage.engine.adapt import adapt as adapt_corpus
 from twostage.engine.train_models import TrainSettings
@@ -66,13 +68,17 @@ def adapt(corpus: CorpusSource | Corpus, out: str | Path, *, base: str = "all-Mi
 @dataclass(frozen=True)
 class StageChoice:
     """What dev chose for a stage the one command serves: its weight against the first stage (0.0: off), the dev
-    metric at every weight tried and the number of dev queries; ``line`` says it in words."""
+    metric at every weight tried and the number of dev queries; ``line`` says it in words. ``elsewhere``: MaxSim's
+    weight for a corpus the dev queries did not search (:func:`twostage.engine.fusion.maxsim_elsewhere`);
+    ``served_here``: what a run over another corpus serves instead, in words (None: the dev corpus's choice)."""
 
     stage: str
     weight: float
     dev_by_weight: tuple[tuple[float, float], ...]
     dev_queries: int
     rule: str = "one_se"  # a name in twostage.engine.fusion.BLEND_RULES: how ``weight`` was chosen
+    elsewhere: float | None = None
+    served_here: str | None = None  # the words of engine.knobs.ServedMaxSim.line, when this corpus is not dev's
 
     @property
     def served(self) -> bool:
@@ -83,12 +89,17 @@ class StageChoice:
         curve = dict(self.dev_by_weight)
         base, best = curve.get(0.0, float("nan")), max(curve.values())
         if not self.served:
-            return (f"{self.stage}: off. On the {self.dev_queries} dev queries the first stage alone scored "
+            said = (f"{self.stage}: off. On the {self.dev_queries} dev queries the first stage alone scored "
                     f"{base:.3f} and no weight of {self.stage} was more than one standard error above it (best "
                     f"{best:.3f}), so the engine does not serve it")
-        return (f"{self.stage}: served at weight {self.weight:g} against the first stage, chosen on the "
-                f"{self.dev_queries} dev queries ({curve[self.weight]:.3f} against the first stage alone {base:.3f}; "
-                f"{RULE_WORDS.get(self.rule, self.rule)})")
+        else:
+            said = (f"{self.stage}: served at weight {self.weight:g} against the first stage, chosen on the "
+                    f"{self.dev_queries} dev queries ({curve[self.weight]:.3f} against the first stage alone "
+                    f"{base:.3f}; {RULE_WORDS.get(self.rule, self.rule)})")
+        if self.elsewhere is not None and self.elsewhere != self.weight:
+            said += (f"; on another corpus {self.elsewhere:g} ({RULE_WORDS['one_se']}, as the dev queries do not "
+                     "search it)")
+        return said if self.served_here is None else f"{said}. Here: {self.served_here}"
 
 
 RULE_WORDS = {"one_se": "the smallest weight within one standard error of the best",
@@ -99,9 +110,10 @@ def choose_maxsim(dataset: BeirDataset, train_split: str, dev_fraction: float, s
                   dev_metric: DevMetric = ndcg10_by_query) -> StageChoice:
     """MaxSim's weight for the +maxsim systems chosen on the train split's held-out queries (the ones every model of
     the one command held out: ``dev_fraction`` and ``seed``), searched through the engine those systems are views of
-    (:func:`twostage.engine.training.select_maxsim_blend`): 0.0, MaxSim off, unless dev shows a gain."""
-    from twostage.engine.fusion import MAXSIM_RULE
-    from twostage.engine.training import select_maxsim_blend
+    (:func:`twostage.engine.training.maxsim_curve`, :func:`twostage.engine.fusion.maxsim_rule`): 0.0, MaxSim off,
+    unless dev shows a gain; with the weight for other corpora (:func:`twostage.engine.fusion.maxsim_elsewhere`)."""
+    from twostage.engine.fusion import MAXSIM_RULE, maxsim_elsewhere, maxsim_rule
+    from twostage.engine.training import maxsim_curve
     from twostage.eval.systems import engine_for
     from twostage.retriever.training_data import hold_out
 
@@ -110,32 +122,40 @@ def choose_maxsim(dataset: BeirDataset, train_split: str, dev_fraction: float, s
     qrels = split.qrels.subset(q.id for q in dev)
     dev = [q for q in dev if qrels.relevant(q.id)]
     engine = engine_for(dataset.corpus, options, need_late=True)
-    choice = select_maxsim_blend(engine, dev, qrels, dev_metric, show_progress=options.show_progress)
-    return StageChoice("MaxSim", choice.alpha, choice.dev_by_alpha, len(dev), MAXSIM_RULE)
+    curve = maxsim_curve(engine, dev, qrels, dev_metric, show_progress=options.show_progress)
+    return StageChoice("MaxSim", maxsim_rule(curve), tuple((a, float(np.mean(v))) for a, v in curve), len(dev),
+                       MAXSIM_RULE, maxsim_elsewhere(curve))
 
 
-def record_maxsim_choice(model_dir: str | Path, choice: StageChoice, first_stage: str = "hybrid") -> None:
+def record_maxsim_choice(model_dir: str | Path, choice: StageChoice, home: Corpus, first_stage: str = "hybrid") -> None:
     """Keep what dev chose for the late-interaction model in ``model_dir`` in its training record
-    (:data:`twostage.engine.knobs.MAXSIM_CHOICE`), so that an engine built with it later (``twostage build
-    --late-interaction``, ``bench --late-model``) serves the same weight (0.0: MaxSim off)."""
+    (:data:`twostage.engine.knobs.MAXSIM_CHOICE`), with a sketch of the ``home`` corpus the dev queries searched
+    (:mod:`twostage.indexer.corpus_sketch`), so that an engine built with it later (``twostage build
+    --late-interaction``, ``bench --late-model``) serves the same weight over that corpus (0.0: MaxSim off) and the
+    ``elsewhere`` weight over another."""
     from twostage.engine.knobs import MAXSIM_CHOICE
+    from twostage.indexer.corpus_sketch import corpus_sketch
     from twostage.models.model_meta import record_training
 
     record_training(Path(model_dir), MAXSIM_CHOICE, {
         "weight": choice.weight, "first_stage": first_stage, "dev_queries": choice.dev_queries, "rule": choice.rule,
-        "dev_by_weight": [list(p) for p in choice.dev_by_weight]})
+        "dev_by_weight": [list(p) for p in choice.dev_by_weight],
+        "elsewhere": choice.weight if choice.elsewhere is None else choice.elsewhere,
+        "home": {"documents": len(home), "sketch": list(corpus_sketch(home.ids))}})
 
 
-def recorded_maxsim_choice(model_dir: str | Path | None) -> StageChoice | None:
+def recorded_maxsim_choice(model_dir: str | Path | None, corpus: Corpus | None = None) -> StageChoice | None:
     """What the one command chose on dev for the late-interaction model in ``model_dir`` (:func:`record_maxsim_choice`),
-    as a :class:`StageChoice`; None when nothing was recorded."""
-    from twostage.engine.knobs import maxsim_record
+    as a :class:`StageChoice`, saying what a run over ``corpus`` serves where that is not the dev corpus; None when
+    nothing was recorded."""
+    from twostage.engine.knobs import served_maxsim
 
-    record = maxsim_record(model_dir)
-    if record is None:
+    served = served_maxsim(model_dir, None if corpus is None else corpus.ids)
+    if served is None:
         return None
+    record = served.record
     return StageChoice("MaxSim", record.weight, record.dev_by_weight or ((record.weight, float("nan")),),
-                       record.dev_queries, record.rule)
+                       record.dev_queries, record.rule, record.elsewhere, None if served.home else served.line)
 
 
 def reranker_choice(model_dir: str | Path, first_stage: str = "hybrid") -> StageChoice | None:

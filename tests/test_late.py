@@ -672,6 +672,67 @@ def test_maxsim_steps_aside_for_a_language_its_model_does_not_list(tmp_path, mod
     engine.close()
 
 
+def test_maxsim_serves_its_weight_for_another_corpus_off_the_dev_corpus(tmp_path, tiny_bert_dir, sample_dir, models,
+                                                                        capsys):
+    """#83: a MaxSim weight chosen on one corpus's dev queries is served over that corpus (or one sharing most of its
+    documents); over another corpus the engine serves the record's weight for another corpus (the one-SE weight),
+    and says so: `build`, `late` and bench's +maxsim systems alike. A record from before names no corpus: its weight
+    everywhere. A damaged corpus record is one clear error."""
+    from twostage import SearchEngine
+    from twostage.app.cli import main
+    from twostage.engine.knobs import MAXSIM_CHOICE, maxsim_choice, served_maxsim
+    from twostage.eval.systems import SystemOptions, maxsim_weight
+    from twostage.eval.workflows import StageChoice, record_maxsim_choice, recorded_maxsim_choice, train
+    from twostage.indexer.corpus import Corpus
+    from twostage.indexer.records import Document
+    from twostage.models.model_meta import read_model_meta, record_training
+    from twostage.retriever.recipe import RetrieverRecipe
+    from twostage.retriever.trainer import TrainConfig
+
+    late = tmp_path / "late"
+    train(RetrieverRecipe(train=TrainConfig(epochs=1, batch_size=8, lr=1e-3, bf16=False), negatives=1, late=True),
+          sample_dir, "train", late, base=str(tiny_bert_dir), dev_fraction=0.2)
+    sample = Corpus.load(SAMPLE)
+    other = Corpus([Document(f"other-{i}", f"weather report number {i} with {w}", "")
+                    for i, w in enumerate(["rain", "snow", "wind", "sun", "fog", "hail"] * 20)])
+    record_maxsim_choice(late, StageChoice("MaxSim", 1.0, ((0.0, 0.6), (0.4, 0.66), (1.0, 0.7)), 8, "gated_best", 0.4),
+                         other)  # chosen on the dev queries of `other`
+    recorded = read_model_meta(late)[2][MAXSIM_CHOICE]
+    assert recorded["elsewhere"] == 0.4 and recorded["home"]["documents"] == 120
+    assert maxsim_choice(late, other.ids) == 1.0 and maxsim_choice(late, sample.ids) == 0.4
+    assert maxsim_choice(late) == 1.0  # no corpus given: the dev choice
+    most = [*other.ids[:100], *sample.ids[:20]]  # the dev corpus with a few documents more or less: still its choice
+    assert served_maxsim(late, most).home and maxsim_choice(late, most) == 1.0
+    assert maxsim_weight(SystemOptions(late_model=str(late)), sample) == 0.4
+    assert maxsim_weight(SystemOptions(late_model=str(late)), other) == 1.0
+    said = recorded_maxsim_choice(late, sample).line
+    assert "on another corpus 0.4" in said and "Here: weight 0.4, the weight for another corpus" in said
+    assert "shares 0% of this one's" in said and "Here:" not in recorded_maxsim_choice(late, other).line
+
+    build = ["build", "--corpus", str(SAMPLE), "--retriever", str(models[0]), "--late-interaction", str(late),
+             "--passage-words", "0", "--device", "cpu"]
+    capsys.readouterr()
+    assert main([*build, "--out", str(tmp_path / "there")]) == 0
+    out = capsys.readouterr().out
+    assert "weight 0.4 against the first stage" in out and "dev chose 1 on a corpus of 120 documents" in out
+    assert SearchEngine.load(tmp_path / "there").settings.maxsim_blend == 0.4
+    plain = ["build", "--corpus", str(SAMPLE), "--retriever", str(models[0]), "--passage-words", "0", "--device", "cpu"]
+    assert main([*plain, "--out", str(tmp_path / "later")]) == 0
+    assert main(["late", str(tmp_path / "later"), "--model", str(late), "--device", "cpu"]) == 0
+    assert SearchEngine.load(tmp_path / "later").settings.maxsim_blend == 0.4
+    assert "the weight for another corpus" in capsys.readouterr().out
+
+    legacy = {k: v for k, v in recorded.items() if k not in ("elsewhere", "home")}  # a record from before
+    record_training(late, MAXSIM_CHOICE, legacy)
+    assert maxsim_choice(late, sample.ids) == 1.0 and served_maxsim(late, sample.ids).similarity is None
+    for bad, key in (({**recorded, "home": {"documents": 3, "sketch": ["xyz"]}}, f"{MAXSIM_CHOICE}.home"),
+                     ({**recorded, "elsewhere": 2}, f"{MAXSIM_CHOICE}.elsewhere")):
+        record_training(late, MAXSIM_CHOICE, bad)
+        capsys.readouterr()
+        assert main([*build, "--out", str(tmp_path / "bad")]) == 2
+        assert key in capsys.readouterr().err and not (tmp_path / "bad").exists()
+
+
 def test_the_maxsim_weight_chosen_on_dev_travels_with_the_model(tmp_path, tiny_bert_dir, sample_dir, models, capsys):
     """#83: the weight the one command's dev rule chose for MaxSim is kept in the late model's training record; an
     engine built with that model serves it (0.0: MaxSim off by default, a search may still ask for it), and so do
@@ -682,6 +743,7 @@ def test_the_maxsim_weight_chosen_on_dev_travels_with_the_model(tmp_path, tiny_b
     from twostage.engine.settings import EngineSettings
     from twostage.eval.systems import SystemOptions, maxsim_weight
     from twostage.eval.workflows import StageChoice, record_maxsim_choice, recorded_maxsim_choice, train
+    from twostage.indexer.corpus import Corpus
     from twostage.models.model_meta import record_training
     from twostage.retriever.recipe import RetrieverRecipe
     from twostage.retriever.trainer import TrainConfig
@@ -689,10 +751,11 @@ def test_the_maxsim_weight_chosen_on_dev_travels_with_the_model(tmp_path, tiny_b
     late = tmp_path / "late"
     train(RetrieverRecipe(train=TrainConfig(epochs=1, batch_size=8, lr=1e-3, bf16=False), negatives=1, late=True),
           sample_dir, "train", late, base=str(tiny_bert_dir), dev_fraction=0.2)
+    home = Corpus.load(SAMPLE)
     assert maxsim_choice(late) is None and with_maxsim_choice(EngineSettings(), late) == EngineSettings()
-    record_maxsim_choice(late, StageChoice("MaxSim", 0.0, ((0.0, 0.61), (0.3, 0.60)), 8))
-    assert maxsim_choice(late) == 0.0 and maxsim_weight(SystemOptions(late_model=str(late))) == 0.0
-    assert maxsim_weight(SystemOptions(late_model=str(late), maxsim_blend=0.2)) == 0.2
+    record_maxsim_choice(late, StageChoice("MaxSim", 0.0, ((0.0, 0.61), (0.3, 0.60)), 8), home)
+    assert maxsim_choice(late) == 0.0 and maxsim_weight(SystemOptions(late_model=str(late)), home) == 0.0
+    assert maxsim_weight(SystemOptions(late_model=str(late), maxsim_blend=0.2), home) == 0.2
     build = ["build", "--corpus", str(SAMPLE), "--retriever", str(models[0]), "--late-interaction", str(late),
              "--passage-words", "0", "--device", "cpu"]
     assert main([*build, "--out", str(tmp_path / "off")]) == 0
@@ -700,7 +763,7 @@ def test_the_maxsim_weight_chosen_on_dev_travels_with_the_model(tmp_path, tiny_b
     off = SearchEngine.load(tmp_path / "off")
     assert off.settings.maxsim is False and "maxsim" not in off.search("rain and snow", 3).hits[0].stage_scores
     assert "maxsim" in off.search("rain and snow", 3, maxsim=True).hits[0].stage_scores
-    record_maxsim_choice(late, StageChoice("MaxSim", 0.4, ((0.0, 0.61), (0.4, 0.70)), 8, "gated_best"))
+    record_maxsim_choice(late, StageChoice("MaxSim", 0.4, ((0.0, 0.61), (0.4, 0.70)), 8, "gated_best"), home)
     assert recorded_maxsim_choice(late).rule == "gated_best"  # the rule travels with the choice
     assert main([*build, "--out", str(tmp_path / "on")]) == 0
     assert "weight 0.4 against the first stage" in capsys.readouterr().out
@@ -715,7 +778,8 @@ def test_the_maxsim_weight_chosen_on_dev_travels_with_the_model(tmp_path, tiny_b
     assert SearchEngine.load(tmp_path / "later").settings == before  # asked to: as they were
     capsys.readouterr()
     assert main(["late", str(tmp_path / "later"), "--model", str(late), "--device", "cpu"]) == 0
-    assert "weight 0.4 against the first stage" in capsys.readouterr().out.splitlines()[-1]
+    said = capsys.readouterr().out
+    assert "weight 0.4 against the first stage" in said and "this corpus is the dev corpus: 100% shared" in said
     served = SearchEngine.load(tmp_path / "later").settings
     assert served == dataclasses.replace(before, maxsim=True, maxsim_blend=0.4)
     record_training(late, MAXSIM_CHOICE, {"weight": 3})

@@ -201,6 +201,22 @@ def test_gated_best_blend_keeps_the_best_only_when_it_beats_the_first_stage():
     assert one_se_blend(rising) == 0.5 and maxsim_rule(rising) == 1.0  # MaxSim's weight: the gated rule's
 
 
+def test_maxsim_weight_for_another_corpus_is_one_se_and_never_above_the_dev_choice():
+    """#83: MaxSim's weight for a corpus its dev queries did not search is the one-SE weight of the same curve,
+    capped by the gated rule's (off where that is off: a noisy best gives 0.0, not one-SE's weight)."""
+    from twostage.engine.fusion import maxsim_elsewhere, maxsim_rule, one_se_blend
+
+    first = (0.0, np.array([0.5, 0.5, 0.5, 0.5]))
+    rising = [first, (0.5, np.array([0.7, 0.6, 0.7, 0.6])), (1.0, np.array([0.9, 0.5, 0.9, 0.5]))]
+    assert maxsim_elsewhere(rising) == 0.5 < maxsim_rule(rising)
+    steady = [first, (0.5, np.array([0.6, 0.6, 0.6, 0.6])), (1.0, np.array([0.7, 0.7, 0.7, 0.71]))]
+    assert maxsim_elsewhere(steady) == maxsim_rule(steady) == 1.0  # better on every query: no reason to hold back
+    noisy = [first, (0.5, np.array([0.9, 0.1, 0.9, 0.1])), (1.0, np.array([0.95, 0.1, 0.95, 0.1]))]
+    assert one_se_blend(noisy) == 0.0 and maxsim_rule(noisy) == 0.0 and maxsim_elsewhere(noisy) == 0.0
+    best_noise = [first, (0.5, np.array([0.5, 0.5, 0.5, 0.51])), (1.0, np.array([0.9, 0.2, 0.9, 0.3]))]
+    assert one_se_blend(best_noise) == 0.0 and maxsim_elsewhere(best_noise) == 0.0
+
+
 def test_search_policy_is_the_engines_not_the_models(tmp_path, tiny_bert_dir, sample_dir):
     """#64: a saved cross-encoder's settings hold no search policy (blend, calibration); what training chose on dev is
     its training record, which an engine built with ``rerank_blend="auto"`` writes into its own manifest as numbers.

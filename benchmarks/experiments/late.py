@@ -3,6 +3,7 @@
     python benchmarks/experiments/late.py --collection scifact [--data ../shared/data] [--model all-MiniLM-L6-v2]
         [--retriever all-MiniLM-L6-v2] [--engine DIR] [--reranker DIR] [--also-model MODEL] [--also-engine DIR]
         [--work runs/late] [--choose] [--codecs DIM:BITS,...] [--out PATH]
+    python benchmarks/experiments/late.py --collection scifact --record-choice runs/models/NAME
 
 An engine of the collection is built with the default settings (``--retriever``, no reranker) under ``--work``
 (reused when there; the steering study's engines are found there too), and a copy gets token vectors by ``--model``
@@ -354,6 +355,27 @@ def model_training(model: str) -> dict[str, Any] | None:
     return json.loads(card.read_text()).get("training") if card.is_file() else None
 
 
+def record_choice(data: Path, models: Path) -> int:
+    """MaxSim's dev choice made again for a late model the one command trained before the record held the weight for
+    another corpus and the dev corpus's sketch: the same held-out train queries (the default settings' dev fraction
+    and seed), the same engine (the collection's corpus, MODELS/retriever and MODELS/late), written in place."""
+    from twostage import BeirDataset
+    from twostage.engine.train_models import TrainSettings
+    from twostage.eval.systems import SystemOptions
+    from twostage.eval.workflows import choose_maxsim, record_maxsim_choice
+
+    for part in ("retriever", "late"):
+        if not (models / part / "twostage.json").is_file():
+            raise SystemExit(f"{models / part}: not a trained model directory; give the one command's --models-dir")
+    settings, dataset = TrainSettings(), BeirDataset(data)
+    options = SystemOptions(retriever_model=str(models / "retriever"), late_model=str(models / "late"),
+                            show_progress=True)
+    choice = choose_maxsim(dataset, "train", settings.dev_fraction, settings.seed, options)
+    record_maxsim_choice(models / "late", choice, dataset.corpus)
+    print(choice.line)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--collection", required=True, help="scifact, nfcorpus, arguana (a folder of --data)")
@@ -379,9 +401,15 @@ def main() -> int:
                          "on the other), then stop")
     ap.add_argument("--no-frontier", action="store_true", help="build and choose only (the timed part needs the "
                     "machine to itself)")
+    ap.add_argument("--record-choice", type=Path, default=None, metavar="MODELS",
+                    help="only choose MaxSim's weight again, as the one command does, for the models it trained into "
+                         "MODELS (retriever/, late/) on --collection's train split, and record it in MODELS/late "
+                         "(a record from before the weight for another corpus); nothing else is run")
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "late")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    if args.record_choice is not None:
+        return record_choice(args.data / args.collection, args.record_choice)
     import platform
 
     from twostage import BeirDataset, SearchEngine
