@@ -127,7 +127,7 @@ def _maxsim_record(path: str, _mtime: int) -> MaxSimChoice | None:
                           "restore the model directory or train it again")
     queries, rule = chosen.get("dev_queries", 0), chosen.get("rule", "one_se")
     home = chosen.get("home") or {}
-    sketch: Any = home.get("sketch") or [] if isinstance(home, dict) else None
+    sketch: Any = (home.get("sketch") or []) if isinstance(home, dict) else None
     documents: Any = home.get("documents", 0) if isinstance(home, dict) else 0
     if not is_sketch(sketch) or isinstance(documents, bool) or not isinstance(documents, int) or documents < 0:
         raise ConfigError(f"{path}: training.{MAXSIM_CHOICE}.home must hold the dev corpus's documents (a count) and "

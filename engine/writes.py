@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from twostage.engine.knobs import resolved_blends, with_maxsim_choice, with_model_languages
+from twostage.engine.knobs import resolved_blends, served_maxsim, with_maxsim, with_model_languages
 from twostage.engine.models import Models, NoRetriever
 from twostage.engine.on_disk import WHAT, EngineManifest, ModelRef, counts, engine_files, format_of
 from twostage.engine.search import ids_to_delete
@@ -222,7 +222,7 @@ class EngineWriter:
         ``bits``: 8 or 4 a dimension (:mod:`twostage.indexer.tokens`). The rows are encoded before the writer lock is
         taken, and again under it only if a write committed meanwhile. ``serve_choice``: the new version serves the
         MaxSim weight the model's training chose on dev over its dev corpus, or its weight for another corpus over
-        another (:func:`twostage.engine.knobs.with_maxsim_choice`; its settings as they are when none was recorded)."""
+        another (:func:`twostage.engine.knobs.served_maxsim`; its settings as they are when none was recorded)."""
         import shutil
         import tempfile
 
@@ -247,6 +247,11 @@ class EngineWriter:
             raise ConfigError("late interaction reorders the dense or hybrid first stage's candidates, and this engine "
                               "has no retriever (BM25 only); rebuild it with --retriever")
         ref = model_ref(model, trust_remote_code)
+
+        def live_ids() -> Iterator[str]:  # read only when the model's record names the corpus its dev searched
+            yield from engine.document_ids()
+
+        served = served_maxsim(ref.path, live_ids()) if serve_choice else None  # checked before any encoding
         late = load_late(Path(ref.path), precision=resolve_precisions(engine.settings.precision)["retriever"],
                          device=engine.device, trust_remote_code=trust_remote_code)
         if dim >= late.dim:
@@ -296,9 +301,8 @@ class EngineWriter:
                     encode(base, work / "late")
                 return base.index.change_unchanged(), None
 
-            ids = engine.document_ids() if serve_choice else None  # which weight: this corpus is the dev one or not
             engine = self.commit_change(make, late=(ref, work / "late"), settings_of=(
-                (lambda s: with_maxsim_choice(s, ref.path, ids)) if serve_choice else None))
+                (lambda s: with_maxsim(s, served)) if serve_choice else None))
         finally:
             shutil.rmtree(work, ignore_errors=True)
         engine.use_models(late=late)

@@ -59,9 +59,8 @@ def corpus_ids(corpus: Any) -> Iterator[str]:
     source = corpus.source if isinstance(corpus, CorpusFields) else corpus
     if isinstance(source, (str, Path)) and is_folder_corpus(Path(source)):
         source = FolderCorpus(Path(source))
-    if isinstance(source, FolderCorpus):
-        yield from (f.rel for f in FolderCorpus(source.root, follow_symlinks=source.follow_symlinks,
-                                                max_file_bytes=source.max_file_bytes).files())
+    if isinstance(source, FolderCorpus):  # listing the files reads none of them
+        yield from (f.rel for f in source.files())
     elif isinstance(source, Corpus):
         yield from source.ids
     else:
