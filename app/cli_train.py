@@ -200,6 +200,9 @@ def _adapt(args: argparse.Namespace) -> int:
         recipe = replace(recipe, max_documents=args.max_documents)
     if args.seed is not None:
         recipe = replace(recipe, queries=replace(recipe.queries, seed=args.seed))
+    if args.query_kinds is not None:
+        kinds = tuple(k.strip() for k in args.query_kinds.split(",") if k.strip())
+        recipe = replace(recipe, queries=replace(recipe.queries, kinds=kinds))  # ConfigError names a bad kind
     if args.no_reranker:
         recipe = replace(recipe, reranker=None)
     result = adapt(corpus_of(args), args.out, base=args.base, recipe=recipe, show_progress=not args.quiet,
@@ -227,6 +230,9 @@ def add_adapt_command(sub: Any) -> None:
     ad.add_argument("--max-documents", type=int, default=None,
                     help="pseudo-queries come from at most this many documents (default: the recipe's)")
     ad.add_argument("--seed", type=int, default=None, help="seed of every random choice")
+    ad.add_argument("--query-kinds", default=None, metavar="KINDS",
+                    help="comma-separated pseudo-query kinds: title, sentence, keywords, passage (default: "
+                         "title,sentence,keywords; passage suits queries that are themselves passages)")
     ad.add_argument("--no-reranker", action="store_true", help="adapt the bi-encoder only")
     ad.add_argument("--keep-checkpoints", action="store_true",
                     help="keep OUT/*.train (the training checkpoints, ~600 MB) after the models are saved")

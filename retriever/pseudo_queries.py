@@ -9,7 +9,10 @@ learns to match a query to the rest of the document rather than to copy text (th
   words (the sum of their inverse document frequencies per word, the top half); the positive is the title plus
   the text without that sentence;
 - ``keywords``: the document's rarest words (3 to 6 of them, by tf-idf over the corpus, in text order); the
-  positive is the whole document.
+  positive is the whole document;
+- ``passage``: one half of the text (its sentences split near the middle, which half drawn at random; 15 words or
+  more each), for collections whose queries are themselves passages (ArguAna's are whole arguments); the positive
+  is the title plus the other half. Not among the default kinds: ask for it (``twostage adapt --query-kinds``).
 
 Everything is seeded: the same corpus and seed give the same queries. Ids are ``<doc id>#<kind>``.
 """
@@ -28,7 +31,8 @@ from twostage.indexer.errors import ConfigError, DataError
 from twostage.indexer.records import Document, Judgment, Qrels, Query
 from twostage.retriever.analyzer import ENGLISH_STOPWORDS
 
-KINDS = ("title", "sentence", "keywords")
+KINDS = ("title", "sentence", "keywords", "passage")
+DEFAULT_KINDS = ("title", "sentence", "keywords")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _WORD = re.compile(r"(?u)\b[^\W\d_][\w-]*[^\W_]\b|\b[^\W\d_]\b")
 _STOP = frozenset(ENGLISH_STOPWORDS) | frozenset((
@@ -55,7 +59,7 @@ class PseudoQuery:
 class PseudoQueryConfig:
     """Which kinds to make and how many per document (each document gives at most one query of each kind)."""
 
-    kinds: tuple[str, ...] = KINDS
+    kinds: tuple[str, ...] = DEFAULT_KINDS
     per_document: int = 1  # queries per document, kinds drawn at random among those the document can give
     seed: int = 42
 
@@ -96,10 +100,16 @@ def _title(doc: Document) -> tuple[str, str] | None:
     return title, text
 
 
-def _sentence(doc: Document, idf: _Idf, rng: np.random.Generator) -> tuple[str, str] | None:
+def _body(doc: Document) -> list[str]:
+    """The text's sentences, without a first one that repeats the title."""
     parts = sentences(doc.text)
     if doc.title and parts and parts[0].lower() == doc.title.strip().lower():
-        parts = parts[1:]
+        return parts[1:]
+    return parts
+
+
+def _sentence(doc: Document, idf: _Idf, rng: np.random.Generator) -> tuple[str, str] | None:
+    parts = _body(doc)
     if len(parts) < 2:
         return None
     scored = []
@@ -132,6 +142,18 @@ def _keywords(doc: Document, idf: _Idf, rng: np.random.Generator) -> tuple[str, 
     return " ".join(seen[k][1] for k in chosen), doc.full_text
 
 
+def _passage(doc: Document, rng: np.random.Generator) -> tuple[str, str] | None:
+    parts = _body(doc)
+    if len(parts) < 2:
+        return None
+    cut = len(parts) // 2 + (int(rng.integers(-1, 2)) if len(parts) >= 6 else 0)  # near the middle
+    halves = (" ".join(parts[:cut]), " ".join(parts[cut:]))
+    if min(len(words(h)) for h in halves) < 15:
+        return None
+    first = int(rng.integers(2))
+    return halves[first], f"{doc.title} {halves[1 - first]}".strip()
+
+
 def make_pseudo_queries(docs: Sequence[Document], config: PseudoQueryConfig = PseudoQueryConfig()) -> list[PseudoQuery]:
     """Queries for ``docs`` (a corpus or any sequence of documents), in corpus order."""
     if not docs:
@@ -143,7 +165,7 @@ def make_pseudo_queries(docs: Sequence[Document], config: PseudoQueryConfig = Ps
         made = {}
         for kind in config.kinds:
             pair = (_title(doc) if kind == "title" else _sentence(doc, idf, rng) if kind == "sentence"
-                    else _keywords(doc, idf, rng))
+                    else _passage(doc, rng) if kind == "passage" else _keywords(doc, idf, rng))
             if pair is not None and pair[0].strip() and pair[1].strip():
                 made[kind] = pair
         if not made:

@@ -12,7 +12,8 @@ import torch
 from twostage.engine.fusion import fuse, wsum
 from twostage.indexer.errors import ConfigError, DataError
 from twostage.indexer.records import Document, RankedList
-from twostage.retriever.pseudo_queries import PseudoQueryConfig, as_queries_and_qrels, make_pseudo_queries, words
+from twostage.retriever.pseudo_queries import (PseudoQueryConfig, as_queries_and_qrels, make_pseudo_queries, sentences,
+                                                words)
 
 DOCS = [
     Document("a", "Vitamin D deficiency weakens bone mineral density in older adults. Supplements restored "
@@ -43,6 +44,23 @@ def test_pseudo_queries_cut_their_words_out_of_the_positive():
     # "Short" has no title and a single word: it gives nothing
     assert not any(p.doc_id == "d" for p in pq)
     assert len({p.id for p in pq}) == len(pq)
+
+
+def test_passage_pseudo_queries_are_one_half_of_the_text_and_the_positive_the_other():
+    long = Document("p", " ".join(f"Sentence {i} says that the harbour bridge needed new cables in spring." for i in
+                                  range(7)), "harbour bridge repairs")
+    config = PseudoQueryConfig(kinds=("passage",))
+    assert config.kinds == ("passage",) and "passage" not in PseudoQueryConfig().kinds  # asked for, not default
+    seen_first = set()
+    for seed in range(12):
+        (p,) = make_pseudo_queries([long, *DOCS], PseudoQueryConfig(kinds=("passage",), seed=seed))
+        assert p.doc_id == "p" and p.id == "p#passage"  # DOCS' texts are too short to halve (15 words a half)
+        assert p.positive.startswith(long.title) and p.text not in p.positive
+        rest = p.positive[len(long.title):].strip()
+        assert sorted(sentences(p.text) + sentences(rest)) == sorted(sentences(long.text))  # halves, no overlap
+        assert min(len(words(p.text)), len(words(rest))) >= 15
+        seen_first.add(long.text.startswith(p.text))
+    assert seen_first == {True, False}  # either half can be the query
 
 
 def test_pseudo_queries_are_seeded_and_one_per_document_by_default():

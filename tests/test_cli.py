@@ -387,6 +387,7 @@ def test_build_adapt_trains_on_the_corpus_then_builds(tmp_path, sample_dir, tiny
 
 @pytest.mark.parametrize("argv,message", [
     (["adapt", "--corpus", "{tmp}/nothing.jsonl", "--out", "{tmp}/m"], "nothing.jsonl"),
+    (["adapt", "--corpus", "{sample}", "--out", "{tmp}/m", "--query-kinds", "title,questions"], "got questions"),
     (["build", "--corpus", "{sample}", "--out", "{tmp}/e", "--adapt", "{tmp}/m", "--reranker", "x"],
      "give --adapt or --reranker, not both"),
 ])
