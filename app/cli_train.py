@@ -220,6 +220,7 @@ def _adapt(args: argparse.Namespace) -> int:
 
 def add_adapt_command(sub: Any) -> None:
     from twostage.app.cli_engine import add_device_flag, add_field_flags
+    from twostage.retriever.pseudo_queries import DEFAULT_KINDS, KINDS
 
     ad = sub.add_parser("adapt", help=help_of("adapt"))
     ad.add_argument("--corpus", required=True, type=Path, help="a folder of .txt, .md, .html or .pdf files, a BEIR directory, or a .jsonl, "
@@ -231,8 +232,8 @@ def add_adapt_command(sub: Any) -> None:
                     help="pseudo-queries come from at most this many documents (default: the recipe's)")
     ad.add_argument("--seed", type=int, default=None, help="seed of every random choice")
     ad.add_argument("--query-kinds", default=None, metavar="KINDS",
-                    help="comma-separated pseudo-query kinds: title, sentence, keywords, passage (default: "
-                         "title,sentence,keywords; passage suits queries that are themselves passages)")
+                    help=f"comma-separated pseudo-query kinds, some of {', '.join(KINDS)} (default: "
+                         f"{','.join(DEFAULT_KINDS)}; passage suits queries that are themselves passages)")
     ad.add_argument("--no-reranker", action="store_true", help="adapt the bi-encoder only")
     ad.add_argument("--keep-checkpoints", action="store_true",
                     help="keep OUT/*.train (the training checkpoints, ~600 MB) after the models are saved")

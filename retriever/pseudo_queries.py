@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -154,6 +154,12 @@ def _passage(doc: Document, rng: np.random.Generator) -> tuple[str, str] | None:
     return halves[first], f"{doc.title} {halves[1 - first]}".strip()
 
 
+_MAKERS: dict[str, Callable[[Document, _Idf, np.random.Generator], tuple[str, str] | None]] = {
+    "title": lambda doc, idf, rng: _title(doc), "sentence": _sentence, "keywords": _keywords,
+    "passage": lambda doc, idf, rng: _passage(doc, rng),
+}  # one per kind of KINDS, each drawing from the one seeded rng in corpus order
+
+
 def make_pseudo_queries(docs: Sequence[Document], config: PseudoQueryConfig = PseudoQueryConfig()) -> list[PseudoQuery]:
     """Queries for ``docs`` (a corpus or any sequence of documents), in corpus order."""
     if not docs:
@@ -164,8 +170,7 @@ def make_pseudo_queries(docs: Sequence[Document], config: PseudoQueryConfig = Ps
     for doc in docs:
         made = {}
         for kind in config.kinds:
-            pair = (_title(doc) if kind == "title" else _sentence(doc, idf, rng) if kind == "sentence"
-                    else _passage(doc, rng) if kind == "passage" else _keywords(doc, idf, rng))
+            pair = _MAKERS[kind](doc, idf, rng)
             if pair is not None and pair[0].strip() and pair[1].strip():
                 made[kind] = pair
         if not made:
