@@ -226,7 +226,8 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
                           rerank_whole_up_to=args.rerank_whole_up_to, rerank_blend=blend_setting(args.rerank_blend),
                           fusion=args.fusion if args.fusion is not None else defaults.fusion,
                           dense_weight=args.dense_weight if args.dense_weight is not None else defaults.dense_weight,
-                          language=args.language, maxsim_depth=args.maxsim_depth,
+                          language=args.language,
+                          maxsim_depth=args.maxsim_depth if args.maxsim_depth is not None else defaults.maxsim_depth,
                           maxsim_blend=maxsim_blend(args.maxsim_blend, defaults.maxsim_blend))
 
 
@@ -273,6 +274,10 @@ def _build(args: argparse.Namespace) -> int:
             # over its dev corpus; over another (ids read only for a record that names its corpus), its weight there
             served = served_maxsim(args.late_interaction, corpus_ids(corpus_of(args)))
             common["settings"] = with_maxsim(settings, served)
+            if args.maxsim_depth is not None:  # the flag wins over the depth chosen on dev
+                from dataclasses import replace
+
+                common["settings"] = replace(common["settings"], maxsim_depth=args.maxsim_depth)
     if args.ray_actors:
         if args.shards:
             raise ConfigError("--ray-actors encodes one engine's corpus; leave out --shards")
@@ -631,8 +636,9 @@ def add_commands(sub: Any, only: str | None = None) -> None:
     b.add_argument("--late-interaction", default=None, metavar="MODEL",
                    help="store every passage's token vectors for a MaxSim stage between the first stage and the "
                         "reranker: a ColBERT model (PyLate or Stanford layout) or a bi-encoder read token by token")
-    b.add_argument("--maxsim-depth", type=int, default=d.maxsim_depth,
-                   help=f"candidates MaxSim reads (default {d.maxsim_depth})")
+    b.add_argument("--maxsim-depth", type=int, default=None,
+                   help=f"candidates MaxSim reads (default: the depth the one command chose on dev for the "
+                        f"--late-interaction model over this corpus, else {d.maxsim_depth})")
     b.add_argument("--maxsim-blend", default=None,
                    help=f"MaxSim's weight against the first stage: none (MaxSim alone) or a number in [0, 1] "
                         f"(default {d.maxsim_blend})")

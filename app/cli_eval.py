@@ -80,7 +80,7 @@ def _bench(args: argparse.Namespace) -> int:
         from twostage.eval.workflows import choose_maxsim, record_maxsim_choice
 
         choice = choose_maxsim(dataset, args.train_split, settings.dev_fraction, settings.seed, options)
-        options, stages = replace(options, maxsim_blend=choice.weight), [choice.line]
+        options, stages = replace(options, maxsim_blend=choice.weight, maxsim_depth=choice.depth), [choice.line]
         if trained.late:  # kept with the model: an engine built with it serves the same choice over this corpus
             record_maxsim_choice(trained.late, choice, dataset.corpus)
     if trained and trained.reranker:

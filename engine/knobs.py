@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from twostage.engine.options import SEARCH_OPTIONS
+from twostage.engine.options import MAX_DEPTH, SEARCH_OPTIONS
 from twostage.engine.settings import FIRST_STAGES, EngineSettings, is_blend, renamed, with_changes
 from twostage.indexer.errors import ConfigError
 from twostage.indexer.records import check_k
@@ -87,7 +87,10 @@ class MaxSimChoice:
     ``elsewhere`` is the weight for a corpus other than the one the dev queries searched, whose bottom-k sketch of
     document ids is ``home`` (:mod:`twostage.indexer.corpus_sketch`) and whose size is ``home_documents``: the
     smallest weight within one standard error of dev's best, never above ``weight``. A record from before it names
-    no corpus (``home`` empty): its weight is served everywhere."""
+    no corpus (``home`` empty): its weight is served everywhere.
+
+    ``depth`` is the number of first-stage candidates MaxSim reads that dev chose with the weight (``dev_by_weight``
+    is measured at it); None, in a record from before the depth was chosen: the engine's own ``maxsim_depth``."""
 
     weight: float
     dev_by_weight: tuple[tuple[float, float], ...] = ()
@@ -96,6 +99,8 @@ class MaxSimChoice:
     elsewhere: float | None = None
     home: tuple[str, ...] = ()
     home_documents: int = 0
+    depth: int | None = None
+    dev_by_depth: tuple[tuple[int, float, float], ...] = ()  # (depth, dev metric, weight) at each depth tried
 
 
 def maxsim_record(model_dir: str | Path | None) -> MaxSimChoice | None:
@@ -139,9 +144,18 @@ def _maxsim_record(path: str, _mtime: int) -> MaxSimChoice | None:
         if elsewhere > weight:
             raise ConfigError(f"{path}: training.{MAXSIM_CHOICE}.elsewhere ({elsewhere:g}) is above its weight "
                               f"({weight:g}); restore the model directory or train it again")
+    depth = chosen.get("depth")
+    if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH):
+        raise ConfigError(f"{path}: training.{MAXSIM_CHOICE}.depth must be a whole number in [1, {MAX_DEPTH}], got "
+                          f"{depth!r}; restore the model directory or train it again")
+    by_depth = chosen.get("dev_by_depth") or []
+    if not isinstance(by_depth, list) or not all(
+            isinstance(p, list) and len(p) == 3 and all(isinstance(v, (int, float)) for v in p) for p in by_depth):
+        raise ConfigError(f"{path}: training.{MAXSIM_CHOICE}.dev_by_depth must list [depth, dev score, weight] "
+                          "triples; restore the model directory or train it again")
     return MaxSimChoice(weight, tuple((float(a), float(m)) for a, m in curve), queries if isinstance(queries, int) else 0,
                         rule if isinstance(rule, str) else "one_se", elsewhere, tuple(str(h) for h in sketch),
-                        documents)
+                        documents, depth, tuple((int(d), float(m), float(w)) for d, m, w in by_depth))
 
 
 @dataclass(frozen=True)
@@ -161,10 +175,16 @@ class ServedMaxSim:
         return self.similarity is None or self.similarity >= HOME_SIMILARITY
 
     @property
+    def depth(self) -> int | None:
+        """The candidates MaxSim reads: dev's choice on the dev corpus, the engine's own (None) on another one."""
+        return self.record.depth if self.home else None
+
+    @property
     def line(self) -> str:
         if self.home:
             where = "" if self.similarity is None else f" (this corpus is the dev corpus: {self.similarity:.0%} shared)"
-            return f"weight {self.weight:g}, chosen on {self.record.dev_queries} dev queries{where}"
+            depth = "" if self.depth is None else f" over the top {self.depth}"
+            return f"weight {self.weight:g}{depth}, chosen on {self.record.dev_queries} dev queries{where}"
         return (f"weight {self.weight:g}, the weight for another corpus: dev chose {self.record.weight:g} on a corpus of "
                 f"{self.record.home_documents} documents that shares {self.similarity:.0%} of this one's, and "
                 f"{self.weight:g} is the smallest weight within one standard error of dev's best there")
@@ -193,12 +213,14 @@ def maxsim_choice(model_dir: str | Path | None, document_ids: Iterable[str] | No
 
 
 def with_maxsim(settings: EngineSettings, served: ServedMaxSim | None) -> EngineSettings:
-    """``settings`` serving ``served``'s weight: a weight of 0.0 switches the stage off (``maxsim=False``: the token
-    vectors stay, a search may still ask for it); as they are when nothing was chosen (None)."""
+    """``settings`` serving ``served``'s weight (and depth, where dev chose one for this corpus): a weight of 0.0
+    switches the stage off (``maxsim=False``: the token vectors stay, a search may still ask for it); as they are
+    when nothing was chosen (None)."""
     if served is None:
         return settings
-    weight = served.weight
-    return replace(settings, maxsim=weight > 0.0, maxsim_blend=weight if weight > 0.0 else settings.maxsim_blend)
+    weight, depth = served.weight, served.depth
+    return replace(settings, maxsim=weight > 0.0, maxsim_blend=weight if weight > 0.0 else settings.maxsim_blend,
+                   maxsim_depth=settings.maxsim_depth if depth is None else depth)
 
 
 def with_maxsim_choice(settings: EngineSettings, late_model: str | Path | None,

@@ -218,6 +218,11 @@ def select_blend(engine: SearchMethods, model: Any, queries: Sequence[Query], qr
                                tuple((name, one_se_blend(curve), means(curve)) for name, curve in curves.items()))
 
 
+# the candidates MaxSim may read, tried on dev by the one command (twostage.eval.workflows.choose_maxsim): the
+# engine's own maxsim_depth and twice it (MaxSim's time grows with it)
+MAXSIM_DEPTHS = (EngineSettings().maxsim_depth, 2 * EngineSettings().maxsim_depth)
+
+
 def maxsim_curve(engine: SearchMethods, queries: Sequence[Query], qrels: Qrels, metric: DevMetric,
                  grid: Sequence[float] = GRID, *, show_progress: bool = False) -> list[tuple[float, np.ndarray]]:
     """Each weight of ``grid`` with ``metric``'s value for every one of ``queries`` (in their order): the top 10 of

@@ -35,6 +35,9 @@ class SystemOptions:
     # MaxSim's weight against the first stage for the +maxsim systems ("auto": the engine's; 0.0: MaxSim off, as
     # the one command's dev rule may choose, twostage.eval.workflows.choose_maxsim)
     maxsim_blend: float | str = "auto"
+    # the first-stage candidates MaxSim reads (None: with "auto", the depth chosen on dev for the late model over its
+    # dev corpus, else the engine's)
+    maxsim_depth: int | None = None
 
 
 # One engine per (corpus, model settings): dense, hybrid and their +rerank systems are views of it, so a bench run
@@ -58,9 +61,10 @@ def engine_for(corpus: Corpus, options: SystemOptions, *, need_reranker: bool = 
     if key not in shared:
         shared[key] = _build_engine(corpus, options)
     engine = shared[key]
-    weight = maxsim_weight(options, corpus)
-    if weight is not None and engine.manifest.late is not None:  # a view: the engine is shared
-        engine = engine.with_settings(maxsim_blend=weight)
+    weight, depth = maxsim_served(options, corpus)
+    if engine.manifest.late is not None and (weight, depth) != (None, None):  # a view: the engine is shared
+        engine = engine.with_settings(**({} if weight is None else {"maxsim_blend": weight}),
+                                      **({} if depth is None else {"maxsim_depth": depth}))
     if need_reranker and engine.manifest.reranker is None:
         raise ConfigError("the +rerank systems need a cross-encoder: pass --reranker-model NAME_OR_DIR"
                           + (f" (engine {options.engine} has none; rebuild it with --reranker)" if options.engine else ""))
@@ -73,14 +77,28 @@ def engine_for(corpus: Corpus, options: SystemOptions, *, need_reranker: bool = 
 
 
 def maxsim_weight(options: SystemOptions, corpus: Corpus) -> float | None:
-    """MaxSim's weight for the +maxsim systems over ``corpus``: the options' number, else (``"auto"``) the weight
-    chosen on dev for the late model, or its weight for another corpus where ``corpus`` is not the dev queries' own
-    (:func:`twostage.engine.knobs.maxsim_choice`), else None (the engine's own setting)."""
-    if options.maxsim_blend != "auto":
-        return float(options.maxsim_blend)
-    from twostage.engine.knobs import maxsim_choice
+    """MaxSim's weight for the +maxsim systems over ``corpus`` (:func:`maxsim_served`)."""
+    return maxsim_served(options, corpus)[0]
 
-    return maxsim_choice(options.late_model, corpus.ids)
+
+def maxsim_depth(options: SystemOptions, corpus: Corpus) -> int | None:
+    """The candidates MaxSim reads for the +maxsim systems over ``corpus`` (:func:`maxsim_served`)."""
+    return maxsim_served(options, corpus)[1]
+
+
+def maxsim_served(options: SystemOptions, corpus: Corpus) -> tuple[float | None, int | None]:
+    """MaxSim's weight and depth for the +maxsim systems over ``corpus``: the options' numbers, else (``"auto"``)
+    what dev chose for the late model: its weight and depth where ``corpus`` is the dev queries' own, its weight for
+    another corpus (and the engine's depth) elsewhere (:func:`twostage.engine.knobs.served_maxsim`); None for what
+    neither sets (the engine's own setting)."""
+    if options.maxsim_blend != "auto":
+        return float(options.maxsim_blend), options.maxsim_depth
+    from twostage.engine.knobs import served_maxsim
+
+    served = served_maxsim(options.late_model, corpus.ids)
+    if served is None:
+        return None, options.maxsim_depth
+    return served.weight, served.depth if options.maxsim_depth is None else options.maxsim_depth
 
 
 def _build_engine(corpus: Corpus, options: SystemOptions) -> Any:

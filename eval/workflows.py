@@ -70,7 +70,9 @@ class StageChoice:
     """What dev chose for a stage the one command serves: its weight against the first stage (0.0: off), the dev
     metric at every weight tried and the number of dev queries; ``line`` says it in words. ``elsewhere``: MaxSim's
     weight for a corpus the dev queries did not search (:func:`twostage.engine.fusion.maxsim_elsewhere`);
-    ``served_here``: what a run over another corpus serves instead, in words (None: the dev corpus's choice)."""
+    ``served_here``: what a run over another corpus serves instead, in words (None: the dev corpus's choice).
+    ``depth``: the first-stage candidates MaxSim reads, chosen on dev with the weight (``dev_by_weight`` is measured
+    at it), and ``dev_by_depth`` the best of dev at each depth tried."""
 
     stage: str
     weight: float
@@ -79,6 +81,8 @@ class StageChoice:
     rule: str = "one_se"  # a name in twostage.engine.fusion.BLEND_RULES: how ``weight`` was chosen
     elsewhere: float | None = None
     served_here: str | None = None  # the words of engine.knobs.ServedMaxSim.line, when this corpus is not dev's
+    depth: int | None = None  # the first-stage candidates the stage reads, where dev chose it (None: the engine's)
+    dev_by_depth: tuple[tuple[int, float, float], ...] = ()  # (depth, dev metric, weight) at each depth tried
 
     @property
     def served(self) -> bool:
@@ -93,9 +97,14 @@ class StageChoice:
                     f"{base:.3f} and no weight of {self.stage} was more than one standard error above it (best "
                     f"{best:.3f}), so the engine does not serve it")
         else:
-            said = (f"{self.stage}: served at weight {self.weight:g} against the first stage, chosen on the "
+            depth = "" if self.depth is None else f" over its top {self.depth}"
+            said = (f"{self.stage}: served at weight {self.weight:g} against the first stage{depth}, chosen on the "
                     f"{self.dev_queries} dev queries ({curve[self.weight]:.3f} against the first stage alone "
                     f"{base:.3f}; {RULE_WORDS.get(self.rule, self.rule)})")
+        if self.served and len(self.dev_by_depth) > 1:
+            said += ("; dev by depth, each at its own weight: "
+                     + ", ".join(f"top {d} {m:.3f} (weight {w:g})" for d, m, w in self.dev_by_depth)
+                     + " (the engine's depth unless another scores higher)")
         if self.elsewhere is not None and self.elsewhere != self.weight:
             said += (f"; on another corpus {self.elsewhere:g} ({RULE_WORDS['one_se']}, as the dev queries do not "
                      "search it)")
@@ -108,12 +117,14 @@ RULE_WORDS = {"one_se": "the smallest weight within one standard error of the be
 
 def choose_maxsim(dataset: BeirDataset, train_split: str, dev_fraction: float, seed: int, options: SystemOptions, *,
                   dev_metric: DevMetric = ndcg10_by_query) -> StageChoice:
-    """MaxSim's weight for the +maxsim systems chosen on the train split's held-out queries (the ones every model of
-    the one command held out: ``dev_fraction`` and ``seed``), searched through the engine those systems are views of
-    (:func:`twostage.engine.training.maxsim_curve`, :func:`twostage.engine.fusion.maxsim_rule`): 0.0, MaxSim off,
-    unless dev shows a gain; with the weight for other corpora (:func:`twostage.engine.fusion.maxsim_elsewhere`)."""
-    from twostage.engine.fusion import MAXSIM_RULE, maxsim_elsewhere, maxsim_rule
-    from twostage.engine.training import maxsim_curve
+    """MaxSim's weight and depth for the +maxsim systems chosen on the train split's held-out queries (the ones
+    every model of the one command held out: ``dev_fraction`` and ``seed``), searched through the engine those
+    systems are views of (:func:`twostage.engine.training.maxsim_curve` at each of
+    :data:`~twostage.engine.training.MAXSIM_DEPTHS`; :func:`twostage.engine.fusion.maxsim_rule` for the weight,
+    :func:`~twostage.engine.fusion.maxsim_depth_rule` for the depth): 0.0, MaxSim off, unless dev shows a gain;
+    with the weight for other corpora (:func:`twostage.engine.fusion.maxsim_elsewhere`)."""
+    from twostage.engine.fusion import MAXSIM_RULE, maxsim_depth_rule, maxsim_elsewhere, maxsim_rule
+    from twostage.engine.training import MAXSIM_DEPTHS, maxsim_curve
     from twostage.eval.systems import engine_for
     from twostage.retriever.training_data import hold_out
 
@@ -122,9 +133,13 @@ def choose_maxsim(dataset: BeirDataset, train_split: str, dev_fraction: float, s
     qrels = split.qrels.subset(q.id for q in dev)
     dev = [q for q in dev if qrels.relevant(q.id)]
     engine = engine_for(dataset.corpus, options, need_late=True)
-    curve = maxsim_curve(engine, dev, qrels, dev_metric, show_progress=options.show_progress)
+    curves = [(depth, maxsim_curve(engine.with_settings(maxsim_depth=depth), dev, qrels, dev_metric,
+                                   show_progress=options.show_progress)) for depth in MAXSIM_DEPTHS]
+    depth = maxsim_depth_rule(curves)
+    curve = dict(curves)[depth]
+    by_depth = tuple((d, float(np.mean(dict(c)[maxsim_rule(c)])), maxsim_rule(c)) for d, c in curves)
     return StageChoice("MaxSim", maxsim_rule(curve), tuple((a, float(np.mean(v))) for a, v in curve), len(dev),
-                       MAXSIM_RULE, maxsim_elsewhere(curve))
+                       MAXSIM_RULE, maxsim_elsewhere(curve), depth=depth, dev_by_depth=by_depth)
 
 
 def record_maxsim_choice(model_dir: str | Path, choice: StageChoice, home: Corpus, first_stage: str = "hybrid") -> None:
@@ -137,9 +152,11 @@ def record_maxsim_choice(model_dir: str | Path, choice: StageChoice, home: Corpu
     from twostage.indexer.corpus_sketch import corpus_sketch
     from twostage.models.model_meta import record_training
 
+    depth = {} if choice.depth is None else {"depth": choice.depth,
+                                              "dev_by_depth": [list(p) for p in choice.dev_by_depth]}
     record_training(Path(model_dir), MAXSIM_CHOICE, {
         "weight": choice.weight, "first_stage": first_stage, "dev_queries": choice.dev_queries, "rule": choice.rule,
-        "dev_by_weight": [list(p) for p in choice.dev_by_weight],
+        "dev_by_weight": [list(p) for p in choice.dev_by_weight], **depth,
         "elsewhere": choice.weight if choice.elsewhere is None else choice.elsewhere,
         "home": {"documents": len(home), "sketch": list(corpus_sketch(home.ids))}})
 
@@ -155,7 +172,8 @@ def recorded_maxsim_choice(model_dir: str | Path | None, corpus: Corpus | None =
         return None
     record = served.record
     return StageChoice("MaxSim", record.weight, record.dev_by_weight or ((record.weight, float("nan")),),
-                       record.dev_queries, record.rule, record.elsewhere, None if served.home else served.line)
+                       record.dev_queries, record.rule, record.elsewhere, None if served.home else served.line,
+                       depth=served.depth, dev_by_depth=record.dev_by_depth if served.home else ())
 
 
 def reranker_choice(model_dir: str | Path, first_stage: str = "hybrid") -> StageChoice | None:

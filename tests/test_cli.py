@@ -290,7 +290,10 @@ def test_bench_trains_both_models_on_the_train_split(tmp_path, sample_dir, tiny_
 
 def test_bench_trains_a_maxsim_model_for_the_maxsim_systems(tmp_path, sample_dir, tiny_bert_dir, capsys):
     """--train-split with a +maxsim system trains a late-interaction model on the train split (its dev queries held
-    out of it) and the MaxSim row searches with it; a given --late-model is used as is."""
+    out of it) and the MaxSim row searches with it, at the weight and depth dev chose; a given --late-model is used
+    as is."""
+    from twostage.engine.training import MAXSIM_DEPTHS
+
     settings = {"retriever": {"train": {"epochs": 1, "batch_size": 8, "bf16": False}},
                 "late": {"train": {"epochs": 1, "batch_size": 8, "lr": 1e-3, "bf16": False}}}
     (tmp_path / "s.json").write_text(json.dumps(settings))
@@ -315,6 +318,7 @@ def test_bench_trains_a_maxsim_model_for_the_maxsim_systems(tmp_path, sample_dir
     assert (quality["hybrid+maxsim"] == quality["hybrid"]) == line.startswith("MaxSim: off")
     chosen = json.loads((late / "twostage.json").read_text())["training"]["maxsim_choice"]  # kept with the model
     assert (chosen["weight"] == 0.0) == line.startswith("MaxSim: off") and chosen["first_stage"] == "hybrid"
+    assert chosen["depth"] in MAXSIM_DEPTHS and [d for d, _, _ in chosen["dev_by_depth"]] == list(MAXSIM_DEPTHS)
     capsys.readouterr()
     assert main([*args, "--train-split", "train", "--late-model", str(late), "--retriever-model",
                  str(tmp_path / "o.models" / "retriever"), "--out", str(tmp_path / "p")]) == 0

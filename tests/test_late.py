@@ -741,10 +741,10 @@ def test_the_maxsim_weight_chosen_on_dev_travels_with_the_model(tmp_path, tiny_b
     from twostage.app.cli import main
     from twostage.engine.knobs import MAXSIM_CHOICE, maxsim_choice, with_maxsim_choice
     from twostage.engine.settings import EngineSettings
-    from twostage.eval.systems import SystemOptions, maxsim_weight
+    from twostage.eval.systems import SystemOptions, maxsim_depth, maxsim_weight
     from twostage.eval.workflows import StageChoice, record_maxsim_choice, recorded_maxsim_choice, train
     from twostage.indexer.corpus import Corpus
-    from twostage.models.model_meta import record_training
+    from twostage.models.model_meta import read_model_meta, record_training
     from twostage.retriever.recipe import RetrieverRecipe
     from twostage.retriever.trainer import TrainConfig
 
@@ -782,6 +782,28 @@ def test_the_maxsim_weight_chosen_on_dev_travels_with_the_model(tmp_path, tiny_b
     assert "weight 0.4 against the first stage" in said and "this corpus is the dev corpus: 100% shared" in said
     served = SearchEngine.load(tmp_path / "later").settings
     assert served == dataclasses.replace(before, maxsim=True, maxsim_blend=0.4)
+    assert maxsim_depth(SystemOptions(late_model=str(late)), home) is None  # no depth recorded: the engine's
+
+    deep = StageChoice("MaxSim", 0.4, ((0.0, 0.61), (0.4, 0.70)), 8, "gated_best", depth=100,
+                       dev_by_depth=((50, 0.68, 0.4), (100, 0.70, 0.4)))
+    record_maxsim_choice(late, deep, home)  # the depth chosen with the weight travels too
+    recorded = recorded_maxsim_choice(late, home)
+    assert recorded.depth == 100 and recorded.dev_by_depth == deep.dev_by_depth
+    assert "over its top 100" in recorded.line and "top 50 0.680 (weight 0.4)" in recorded.line
+    assert maxsim_depth(SystemOptions(late_model=str(late)), home) == 100
+    assert maxsim_depth(SystemOptions(late_model=str(late), maxsim_depth=30), home) == 30  # given: it wins
+    capsys.readouterr()
+    assert main([*build, "--out", str(tmp_path / "deep")]) == 0
+    assert "reorder the top 100 (weight 0.4" in capsys.readouterr().out
+    assert SearchEngine.load(tmp_path / "deep").settings.maxsim_depth == 100
+    assert main([*build, "--out", str(tmp_path / "flag"), "--maxsim-depth", "20"]) == 0  # the flag wins
+    assert SearchEngine.load(tmp_path / "flag").settings.maxsim_depth == 20
+    record = read_model_meta(late)[2][MAXSIM_CHOICE]
+    for bad, key in ((0, "depth"), ("100", "depth"), (True, "depth"), ([[50, 0.6]], "dev_by_depth")):
+        record_training(late, MAXSIM_CHOICE, {**record, key: bad})
+        capsys.readouterr()
+        assert main([*build, "--out", str(tmp_path / "bad")]) == 2
+        assert f"{MAXSIM_CHOICE}.{key}" in capsys.readouterr().err and not (tmp_path / "bad").exists()
     record_training(late, MAXSIM_CHOICE, {"weight": 3})
     capsys.readouterr()
     assert main([*build, "--out", str(tmp_path / "bad")]) == 2

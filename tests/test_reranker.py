@@ -217,6 +217,24 @@ def test_maxsim_weight_for_another_corpus_is_one_se_and_never_above_the_dev_choi
     assert one_se_blend(best_noise) == 0.0 and maxsim_elsewhere(best_noise) == 0.0
 
 
+def test_maxsim_depth_is_the_engines_unless_another_scores_higher_at_its_own_weight():
+    """#83: MaxSim's depth is chosen on dev with its weight: each depth's curve gives its weight by the gated rule,
+    and a depth other than the first (the engine's) is kept only where its dev mean at that weight is higher; a tie,
+    or a gain the gate calls noise, keeps the first."""
+    from twostage.engine.fusion import maxsim_depth_rule
+
+    first = (0.0, np.array([0.5, 0.5, 0.5, 0.5]))
+    shallow = [first, (0.5, np.array([0.6, 0.6, 0.6, 0.6])), (1.0, np.array([0.55, 0.55, 0.55, 0.56]))]
+    deeper = [first, (0.5, np.array([0.6, 0.6, 0.6, 0.6])), (1.0, np.array([0.65, 0.65, 0.65, 0.66]))]
+    assert maxsim_depth_rule([(50, shallow), (100, deeper)]) == 100
+    assert maxsim_depth_rule([(50, deeper), (100, shallow)]) == 50
+    assert maxsim_depth_rule([(50, shallow), (100, shallow)]) == 50  # a tie: the engine's (first) depth
+    noisy = [first, (0.5, np.array([0.95, 0.1, 0.95, 0.1]))]  # the best mean at 100, but off by the gate
+    assert maxsim_depth_rule([(50, shallow), (100, noisy)]) == 50
+    with pytest.raises(ValueError):
+        maxsim_depth_rule([])
+
+
 def test_search_policy_is_the_engines_not_the_models(tmp_path, tiny_bert_dir, sample_dir):
     """#64: a saved cross-encoder's settings hold no search policy (blend, calibration); what training chose on dev is
     its training record, which an engine built with ``rerank_blend="auto"`` writes into its own manifest as numbers.
