@@ -122,7 +122,8 @@ def choose_maxsim(dataset: BeirDataset, train_split: str, dev_fraction: float, s
     systems are views of (:func:`twostage.engine.training.maxsim_curve` at each of
     :data:`~twostage.engine.training.MAXSIM_DEPTHS`; :func:`twostage.engine.fusion.maxsim_rule` for the weight,
     :func:`~twostage.engine.fusion.maxsim_depth_rule` for the depth): 0.0, MaxSim off, unless dev shows a gain;
-    with the weight for other corpora (:func:`twostage.engine.fusion.maxsim_elsewhere`)."""
+    with the weight for other corpora (:func:`twostage.engine.fusion.maxsim_elsewhere` of the curve at the engine's
+    depth, which other corpora are served at; never above the weight)."""
     from twostage.engine.fusion import MAXSIM_RULE, maxsim_depth_rule, maxsim_elsewhere, maxsim_rule
     from twostage.engine.training import MAXSIM_DEPTHS, maxsim_curve
     from twostage.eval.systems import engine_for
@@ -138,8 +139,11 @@ def choose_maxsim(dataset: BeirDataset, train_split: str, dev_fraction: float, s
     depth = maxsim_depth_rule(curves)
     curve = dict(curves)[depth]
     by_depth = tuple((d, float(np.mean(dict(c)[maxsim_rule(c)])), maxsim_rule(c)) for d, c in curves)
-    return StageChoice("MaxSim", maxsim_rule(curve), tuple((a, float(np.mean(v))) for a, v in curve), len(dev),
-                       MAXSIM_RULE, maxsim_elsewhere(curve), depth=depth, dev_by_depth=by_depth)
+    weight = maxsim_rule(curve)
+    # another corpus is served at the engine's depth (engine.knobs.ServedMaxSim.depth): its weight from that curve
+    elsewhere = min(maxsim_elsewhere(curves[0][1]), weight)
+    return StageChoice("MaxSim", weight, tuple((a, float(np.mean(v))) for a, v in curve), len(dev), MAXSIM_RULE,
+                       elsewhere, depth=depth, dev_by_depth=by_depth)
 
 
 def record_maxsim_choice(model_dir: str | Path, choice: StageChoice, home: Corpus, first_stage: str = "hybrid") -> None:
