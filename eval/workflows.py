@@ -137,13 +137,12 @@ def choose_maxsim(dataset: BeirDataset, train_split: str, dev_fraction: float, s
     curves = [(depth, maxsim_curve(engine.with_settings(maxsim_depth=depth), dev, qrels, dev_metric,
                                    show_progress=options.show_progress)) for depth in MAXSIM_DEPTHS]
     depth = maxsim_depth_rule(curves)
-    curve = dict(curves)[depth]
-    by_depth = tuple((d, float(np.mean(dict(c)[maxsim_rule(c)])), maxsim_rule(c)) for d, c in curves)
-    weight = maxsim_rule(curve)
+    weights = {d: maxsim_rule(c) for d, c in curves}
+    by_depth = tuple((d, float(np.mean(dict(c)[weights[d]])), weights[d]) for d, c in curves)
     # another corpus is served at the engine's depth (engine.knobs.ServedMaxSim.depth): its weight from that curve
-    elsewhere = min(maxsim_elsewhere(curves[0][1]), weight)
-    return StageChoice("MaxSim", weight, tuple((a, float(np.mean(v))) for a, v in curve), len(dev), MAXSIM_RULE,
-                       elsewhere, depth=depth, dev_by_depth=by_depth)
+    elsewhere = min(maxsim_elsewhere(curves[0][1]), weights[depth])
+    return StageChoice("MaxSim", weights[depth], tuple((a, float(np.mean(v))) for a, v in dict(curves)[depth]),
+                       len(dev), MAXSIM_RULE, elsewhere, depth=depth, dev_by_depth=by_depth)
 
 
 def record_maxsim_choice(model_dir: str | Path, choice: StageChoice, home: Corpus, first_stage: str = "hybrid") -> None:
