@@ -292,10 +292,17 @@ def test_bench_trains_a_maxsim_model_for_the_maxsim_systems(tmp_path, sample_dir
     """--train-split with a +maxsim system trains a late-interaction model on the train split (its dev queries held
     out of it) and the MaxSim row searches with it, at the weight and depth dev chose; a given --late-model is used
     as is."""
+    import pandas as pd
+
+    from twostage import BeirDataset
     from twostage.engine.training import MAXSIM_DEPTHS
+    from twostage.retriever.biencoder import BiEncoder
+    from twostage.retriever.dense import DenseRetriever
 
     settings = {"retriever": {"train": {"epochs": 1, "batch_size": 8, "bf16": False}},
-                "late": {"train": {"epochs": 1, "batch_size": 8, "lr": 1e-3, "bf16": False}}}
+                # a random tiny BERT scores every document alike: no candidate passes the false-negative guard
+                "late": {"train": {"epochs": 1, "batch_size": 8, "lr": 1e-3, "bf16": False},
+                         "mining": {"max_ratio": 10.0}}}
     (tmp_path / "s.json").write_text(json.dumps(settings))
     args = ["-q", "bench", "--data", str(sample_dir), "--split", "test", "--systems", "hybrid,hybrid+maxsim",
             "--baseline", "hybrid", "--base", str(tiny_bert_dir), "--train-settings", str(tmp_path / "s.json")]
@@ -310,6 +317,16 @@ def test_bench_trains_a_maxsim_model_for_the_maxsim_systems(tmp_path, sample_dir
     assert meta["training"]["base"] == str(tmp_path / "o.models" / "retriever")  # from the bi-encoder just trained
     assert meta["training"]["recipe"]["max_length"] == 180 and meta["training"]["dev_queries"] > 0
     assert meta["training"]["train_queries"] + meta["training"]["dev_queries"] == len(train_ids)
+    recipe = meta["training"]["recipe"]  # hard negatives from the bi-encoder just trained: 3 of its top 30
+    assert (recipe["negatives"], recipe["mine_from"], recipe["mining"]["depth"]) == (3, "dense", 30)
+    mined = pd.read_parquet(tmp_path / "o.models" / "late.negatives.parquet")
+    assert len(mined) and mined["rank"].max() <= 30 and mined.groupby("query_id").size().max() <= 3
+    data = BeirDataset(sample_dir)  # the mined scores are that bi-encoder's, not the base model's
+    miner = BiEncoder.load(str(tmp_path / "o.models" / "retriever"), max_length=180)
+    dense = DenseRetriever.build(data.corpus, miner)
+    texts, row_of = {q.id: q.text for q in data.split("train").queries}, {d: i for i, d in enumerate(data.corpus.ids)}
+    for row in mined.head(3).itertuples():
+        assert abs(float(dense.scores(texts[row.query_id])[row_of[row.doc_id]]) - row.score) < 1e-4
     metrics = json.loads((tmp_path / "o" / "metrics.json").read_text())
     assert set(metrics) == {"hybrid", "hybrid+maxsim"}
     (line,) = config["stages"]  # the dev rule: MaxSim's weight chosen on the held-out train queries, 0.0 = off
