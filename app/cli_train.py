@@ -55,6 +55,8 @@ RETRIEVER = COMMON + _flags(
     ("--mini-batch-size", "retriever.train.mini_batch_size", "GradCache mini-batch (0: off)"),
     ("--late", "retriever.late", "train a late-interaction model (MaxSim over token vectors; for `twostage late`) "
      "instead of a bi-encoder: the same pairs, negatives and loop"),
+    ("--query-augmentation", "retriever.query_augmentation", "with --late: pad queries to this many tokens with mask "
+     "tokens whose vectors MaxSim keeps (ColBERT's query augmentation; 0: off)"),
     ("--dev-fraction", "dev_fraction", "train queries held out to pick the best epoch"),
     ("--max-length", "retriever.max_length", "token limit (none: the model's)", int),
     ("--bf16", "retriever.train.bf16", BF16_HELP, bool),

@@ -61,17 +61,20 @@ def quantise(vectors: np.ndarray, bits: int = 8) -> tuple[np.ndarray, np.ndarray
     return codes, scales.astype(np.float16)
 
 
-def dequantise(codes: np.ndarray, scales: np.ndarray, bits: int = 8, dim: int | None = None) -> np.ndarray:
-    """Float32 vectors (tokens, dim) from :func:`quantise`'s codes and scales."""
+def code_values(codes: np.ndarray, bits: int = 8, dim: int | None = None) -> np.ndarray:
+    """Float32 (tokens, dim) levels of :func:`quantise`'s codes, before their scales."""
     if bits == 4:
         packed = np.asarray(codes, dtype=np.uint8)
         values = np.empty((len(packed), 2 * packed.shape[1]), dtype=np.float32)
         values[:, 0::2] = (packed & 0x0F).astype(np.float32) - 8.0
         values[:, 1::2] = (packed >> 4).astype(np.float32) - 8.0
-        values = values[:, :dim] if dim is not None else values
-    else:
-        values = np.asarray(codes, dtype=np.float32)
-    return values * np.asarray(scales, dtype=np.float32)[:, None]
+        return values[:, :dim] if dim is not None else values
+    return np.asarray(codes, dtype=np.float32)
+
+
+def dequantise(codes: np.ndarray, scales: np.ndarray, bits: int = 8, dim: int | None = None) -> np.ndarray:
+    """Float32 vectors (tokens, dim) from :func:`quantise`'s codes and scales."""
+    return code_values(codes, bits, dim) * np.asarray(scales, dtype=np.float32)[:, None]
 
 
 def fit_projection(sample: np.ndarray, dim: int) -> np.ndarray:
@@ -98,12 +101,14 @@ class TokenCodec:
         return v if self.projection is None else v @ self.projection
 
 
-def maxsim(query: np.ndarray, tokens: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+def maxsim(query: np.ndarray, tokens: np.ndarray, bounds: np.ndarray, scales: np.ndarray | None = None) -> np.ndarray:
     """MaxSim of one query against many documents: for each document, the sum over the query's token vectors of
     their highest inner product with the document's token vectors, ``sum_i max_j q_i . d_j``.
 
     ``query``: (q, dim); ``tokens``: the documents' token vectors one after another (T, dim); ``bounds``: (n + 1,)
-    where each document's tokens start, then T. A document without tokens scores 0."""
+    where each document's tokens start, then T; ``scales``: (T,) each token vector's scale when ``tokens`` holds
+    codes (applied to the inner products, q values a token, not to the dim values of its vector). A document
+    without tokens scores 0."""
     n = len(bounds) - 1
     out = np.zeros(n, dtype=np.float32)
     lengths = np.diff(bounds)
@@ -111,6 +116,8 @@ def maxsim(query: np.ndarray, tokens: np.ndarray, bounds: np.ndarray) -> np.ndar
     if len(full) == 0 or len(query) == 0:
         return out
     sims = np.asarray(query, dtype=np.float32) @ np.asarray(tokens, dtype=np.float32).T  # (q, T)
+    if scales is not None:
+        sims *= np.asarray(scales, dtype=np.float32)[None, :]
     out[full] = np.maximum.reduceat(sims, np.asarray(bounds[:-1])[full], axis=1).sum(axis=0)
     return out
 
@@ -176,9 +183,10 @@ class TokenPart:
             raise IndexError(f"row {row} is not in the token vectors")
         return s, row - self.starts[s]
 
-    def gather(self, rows: Iterable[int]) -> tuple[np.ndarray, np.ndarray]:
-        """The token vectors of ``rows``, float32, one after another, and where each row's start (n + 1 bounds):
-        the rows of each segment read with one gather from its memory map and decoded at once."""
+    def gather(self, rows: Iterable[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The token codes of ``rows`` as float32 (unscaled: a token's vector is its codes times its scale), their
+        float32 scales, one after another, and where each row's start (n + 1 bounds): the rows of each segment read
+        with one gather from its memory map."""
         spans = []  # (segment, first token, end) of each row
         for row in rows:
             s, local = self._locate(int(row))
@@ -186,20 +194,27 @@ class TokenPart:
             spans.append((s, int(offsets[local]), int(offsets[local + 1])))
         bounds = np.zeros(len(spans) + 1, dtype=np.int64)
         np.cumsum([b - a for _, a, b in spans], out=bounds[1:])
-        tokens = np.empty((int(bounds[-1]), self.dim), dtype=np.float32)
-        for s in sorted({seg for seg, _, _ in spans}):
+        used = sorted({seg for seg, a, b in spans if b > a})
+        if len(used) == 1 and all(seg == used[0] for seg, _, _ in spans):  # one segment: no scatter
+            codes, scales, _ = self._arrays[used[0]]
+            source = np.concatenate([np.arange(a, b) for _, a, b in spans])
+            values = code_values(codes[source], self.codec.bits, self.dim)
+            return values, np.asarray(scales[source], dtype=np.float32), bounds
+        values = np.zeros((int(bounds[-1]), self.dim), dtype=np.float32)
+        token_scales = np.zeros(int(bounds[-1]), dtype=np.float32)
+        for s in used:
             mine = [i for i, (seg, a, b) in enumerate(spans) if seg == s and b > a]
-            if not mine:
-                continue
             source = np.concatenate([np.arange(spans[i][1], spans[i][2]) for i in mine])
             target = np.concatenate([np.arange(bounds[i], bounds[i + 1]) for i in mine])
             codes, scales, _ = self._arrays[s]
-            tokens[target] = dequantise(codes[source], scales[source], self.codec.bits, self.dim)
-        return tokens, bounds
+            values[target] = code_values(codes[source], self.codec.bits, self.dim)
+            token_scales[target] = scales[source]
+        return values, token_scales, bounds
 
     def scores(self, query: np.ndarray, rows: Sequence[int]) -> np.ndarray:
         """MaxSim of ``query`` (q, the model's dim; projected as the part projects) against each of ``rows``."""
-        return maxsim(self.codec.project(query), *self.gather(rows))
+        values, scales, bounds = self.gather(rows)
+        return maxsim(self.codec.project(query), values, bounds, scales)
 
     def segment_data(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return self._arrays[index]

@@ -63,6 +63,9 @@ class RetrieverRecipe:
     # train a late-interaction model (MaxSim over token vectors, objective "maxsim") from ``base`` instead of a
     # bi-encoder: the same data, negatives and loop; saved in PyLate's layout (retriever.late.LateEncoder)
     late: bool = False
+    # a late-interaction model's queries padded to this many tokens with mask tokens whose vectors MaxSim keeps
+    # (ColBERT's query augmentation, trained with the model; 0: queries as they are, the base bi-encoder's way)
+    query_augmentation: int = 0
 
     def __post_init__(self) -> None:
         if self.mine_from not in ("bm25", "dense"):
@@ -74,6 +77,9 @@ class RetrieverRecipe:
         if self.late and (self.title_pairs or self.nli or self.train.mini_batch_size):
             raise ConfigError("a late-interaction model trains on query-document pairs only: leave out title_pairs, "
                               "nli and mini_batch_size (GradCache)")
+        if self.query_augmentation and (not self.late or self.query_augmentation < 3):
+            raise ConfigError(f"query_augmentation {self.query_augmentation}: pads a late-interaction model's queries "
+                              "to that many tokens; give a length of at least 3 with late=True, or 0 for none")
 
 
 def _sample(training_set: TrainingSet, n: int, seed: int) -> TrainingSet:
@@ -105,7 +111,8 @@ def train_retriever(data: str | Path | BeirDataset, split: str, base: str, out: 
     ds = data if isinstance(data, BeirDataset) else BeirDataset(data)
     sp = ds.split(split)
     corpus = ds.corpus
-    model: Any = (LateEncoder.load(base, document_length=recipe.max_length) if recipe.late
+    augment = {"expand_query": True, "query_length": recipe.query_augmentation} if recipe.query_augmentation else {}
+    model: Any = (LateEncoder.load(base, document_length=recipe.max_length, **augment) if recipe.late
                   else BiEncoder.load(base, max_length=recipe.max_length))
     queries, dev_queries = hold_out(list(sp.queries), recipe.dev_fraction, recipe.train.seed)
     queries, cap, sampled = within_budget(queries, sp.qrels, recipe.max_pairs, recipe.max_positives, recipe.train.seed)

@@ -13,6 +13,7 @@ import torch
 
 from twostage.indexer.errors import ConfigError, IndexFormatError
 from twostage.indexer.tokens import (
+    TokenCodec,
     TokenPart,
     dequantise,
     maxsim,
@@ -205,6 +206,30 @@ def test_int8_codes_keep_scores_close():
     assert np.abs(dequantise(codes, scales) - v).max() < 0.01
 
 
+@pytest.mark.parametrize("bits", [8, 4])
+def test_token_part_scores_equal_maxsim_over_the_decoded_vectors(tmp_path, bits):
+    """MaxSim over codes, scaled after the product, equals MaxSim over the dequantised vectors, within one segment
+    and across two, rows in any order, an empty row scoring 0."""
+    rng = np.random.default_rng(5)
+    rows = [rng.normal(size=(n, 7)).astype(np.float32) for n in (4, 0, 6, 3, 5)]
+    d = tmp_path / "late"
+    codec = TokenCodec(bits)
+    segs = [write_segment(d, "a", rows[:3], 7, codec), write_segment(d, "b", rows[3:], 7, codec)]
+    write_manifest(d, 7, segs, codec)
+    part = TokenPart.open(d, [("a", 0, 3), ("b", 3, 2)])
+    q = rng.normal(size=(3, 7)).astype(np.float32)
+    for order in ([2, 0, 1], [4, 1, 0, 3, 2], [3, 4]):
+        decoded = []
+        for r in order:
+            codes, scales = quantise(rows[r], bits) if len(rows[r]) else (None, None)
+            decoded.append(dequantise(codes, scales, bits, 7) if codes is not None else np.zeros((0, 7), np.float32))
+        bounds = np.concatenate([[0], np.cumsum([len(x) for x in decoded])])
+        expected = maxsim(q, np.concatenate(decoded), bounds)
+        np.testing.assert_allclose(part.scores(q, order), expected, rtol=1e-5, atol=1e-5)
+        if 1 in order:
+            assert part.scores(q, order)[order.index(1)] == 0.0
+
+
 def test_token_part_round_trip_and_hostile_files(tmp_path):
     rng = np.random.default_rng(2)
     rows = [rng.normal(size=(n, 4)).astype(np.float32) for n in (2, 5, 0, 3)]
@@ -212,8 +237,9 @@ def test_token_part_round_trip_and_hostile_files(tmp_path):
     segs = [write_segment(d, "a", rows[:3], 4), write_segment(d, "b", rows[3:], 4)]
     write_manifest(d, 4, segs)
     part = TokenPart.open(d, [("a", 0, 3), ("b", 3, 1)], verify=True)
-    tokens, bounds = part.gather([3, 1])
+    values, scales, bounds = part.gather([3, 1])
     assert list(np.diff(bounds)) == [3, 5]
+    np.testing.assert_allclose(values * scales[:, None], np.concatenate([rows[3], rows[1]]), atol=0.05)
     q = rng.normal(size=(2, 4)).astype(np.float32)
     np.testing.assert_allclose(part.scores(q, [1, 2]), [maxsim(q, rows[1], np.array([0, 5]))[0], 0.0], atol=0.05)
     with pytest.raises(IndexFormatError, match="do not match"):
@@ -569,6 +595,32 @@ def test_a_late_interaction_model_trains_with_the_retrievers_loop(tmp_path, tiny
     assert not np.allclose(after.encode_tokens(text, kind="query")[0], before.encode_tokens(text, kind="query")[0])
     with pytest.raises(ConfigError, match="query-document pairs only"):
         RetrieverRecipe(late=True, title_pairs=10)
+
+
+def test_query_augmentation_trains_and_is_saved_with_the_model(tmp_path, tiny_bert_dir, sample_dir):
+    """#83: a late recipe with query_augmentation pads every query to that many tokens with mask tokens while it
+    trains, and saves that setting with the model (PyLate's do_query_expansion / query_length), so the engine
+    pads queries the same way; only a late recipe takes it."""
+    import json
+
+    from twostage.eval.workflows import train
+    from twostage.retriever.recipe import RetrieverRecipe
+    from twostage.retriever.trainer import TrainConfig
+
+    recipe = RetrieverRecipe(train=TrainConfig(epochs=1, batch_size=8, lr=1e-3, bf16=False), negatives=1, late=True,
+                             query_augmentation=12)
+    train(recipe, sample_dir, "train", tmp_path / "late", base=str(tiny_bert_dir))
+    st = json.loads((tmp_path / "late" / "config_sentence_transformers.json").read_text())
+    assert st["do_query_expansion"] is True and st["query_length"] == 12
+    model = LateEncoder.load(tmp_path / "late")
+    assert model.config.expand_query and model.config.query_length == 12
+    assert [len(v) for v in model.encode_tokens(["why do cats purr", "rain"], kind="query")] == [12, 12]
+    plain = LateEncoder.load(tiny_bert_dir)
+    assert len(plain.encode_tokens(["why do cats purr"], kind="query")[0]) < 12
+    with pytest.raises(ConfigError, match="query_augmentation"):
+        RetrieverRecipe(query_augmentation=32)
+    with pytest.raises(ConfigError, match="query_augmentation"):
+        RetrieverRecipe(late=True, query_augmentation=2)
 
 
 def test_maxsim_margin_mse_matches_its_formula():

@@ -15,7 +15,8 @@ reranker reading every candidate of at most N words whole (the default reads one
 directories are removed afterwards.
 
 ``--engine ENGINE_DIR`` times the default search (``engine.search(query, k=10)``) of an engine already built, every
-test query ``--rounds`` times after the warm-up, and prints one JSON line (p50, p95, nDCG@10, the library's path):
+test query ``--rounds`` times after the warm-up, and prints one JSON line (p50, p95, each stage's p50 from the
+search's timings, nDCG@10, the library's path):
 run alternately with two versions of the library on the same engine (one through ``PYTHONPATH``), it compares
 them interleaved on one machine.
 """
@@ -115,15 +116,18 @@ def time_existing(path: Path, data: Path, rounds: int) -> None:
     engine = SearchEngine.load(path)
     for q in queries[:20]:
         engine.search(q.text, k=10)
-    total, run = [], {}
+    total, run, stages = [], {}, {}
     for _ in range(rounds):
         for q in queries:
             t = time.perf_counter()
             res = engine.search(q.text, k=10)
             total.append(1000 * (time.perf_counter() - t))
+            for name, seconds in res.timings.items():
+                stages.setdefault(name, []).append(1000 * seconds)
             run[q.id] = RankedList(np.array([h.id for h in res.hits], dtype=object),
                                    np.array([h.score for h in res.hits], dtype=np.float32))
     print(json.dumps({"p50": float(np.percentile(total, 50)), "p95": float(np.percentile(total, 95)),
+                      **{f"{name}_p50": float(np.median(v)) for name, v in sorted(stages.items())},
                       "ndcg@10": mean_ndcg10(split.qrels, run), "library": str(Path(twostage.__file__).parent)}))
 
 
