@@ -111,7 +111,8 @@ def train_retriever(data: str | Path | BeirDataset, split: str, base: str, out: 
     ds = data if isinstance(data, BeirDataset) else BeirDataset(data)
     sp = ds.split(split)
     corpus = ds.corpus
-    augment = {"expand_query": True, "query_length": recipe.query_augmentation} if recipe.query_augmentation else {}
+    augment: dict[str, Any] = ({"expand_query": True, "query_length": recipe.query_augmentation}
+                               if recipe.query_augmentation else {})
     model: Any = (LateEncoder.load(base, document_length=recipe.max_length, **augment) if recipe.late
                   else BiEncoder.load(base, max_length=recipe.max_length))
     queries, dev_queries = hold_out(list(sp.queries), recipe.dev_fraction, recipe.train.seed)
