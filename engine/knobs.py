@@ -17,6 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from twostage.engine.fusion import ELSEWHERE_MAX
 from twostage.engine.options import MAX_DEPTH, SEARCH_OPTIONS
 from twostage.engine.settings import FIRST_STAGES, EngineSettings, is_blend, renamed, with_changes
 from twostage.indexer.errors import ConfigError
@@ -86,8 +87,9 @@ class MaxSimChoice:
 
     ``elsewhere`` is the weight for a corpus other than the one the dev queries searched, whose bottom-k sketch of
     document ids is ``home`` (:mod:`twostage.indexer.corpus_sketch`) and whose size is ``home_documents``: the
-    smallest weight within one standard error of dev's best, never above ``weight``. A record from before it names
-    no corpus (``home`` empty): its weight is served everywhere.
+    smallest weight within one standard error of dev's best, never above ``weight`` nor
+    :data:`~twostage.engine.fusion.ELSEWHERE_MAX` (served at most that, a record from before the cap too). A record
+    from before it names no corpus (``home`` empty): its weight is served everywhere.
 
     ``depth`` is the number of first-stage candidates MaxSim reads that dev chose with the weight (``dev_by_weight``
     is measured at it); None, in a record from before the depth was chosen: the engine's own ``maxsim_depth``."""
@@ -187,7 +189,8 @@ class ServedMaxSim:
             return f"weight {self.weight:g}{depth}, chosen on {self.record.dev_queries} dev queries{where}"
         return (f"weight {self.weight:g}, the weight for another corpus: dev chose {self.record.weight:g} on a corpus of "
                 f"{self.record.home_documents} documents that shares {self.similarity:.0%} of this one's, and "
-                f"{self.weight:g} is the smallest weight within one standard error of dev's best there")
+                f"{self.weight:g} is the smallest weight within one standard error of dev's best there, at most "
+                f"{ELSEWHERE_MAX:g} (level with the first stage)")
 
 
 def served_maxsim(late_model: str | Path | None, document_ids: Iterable[str] | None = None) -> ServedMaxSim | None:
@@ -202,7 +205,8 @@ def served_maxsim(late_model: str | Path | None, document_ids: Iterable[str] | N
     from twostage.indexer.corpus_sketch import corpus_sketch, similarity
 
     shared = similarity(record.home, corpus_sketch(document_ids, len(record.home)))
-    return ServedMaxSim(record.weight if shared >= HOME_SIMILARITY else record.elsewhere, record, shared)
+    return ServedMaxSim(record.weight if shared >= HOME_SIMILARITY else min(record.elsewhere, ELSEWHERE_MAX), record,
+                        shared)
 
 
 def maxsim_choice(model_dir: str | Path | None, document_ids: Iterable[str] | None = None) -> float | None:

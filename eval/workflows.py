@@ -15,6 +15,7 @@ import numpy as np
 
 from twostage.engine.adapt import AdaptRecipe, AdaptResult
 from twostage.engine.adapt import adapt as adapt_corpus
+from twostage.engine.fusion import ELSEWHERE_MAX
 from twostage.engine.train_models import TrainSettings
 from twostage.engine.train_models import train as train_model
 from twostage.eval.metrics import ndcg10_by_query
@@ -106,8 +107,8 @@ class StageChoice:
                      + ", ".join(f"top {d} {m:.3f} (weight {w:g})" for d, m, w in self.dev_by_depth)
                      + " (the engine's depth unless another scores higher)")
         if self.elsewhere is not None and self.elsewhere != self.weight:
-            said += (f"; on another corpus {self.elsewhere:g} ({RULE_WORDS['one_se']}, as the dev queries do not "
-                     "search it)")
+            said += (f"; on another corpus {self.elsewhere:g} ({RULE_WORDS['one_se']}, at most {ELSEWHERE_MAX:g}, "
+                     "as the dev queries do not search it)")
         return said if self.served_here is None else f"{said}. Here: {self.served_here}"
 
 
@@ -174,8 +175,9 @@ def recorded_maxsim_choice(model_dir: str | Path | None, corpus: Corpus | None =
     if served is None:
         return None
     record = served.record
+    elsewhere = None if record.elsewhere is None else min(record.elsewhere, ELSEWHERE_MAX)  # as served
     return StageChoice("MaxSim", record.weight, record.dev_by_weight or ((record.weight, float("nan")),),
-                       record.dev_queries, record.rule, record.elsewhere, None if served.home else served.line,
+                       record.dev_queries, record.rule, elsewhere, None if served.home else served.line,
                        depth=served.depth, dev_by_depth=record.dev_by_depth if served.home else ())
 
 

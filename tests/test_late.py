@@ -774,6 +774,10 @@ def test_maxsim_serves_its_weight_for_another_corpus_off_the_dev_corpus(tmp_path
     assert SearchEngine.load(tmp_path / "later").settings.maxsim_blend == 0.4
     assert "the weight for another corpus" in capsys.readouterr().out
 
+    record_training(late, MAXSIM_CHOICE, {**recorded, "elsewhere": 0.9})  # written before the cap: served at 0.5
+    assert maxsim_choice(late, sample.ids) == 0.5 and maxsim_choice(late, other.ids) == 1.0
+    assert "at most 0.5 (level with the first stage)" in served_maxsim(late, sample.ids).line
+    assert "on another corpus 0.5" in recorded_maxsim_choice(late, sample).line
     legacy = {k: v for k, v in recorded.items() if k not in ("elsewhere", "home")}  # a record from before
     record_training(late, MAXSIM_CHOICE, legacy)
     assert maxsim_choice(late, sample.ids) == 1.0 and served_maxsim(late, sample.ids).similarity is None

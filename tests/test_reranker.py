@@ -201,16 +201,21 @@ def test_gated_best_blend_keeps_the_best_only_when_it_beats_the_first_stage():
     assert one_se_blend(rising) == 0.5 and maxsim_rule(rising) == 1.0  # MaxSim's weight: the gated rule's
 
 
-def test_maxsim_weight_for_another_corpus_is_one_se_and_never_above_the_dev_choice():
+def test_maxsim_weight_for_another_corpus_is_one_se_and_never_above_the_dev_choice_nor_half():
     """#83: MaxSim's weight for a corpus its dev queries did not search is the one-SE weight of the same curve,
-    capped by the gated rule's (off where that is off: a noisy best gives 0.0, not one-SE's weight)."""
-    from twostage.engine.fusion import maxsim_elsewhere, maxsim_rule, one_se_blend
+    capped by the gated rule's (off where that is off: a noisy best gives 0.0, not one-SE's weight) and by 0.5, where
+    MaxSim weighs as much as the first stage (a steep curve's one-SE weight, 0.9 here, is not served elsewhere)."""
+    from twostage.engine.fusion import ELSEWHERE_MAX, maxsim_elsewhere, maxsim_rule, one_se_blend
 
+    assert ELSEWHERE_MAX == 0.5
     first = (0.0, np.array([0.5, 0.5, 0.5, 0.5]))
-    rising = [first, (0.5, np.array([0.7, 0.6, 0.7, 0.6])), (1.0, np.array([0.9, 0.5, 0.9, 0.5]))]
-    assert maxsim_elsewhere(rising) == 0.5 < maxsim_rule(rising)
+    rising = [first, (0.3, np.array([0.7, 0.6, 0.7, 0.6])), (1.0, np.array([0.9, 0.5, 0.9, 0.5]))]
+    assert maxsim_elsewhere(rising) == 0.3 < maxsim_rule(rising)
     steady = [first, (0.5, np.array([0.6, 0.6, 0.6, 0.6])), (1.0, np.array([0.7, 0.7, 0.7, 0.71]))]
-    assert maxsim_elsewhere(steady) == maxsim_rule(steady) == 1.0  # better on every query: no reason to hold back
+    assert maxsim_rule(steady) == 1.0 and maxsim_elsewhere(steady) == 0.5  # better on every query, still level
+    steep = [first, (0.5, np.array([0.6, 0.6, 0.6, 0.6])), (0.9, np.array([0.78, 0.81, 0.78, 0.81])),
+             (1.0, np.array([0.8, 0.8, 0.8, 0.8]))]
+    assert one_se_blend(steep) == 0.9 and maxsim_elsewhere(steep) == 0.5
     noisy = [first, (0.5, np.array([0.9, 0.1, 0.9, 0.1])), (1.0, np.array([0.95, 0.1, 0.95, 0.1]))]
     assert one_se_blend(noisy) == 0.0 and maxsim_rule(noisy) == 0.0 and maxsim_elsewhere(noisy) == 0.0
     best_noise = [first, (0.5, np.array([0.5, 0.5, 0.5, 0.51])), (1.0, np.array([0.9, 0.2, 0.9, 0.3]))]
