@@ -27,6 +27,7 @@ from twostage.models.base import (
     arrays,
     cap_max_length,
     check_texts,
+    evaluating,
     head_words,
     padded,
     tokenize_once,
@@ -182,15 +183,12 @@ class BiEncoder(HFModel):
                 checkpoint()
                 out[idx] = self.runtime(padded(self.tokenizer, rows, idx, "np"))
             return out
-        was_training = self.training
-        self.eval()
-        with torch.inference_mode():
+        with evaluating(self):
             for idx in tqdm(slices, desc=f"encode {kind}s", unit="batch", disable=not show_progress):
                 checkpoint()
                 features = padded(self.tokenizer, rows, idx, "pt")
                 emb = self.forward({k: v.to(self.device) for k, v in features.items()})
                 out[idx] = emb.float().cpu().numpy()
-        self.train(was_training)
         return out
 
     def longer_than_read(self, texts: Sequence[str], kind: str = "query") -> int:

@@ -39,6 +39,7 @@ from twostage.models.base import (
     arrays,
     cap_max_length,
     check_texts,
+    evaluating,
     head_words,
 )
 from twostage.models.model_meta import read_json_object, read_model_meta, write_model_meta
@@ -338,9 +339,7 @@ class LateEncoder(HFModel):
             raise ConfigError(f"batch_size must be positive, got {batch_size}")
         order = np.argsort([-len(t) for t in texts], kind="stable")
         out: list[np.ndarray] = [np.empty((0, self.dim), dtype=np.float32)] * len(texts)
-        was_training = self.training
-        self.eval()
-        with torch.inference_mode():
+        with evaluating(self):
             for start in tqdm(range(0, len(texts), batch_size), desc=f"token vectors of {kind}s", unit="batch",
                               disable=not show_progress):
                 checkpoint()
@@ -354,7 +353,6 @@ class LateEncoder(HFModel):
                 keep = self.kept(features, kind)
                 for row, i in enumerate(idx):
                     out[i] = np.ascontiguousarray(vectors[row][keep[row]])
-        self.train(was_training)
         return out
 
     # ---- saving ------------------------------------------------------------------------------------------------

@@ -226,3 +226,17 @@ def test_tokenize_once_equals_truncating_each_text(tiny_bert_dir):
             batch = padded(tok, rows, [3, 0, 7], "np")
             direct = tok([texts[3], texts[0], texts[7]], truncation=True, max_length=max_length, padding=True)
             assert all(batch[k].tolist() == direct[k] for k in batch)
+
+
+def test_encoding_runs_without_dropout_and_leaves_each_modules_mode_as_it_was(enc):
+    """#83: encoding switches only the modules in training mode to eval, and back after, so that serving one query at
+    a time does not walk and set every submodule on each query."""
+    first = enc.encode(TEXTS[:2])
+    enc.train()
+    enc.model.embeddings.train(False)  # a mixed state is given back as it was
+    assert np.allclose(enc.encode(TEXTS[:2]), first, atol=1e-6)  # no dropout while encoding
+    assert enc.training and enc.model.encoder.training and not enc.model.embeddings.training
+    enc.eval()
+    assert not any(m.training for m in enc.modules())
+    enc.encode(TEXTS[:2])
+    assert not any(m.training for m in enc.modules())
