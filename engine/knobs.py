@@ -88,7 +88,7 @@ class MaxSimChoice:
     ``elsewhere`` is the weight for a corpus other than the one the dev queries searched, whose bottom-k sketch of
     document ids is ``home`` (:mod:`twostage.indexer.corpus_sketch`) and whose size is ``home_documents``: the
     smallest weight within one standard error of dev's best, never above ``weight`` nor
-    :data:`~twostage.engine.fusion.ELSEWHERE_MAX` (served at most that, a record from before the cap too). A record
+    :data:`~twostage.engine.fusion.ELSEWHERE_MAX` (a record from before the cap is read capped). A record
     from before it names no corpus (``home`` empty): its weight is served everywhere.
 
     ``depth`` is the number of first-stage candidates MaxSim reads that dev chose with the weight (``dev_by_weight``
@@ -146,6 +146,7 @@ def _maxsim_record(path: str, _mtime: int) -> MaxSimChoice | None:
         if elsewhere > weight:
             raise ConfigError(f"{path}: training.{MAXSIM_CHOICE}.elsewhere ({elsewhere:g}) is above its weight "
                               f"({weight:g}); restore the model directory or train it again")
+        elsewhere = min(elsewhere, ELSEWHERE_MAX)  # a record from before the cap: served as the rule now chooses
     depth = chosen.get("depth")
     if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH):
         raise ConfigError(f"{path}: training.{MAXSIM_CHOICE}.depth must be a whole number in [1, {MAX_DEPTH}], got "
@@ -205,8 +206,7 @@ def served_maxsim(late_model: str | Path | None, document_ids: Iterable[str] | N
     from twostage.indexer.corpus_sketch import corpus_sketch, similarity
 
     shared = similarity(record.home, corpus_sketch(document_ids, len(record.home)))
-    return ServedMaxSim(record.weight if shared >= HOME_SIMILARITY else min(record.elsewhere, ELSEWHERE_MAX), record,
-                        shared)
+    return ServedMaxSim(record.weight if shared >= HOME_SIMILARITY else record.elsewhere, record, shared)
 
 
 def maxsim_choice(model_dir: str | Path | None, document_ids: Iterable[str] | None = None) -> float | None:

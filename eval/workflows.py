@@ -175,9 +175,8 @@ def recorded_maxsim_choice(model_dir: str | Path | None, corpus: Corpus | None =
     if served is None:
         return None
     record = served.record
-    elsewhere = None if record.elsewhere is None else min(record.elsewhere, ELSEWHERE_MAX)  # as served
     return StageChoice("MaxSim", record.weight, record.dev_by_weight or ((record.weight, float("nan")),),
-                       record.dev_queries, record.rule, elsewhere, None if served.home else served.line,
+                       record.dev_queries, record.rule, record.elsewhere, None if served.home else served.line,
                        depth=served.depth, dev_by_depth=record.dev_by_depth if served.home else ())
 
 
