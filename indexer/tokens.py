@@ -115,10 +115,11 @@ def maxsim(query: np.ndarray, tokens: np.ndarray, bounds: np.ndarray, scales: np
     full = np.flatnonzero(lengths > 0)
     if len(full) == 0 or len(query) == 0:
         return out
-    sims = np.asarray(query, dtype=np.float32) @ np.asarray(tokens, dtype=np.float32).T  # (q, T)
+    # (T, q): the tokens' rows stay contiguous, which BLAS and reduceat run about 20% faster than (q, T)
+    sims = np.asarray(tokens, dtype=np.float32) @ np.asarray(query, dtype=np.float32).T
     if scales is not None:
-        sims *= np.asarray(scales, dtype=np.float32)[None, :]
-    out[full] = np.maximum.reduceat(sims, np.asarray(bounds[:-1])[full], axis=1).sum(axis=0)
+        sims *= np.asarray(scales, dtype=np.float32)[:, None]
+    out[full] = np.maximum.reduceat(sims, np.asarray(bounds[:-1])[full], axis=0).sum(axis=1)
     return out
 
 
@@ -137,6 +138,8 @@ class TokenPart:
         self.directory, self.model_dim, self.segments, self.codec = directory, model_dim, tuple(segments), codec
         self.dim = codec.stored_dim(model_dim)  # the width MaxSim runs at
         self.starts = list(starts)
+        self._starts = np.asarray(self.starts, dtype=np.int64)
+        self._rows = np.asarray([seg.rows for seg in self.segments], dtype=np.int64)
         self._arrays: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         dtype, width = (np.int8 if codec.bits == 8 else np.uint8), code_width(self.dim, codec.bits)
         for seg in self.segments:
@@ -185,31 +188,44 @@ class TokenPart:
 
     def gather(self, rows: Iterable[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The token codes of ``rows`` as float32 (unscaled: a token's vector is its codes times its scale), their
-        float32 scales, one after another, and where each row's start (n + 1 bounds): the rows of each segment read
-        with one gather from its memory map."""
-        spans = []  # (segment, first token, end) of each row
-        for row in rows:
-            s, local = self._locate(int(row))
-            offsets = self._arrays[s][2]
-            spans.append((s, int(offsets[local]), int(offsets[local + 1])))
-        bounds = np.zeros(len(spans) + 1, dtype=np.int64)
-        np.cumsum([b - a for _, a, b in spans], out=bounds[1:])
-        used = sorted({seg for seg, a, b in spans if b > a})
-        if len(used) == 1 and all(seg == used[0] for seg, _, _ in spans):  # one segment: no scatter
-            codes, scales, _ = self._arrays[used[0]]
-            source = np.concatenate([np.arange(a, b) for _, a, b in spans])
-            values = code_values(codes[source], self.codec.bits, self.dim)
-            return values, np.asarray(scales[source], dtype=np.float32), bounds
-        values = np.zeros((int(bounds[-1]), self.dim), dtype=np.float32)
-        token_scales = np.zeros(int(bounds[-1]), dtype=np.float32)
+        float32 scales, one after another, and where each row's start (n + 1 bounds).
+
+        The rows' spans are found with array operations, each segment's tokens are read with one gather from its
+        memory map straight into their place among the codes, and the codes are converted to float once."""
+        wanted = np.fromiter((int(r) for r in rows), dtype=np.int64)
+        if len(wanted) == 0:
+            return np.zeros((0, self.dim), dtype=np.float32), np.zeros(0, dtype=np.float32), np.zeros(1, np.int64)
+        if not self.segments:
+            raise IndexError(f"row {int(wanted[0])} is not in the token vectors")
+        seg = np.searchsorted(self._starts, wanted, side="right") - 1
+        local = wanted - self._starts[np.maximum(seg, 0)]
+        bad = (seg < 0) | (local >= self._rows[np.maximum(seg, 0)])
+        if bad.any():
+            raise IndexError(f"row {int(wanted[np.argmax(bad)])} is not in the token vectors")
+        first, end = np.empty_like(wanted), np.empty_like(wanted)
+        used = np.unique(seg)
         for s in used:
-            mine = [i for i, (seg, a, b) in enumerate(spans) if seg == s and b > a]
-            source = np.concatenate([np.arange(spans[i][1], spans[i][2]) for i in mine])
-            target = np.concatenate([np.arange(bounds[i], bounds[i + 1]) for i in mine])
-            codes, scales, _ = self._arrays[s]
-            values[target] = code_values(codes[source], self.codec.bits, self.dim)
-            token_scales[target] = scales[source]
-        return values, token_scales, bounds
+            mine = seg == s
+            offsets = self._arrays[s][2]
+            first[mine], end[mine] = offsets[local[mine]], offsets[local[mine] + 1]
+        lengths = end - first
+        bounds = np.zeros(len(wanted) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=bounds[1:])
+        # token t of the output, in row i's span, is token first[i] + (t - bounds[i]) of row i's segment
+        source = np.arange(int(bounds[-1]), dtype=np.int64) + np.repeat(first - bounds[:-1], lengths)
+        codes, scales = self._arrays[int(used[0])][:2]
+        if len(used) > 1:
+            token_seg = np.repeat(seg, lengths)
+            out_codes = np.empty((len(source), codes.shape[1]), dtype=codes.dtype)
+            out_scales = np.empty(len(source), dtype=np.float16)
+            for s in used:
+                mine = token_seg == s
+                codes, scales, _ = self._arrays[s]
+                out_codes[mine], out_scales[mine] = codes[source[mine]], scales[source[mine]]
+            codes, scales = out_codes, out_scales
+        else:
+            codes, scales = codes[source], scales[source]
+        return code_values(codes, self.codec.bits, self.dim), np.asarray(scales, dtype=np.float32), bounds
 
     def scores(self, query: np.ndarray, rows: Sequence[int]) -> np.ndarray:
         """MaxSim of ``query`` (q, the model's dim; projected as the part projects) against each of ``rows``."""

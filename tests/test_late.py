@@ -218,7 +218,7 @@ def test_token_part_scores_equal_maxsim_over_the_decoded_vectors(tmp_path, bits)
     write_manifest(d, 7, segs, codec)
     part = TokenPart.open(d, [("a", 0, 3), ("b", 3, 2)])
     q = rng.normal(size=(3, 7)).astype(np.float32)
-    for order in ([2, 0, 1], [4, 1, 0, 3, 2], [3, 4]):
+    for order in ([2, 0, 1], [4, 1, 0, 3, 2], [3, 4], [2, 4, 2], [1]):
         decoded = []
         for r in order:
             codes, scales = quantise(rows[r], bits) if len(rows[r]) else (None, None)
@@ -228,6 +228,10 @@ def test_token_part_scores_equal_maxsim_over_the_decoded_vectors(tmp_path, bits)
         np.testing.assert_allclose(part.scores(q, order), expected, rtol=1e-5, atol=1e-5)
         if 1 in order:
             assert part.scores(q, order)[order.index(1)] == 0.0
+    assert part.scores(q, []).shape == (0,)
+    for outside in (5, -1):
+        with pytest.raises(IndexError, match=f"row {outside} "):
+            part.gather([0, outside])
 
 
 def test_token_part_round_trip_and_hostile_files(tmp_path):
