@@ -20,7 +20,6 @@ when a version is opened, sizes always and checksums when asked.
 
 from __future__ import annotations
 
-import bisect
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -180,21 +179,14 @@ class TokenPart:
         return cls(directory, manifest["model_dim"], segments, [start for _, start, _ in segment_rows],
                    TokenCodec(manifest["bits"], projection))
 
-    def _locate(self, row: int) -> tuple[int, int]:
-        s = bisect.bisect_right(self.starts, row) - 1
-        if s < 0 or row - self.starts[s] >= self.segments[s].rows:
-            raise IndexError(f"row {row} is not in the token vectors")
-        return s, row - self.starts[s]
-
-    def gather(self, rows: Iterable[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The token codes of ``rows`` as float32 (unscaled: a token's vector is its codes times its scale), their
-        float32 scales, one after another, and where each row's start (n + 1 bounds).
-
-        The rows' spans are found with array operations, each segment's tokens are read with one gather from its
-        memory map straight into their place among the codes, and the codes are converted to float once."""
+    def codes_of(self, rows: Iterable[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The stored codes of ``rows`` (int8, or uint8 packed 4-bit), their float16 scales, one row after another,
+        and where each row's start (n + 1 bounds). The rows' spans are found with array operations and each
+        segment's tokens read with one gather from its memory map straight into their place."""
         wanted = np.fromiter((int(r) for r in rows), dtype=np.int64)
+        dtype, width = (np.int8 if self.codec.bits == 8 else np.uint8), code_width(self.dim, self.codec.bits)
         if len(wanted) == 0:
-            return np.zeros((0, self.dim), dtype=np.float32), np.zeros(0, dtype=np.float32), np.zeros(1, np.int64)
+            return np.zeros((0, width), dtype=dtype), np.zeros(0, dtype=np.float16), np.zeros(1, dtype=np.int64)
         if not self.segments:
             raise IndexError(f"row {int(wanted[0])} is not in the token vectors")
         seg = np.searchsorted(self._starts, wanted, side="right") - 1
@@ -213,27 +205,29 @@ class TokenPart:
         np.cumsum(lengths, out=bounds[1:])
         # token t of the output, in row i's span, is token first[i] + (t - bounds[i]) of row i's segment
         source = np.arange(int(bounds[-1]), dtype=np.int64) + np.repeat(first - bounds[:-1], lengths)
-        codes, scales = self._arrays[int(used[0])][:2]
-        if len(used) > 1:
-            token_seg = np.repeat(seg, lengths)
-            out_codes = np.empty((len(source), codes.shape[1]), dtype=codes.dtype)
-            out_scales = np.empty(len(source), dtype=np.float16)
-            for s in used:
-                mine = token_seg == s
-                codes, scales, _ = self._arrays[s]
-                out_codes[mine], out_scales[mine] = codes[source[mine]], scales[source[mine]]
-            codes, scales = out_codes, out_scales
-        else:
-            codes, scales = codes[source], scales[source]
-        return code_values(codes, self.codec.bits, self.dim), np.asarray(scales, dtype=np.float32), bounds
+        if len(used) == 1:
+            codes, scales, _ = self._arrays[int(used[0])]
+            return np.asarray(codes[source]), np.asarray(scales[source]), bounds
+        token_seg = np.repeat(seg, lengths)
+        out_codes = np.empty((len(source), width), dtype=dtype)
+        out_scales = np.empty(len(source), dtype=np.float16)
+        for s in used:
+            mine = token_seg == s
+            codes, scales, _ = self._arrays[s]
+            out_codes[mine], out_scales[mine] = codes[source[mine]], scales[source[mine]]
+        return out_codes, out_scales, bounds
+
+    def gather(self, rows: Iterable[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The token codes of ``rows`` as float32 (unscaled: a token's vector is its codes times its scale), their
+        float32 scales, one after another, and where each row's start (n + 1 bounds): :meth:`codes_of`, the codes
+        converted to float once."""
+        codes, scales, bounds = self.codes_of(rows)
+        return code_values(codes, self.codec.bits, self.dim), scales.astype(np.float32), bounds
 
     def scores(self, query: np.ndarray, rows: Sequence[int]) -> np.ndarray:
         """MaxSim of ``query`` (q, the model's dim; projected as the part projects) against each of ``rows``."""
         values, scales, bounds = self.gather(rows)
         return maxsim(self.codec.project(query), values, bounds, scales)
-
-    def segment_data(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return self._arrays[index]
 
     @property
     def bytes(self) -> int:
@@ -327,17 +321,8 @@ def write_coded(directory: Path, name: str, coded: CodedTokens) -> TokenSegment:
 
 def copy_rows(directory: Path, name: str, part: TokenPart, rows: Sequence[int] | np.ndarray) -> TokenSegment:
     """Write a segment holding ``rows`` of ``part`` (a compaction), their codes copied as they are."""
-    codes, scales, lengths = [], [], []
-    for row in rows:
-        s, local = part._locate(int(row))
-        c, sc, off = part.segment_data(s)
-        a, b = int(off[local]), int(off[local + 1])
-        codes.append(np.asarray(c[a:b]))
-        scales.append(np.asarray(sc[a:b]))
-        lengths.append(b - a)
-    empty = np.zeros((0, code_width(part.dim, part.codec.bits)), dtype=np.int8 if part.codec.bits == 8 else np.uint8)
-    return _save(directory, name, np.concatenate(codes) if codes else empty,
-                 np.concatenate(scales) if scales else np.zeros(0, dtype=np.float16), lengths)
+    codes, scales, bounds = part.codes_of(rows)
+    return _save(directory, name, codes, scales, np.diff(bounds).tolist())
 
 
 def _save(directory: Path, name: str, codes: np.ndarray, scales: np.ndarray, lengths: Sequence[int]) -> TokenSegment:
