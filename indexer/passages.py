@@ -226,8 +226,11 @@ def _passage(query: str, text: str, start: int, end: int, analyzer: Any) -> Pass
     lead = len(piece) - len(piece.lstrip())
     piece = piece.strip()
     start += lo + lead
-    spans = tuple(analyzer.term_spans(piece, query))
-    return Passage(piece, start, start + len(piece), spans)
+    # the trim cuts at sentence ends and whitespace, outside every span: the spans found above, shifted, are the
+    # piece's own (the piece is not analysed again)
+    cut = lo + lead
+    spans = [(a - cut, b - cut) for a, b in spans if a >= cut and b - cut <= len(piece)]
+    return Passage(piece, start, start + len(piece), tuple(spans))
 
 
 REACH = 200  # characters a shown passage may grow by at either end, to a sentence's start or end

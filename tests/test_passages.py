@@ -13,7 +13,8 @@ from twostage import Document, SearchEngine
 from twostage.app.cli import main
 from twostage.errors import ConfigError, DataError
 from twostage.indexer.files import FolderCorpus
-from twostage.indexer.passages import PassageShape, by_document, hit_passage, join, passage_count, split, split_id
+from twostage.indexer.passages import (PassageShape, by_document, hit_passage, join, passage_count, sentence_bounds,
+                                       split, split_id)
 from twostage.indexer.records import RankedList
 from twostage.retriever.analyzer import Analyzer
 
@@ -93,6 +94,31 @@ def test_term_spans_and_the_window_a_whole_document_shows():
     p = hit_passage("zebra crossing", Document("d", long), [Document("d", long)], [0], None, analyzer)
     assert "zebra crossing" in p.text and long[p.start:p.end] == p.text and len(p.text.split()) <= 60
     assert [p.text[a:b] for a, b in p.spans] == ["zebra", "crossing"]
+
+
+@pytest.mark.parametrize("language", [None, "auto"])
+def test_a_shown_passage_marks_what_analysing_it_again_would(language):
+    """The shown passage is trimmed to sentences after its terms are found; the spans it keeps (shifted, not found
+    again) are the ones its own text gives, in English, across a CJK run's sentence end, and cut mid-word."""
+    from twostage.retriever.analyzer import AnalyzerConfig
+
+    analyzer = Analyzer(AnalyzerConfig(language=language))
+    rng = random.Random(3)
+    words = ["zebra", "crossings", "striped", "road", "the", "walker", "cars", "stop", "light", "Zebras"]
+    texts = [" ".join(rng.choice(words) + ("." if rng.random() < 0.03 else "") for _ in range(300)) for _ in range(5)]
+    texts.append("斑马线是条纹的。行人在斑马线上行走。汽车必须停下。红灯亮了。斑马在草原上奔跑。" * 4)
+    trimmed = 0
+    for text in texts:
+        for query in ("zebra crossing", "striped road walker", "斑马线 行人"):
+            for _ in range(40):
+                a = rng.randrange(len(text))
+                b = min(len(text), a + rng.randrange(20, 400))
+                p = hit_passage(query, Document("d", text), [Document("d", text[a:b])], [a], 0, analyzer)
+                assert text[p.start:p.end] == p.text
+                assert p.spans == tuple(analyzer.term_spans(p.text, query)), (text[a:b], query)
+                s0, e0 = sentence_bounds(text, a, b)
+                trimmed += len(p.text) < len(text[s0:e0].strip())
+    assert trimmed > 30  # the trims were exercised
 
 
 # ---- the engine with passages -------------------------------------------------------------------------
