@@ -24,6 +24,7 @@ import json
 import logging
 import string
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -339,7 +340,7 @@ class LateEncoder(HFModel):
             raise ConfigError(f"batch_size must be positive, got {batch_size}")
         order = np.argsort([-len(t) for t in texts], kind="stable")
         out: list[np.ndarray] = [np.empty((0, self.dim), dtype=np.float32)] * len(texts)
-        with evaluating(self):
+        with evaluating(self) if self.runtime is None else nullcontext():  # OpenVINO runs no torch module
             for start in tqdm(range(0, len(texts), batch_size), desc=f"token vectors of {kind}s", unit="batch",
                               disable=not show_progress):
                 checkpoint()
