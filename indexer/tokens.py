@@ -136,11 +136,11 @@ class TokenPart:
                  codec: TokenCodec = TokenCodec()) -> None:
         self.directory, self.model_dim, self.segments, self.codec = directory, model_dim, tuple(segments), codec
         self.dim = codec.stored_dim(model_dim)  # the width MaxSim runs at
-        self.starts = list(starts)
-        self._starts = np.asarray(self.starts, dtype=np.int64)
+        self.starts = np.asarray(starts, dtype=np.int64)  # each segment's first global row
         self._rows = np.asarray([seg.rows for seg in self.segments], dtype=np.int64)
         self._arrays: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        dtype, width = (np.int8 if codec.bits == 8 else np.uint8), code_width(self.dim, codec.bits)
+        self._code_dtype = dtype = np.dtype(np.int8 if codec.bits == 8 else np.uint8)
+        self._code_width = width = code_width(self.dim, codec.bits)
         for seg in self.segments:
             codes = load_npy(directory / f"{seg.name}.codes.npy", mmap=True)
             scales = load_npy(directory / f"{seg.name}.scales.npy", mmap=True)
@@ -184,14 +184,15 @@ class TokenPart:
         and where each row's start (n + 1 bounds). The rows' spans are found with array operations and each
         segment's tokens read with one gather from its memory map straight into their place."""
         wanted = np.fromiter((int(r) for r in rows), dtype=np.int64)
-        dtype, width = (np.int8 if self.codec.bits == 8 else np.uint8), code_width(self.dim, self.codec.bits)
         if len(wanted) == 0:
-            return np.zeros((0, width), dtype=dtype), np.zeros(0, dtype=np.float16), np.zeros(1, dtype=np.int64)
+            return (np.zeros((0, self._code_width), dtype=self._code_dtype), np.zeros(0, dtype=np.float16),
+                    np.zeros(1, dtype=np.int64))
         if not self.segments:
             raise IndexError(f"row {int(wanted[0])} is not in the token vectors")
-        seg = np.searchsorted(self._starts, wanted, side="right") - 1
-        local = wanted - self._starts[np.maximum(seg, 0)]
-        bad = (seg < 0) | (local >= self._rows[np.maximum(seg, 0)])
+        seg = np.searchsorted(self.starts, wanted, side="right") - 1
+        at = np.maximum(seg, 0)
+        local = wanted - self.starts[at]
+        bad = (seg < 0) | (local >= self._rows[at])
         if bad.any():
             raise IndexError(f"row {int(wanted[np.argmax(bad)])} is not in the token vectors")
         first, end = np.empty_like(wanted), np.empty_like(wanted)
@@ -209,7 +210,7 @@ class TokenPart:
             codes, scales, _ = self._arrays[int(used[0])]
             return np.asarray(codes[source]), np.asarray(scales[source]), bounds
         token_seg = np.repeat(seg, lengths)
-        out_codes = np.empty((len(source), width), dtype=dtype)
+        out_codes = np.empty((len(source), self._code_width), dtype=self._code_dtype)
         out_scales = np.empty(len(source), dtype=np.float16)
         for s in used:
             mine = token_seg == s
