@@ -127,7 +127,8 @@ def _recorded_stages(systems: list[str], late_model: str | None, reranker_model:
     maxsim = recorded_maxsim_choice(late_model, corpus) if any(n in NEEDS_LATE for n in systems) else None
     if maxsim is not None and options.maxsim_blend == "auto":
         lines.append(f"{maxsim.line} (recorded with {late_model} by its training)")
-    rerank = reranker_choice(reranker_model) if reranker_model and any(n in NEEDS_RERANKER for n in systems) else None
+    rerank = (reranker_choice(reranker_model, corpus=corpus)
+              if reranker_model and any(n in NEEDS_RERANKER for n in systems) else None)
     if rerank is not None and options.rerank_blend == "auto":
         lines.append(f"{rerank.line} (recorded with {reranker_model} by its training)")
     return lines

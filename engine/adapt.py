@@ -206,7 +206,7 @@ def adapt(corpus: CorpusSource | Corpus, out: str | Path, *, base: str = "all-Mi
                 dev_scores["reranker"] = res.best_dev
             if dev_fn is not None:
                 chosen = choose_blend(res, engine, dev_queries, dev_qrels, settings.rerank_depth, dev_metric,
-                                      ("hybrid",), show_progress=show_progress)
+                                      ("hybrid",), home=corpus, show_progress=show_progress)
                 dev_scores["reranker_blend"] = float(chosen.training["interpolation"]["alpha"])
         seconds["train_reranker_s"] = res.seconds
         seconds["reranker_mining_and_blend_s"] = time.perf_counter() - t - fit_wall

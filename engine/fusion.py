@@ -224,6 +224,14 @@ def maxsim_elsewhere(curve: Sequence[tuple[float, np.ndarray]]) -> float:
     return min(one_se_blend(curve), maxsim_rule(curve), ELSEWHERE_MAX)
 
 
+# The reranker's weight over a corpus its dev queries did not search: off (a search may still ask for it). A
+# cross-encoder trained on one collection's judgements did not earn its place on another's dev: the SciFact reranker
+# over NFCorpus's dev queries (324, which SciFact's dev never saw) gains +0.0005 +- 0.0013 at its best weights (0.1,
+# 0.2) and loses from 0.3 on (-0.0004 at 0.3, the weight SciFact's dev chose; -0.0546 alone); both rules choose 0.0
+# there (benchmarks/results/rerank-elsewhere-nfcorpus-scifact.md). MaxSim's gain does travel, capped (ELSEWHERE_MAX).
+RERANK_ELSEWHERE = 0.0
+
+
 @dataclass(frozen=True)
 class Reranked:
     """One query's final list and the reranker's own score of each reranked document (by id)."""

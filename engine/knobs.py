@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from twostage.engine.fusion import ELSEWHERE_MAX
+from twostage.engine.fusion import ELSEWHERE_MAX, RERANK_ELSEWHERE
 from twostage.engine.options import MAX_DEPTH, SEARCH_OPTIONS
 from twostage.engine.settings import FIRST_STAGES, EngineSettings, is_blend, renamed, with_changes
 from twostage.indexer.errors import ConfigError
@@ -29,11 +29,18 @@ KNOBS = tuple(option.name for option in SEARCH_OPTIONS)  # the options a call ma
 @dataclass(frozen=True)
 class DevChoice:
     """What training chose on dev for a reranker: ``blend``, its weight against the first stage over every first stage
-    (None: the reranker alone), ``by_first_stage`` each first stage's own, and ``calibration``, Platt's (a, b)."""
+    (None: the reranker alone), ``by_first_stage`` each first stage's own, and ``calibration``, Platt's (a, b).
+
+    ``home`` is the bottom-k sketch of the corpus the dev queries searched (:mod:`twostage.indexer.corpus_sketch`) and
+    ``home_documents`` its size: over another corpus the reranker is served at
+    :data:`~twostage.engine.fusion.RERANK_ELSEWHERE` (:func:`reranker_elsewhere`). A record from before names no
+    corpus (``home`` empty): its choice is served everywhere."""
 
     blend: float | None = None
     by_first_stage: Mapping[str, float] = field(default_factory=dict)
     calibration: tuple[float, float] | None = None
+    home: tuple[str, ...] = ()
+    home_documents: int = 0
 
     def blend_for(self, first_stage: str | None) -> float | None:
         """The blend after ``first_stage`` (the overall one for a first stage it was not chosen for)."""
@@ -70,9 +77,45 @@ def _dev_choice(path: str, _mtime: int) -> DevChoice:
             raise ConfigError(f"{path}: interpolation_by_first_stage must be an object of first stage -> blend; "
                               "restore the model directory or train it again")
     calibration = [fitted.get("a"), fitted.get("b")] if isinstance(fitted, dict) else settings.get("calibration")
+    sketch, documents = _home(training.get(RERANK_HOME), path, RERANK_HOME)
     return DevChoice(None if overall is None else _blend(overall, path, "interpolation"),
                      {k: _blend(v, path, f"interpolation_by_first_stage.{k}") for k, v in by_stage.items()},
-                     None if calibration is None else _calibration(calibration, path))
+                     None if calibration is None else _calibration(calibration, path), sketch, documents)
+
+
+RERANK_HOME = "home"  # the reranker's training record: the corpus its dev queries searched (a sketch and a count)
+
+
+def _home(home: Any, path: str, key: str) -> tuple[tuple[str, ...], int]:
+    """A training record's ``home`` (the dev corpus: ``documents``, a count, and ``sketch``), checked; ((), 0) for
+    none."""
+    from twostage.indexer.corpus_sketch import is_sketch
+
+    home = home or {}
+    sketch: Any = (home.get("sketch") or []) if isinstance(home, dict) else None
+    documents: Any = home.get("documents", 0) if isinstance(home, dict) else 0
+    if not is_sketch(sketch) or isinstance(documents, bool) or not isinstance(documents, int) or documents < 0:
+        raise ConfigError(f"{path}: training.{key} must hold the dev corpus's documents (a count) and sketch "
+                          "(ascending 16-digit hex hashes); restore the model directory or train it again")
+    return tuple(str(h) for h in sketch), documents
+
+
+def home_similarity(home: tuple[str, ...], document_ids: Iterable[str] | None) -> float | None:
+    """The estimated share of documents that a corpus holding ``document_ids`` has in common with the dev corpus
+    sketched as ``home``; None when either is not known (no sketch recorded, no ids given)."""
+    if not home or document_ids is None:
+        return None
+    from twostage.indexer.corpus_sketch import corpus_sketch, similarity
+
+    return similarity(home, corpus_sketch(document_ids, len(home)))
+
+
+def reranker_elsewhere(model_dir: str | Path | None, document_ids: Iterable[str] | None) -> float | None:
+    """The share of documents an engine holding ``document_ids`` has in common with the corpus the reranker in
+    ``model_dir`` was chosen on, when that is under :data:`HOME_SIMILARITY` (the reranker is then served at
+    :data:`~twostage.engine.fusion.RERANK_ELSEWHERE`); None when this is its dev corpus or that is not known."""
+    shared = home_similarity(dev_choice(model_dir).home, document_ids)
+    return shared if shared is not None and shared < HOME_SIMILARITY else None
 
 
 MAXSIM_CHOICE = "maxsim_choice"  # the late model's training record: what the one command chose for it on dev
@@ -117,7 +160,6 @@ def maxsim_record(model_dir: str | Path | None) -> MaxSimChoice | None:
 
 @lru_cache(maxsize=64)
 def _maxsim_record(path: str, _mtime: int) -> MaxSimChoice | None:
-    from twostage.indexer.corpus_sketch import is_sketch
     from twostage.models.model_meta import read_model_meta
 
     meta = read_model_meta(Path(path).parent)
@@ -133,12 +175,7 @@ def _maxsim_record(path: str, _mtime: int) -> MaxSimChoice | None:
         raise ConfigError(f"{path}: training.{MAXSIM_CHOICE}.dev_by_weight must list [weight, dev score] pairs; "
                           "restore the model directory or train it again")
     queries, rule = chosen.get("dev_queries", 0), chosen.get("rule", "one_se")
-    home = chosen.get("home") or {}
-    sketch: Any = (home.get("sketch") or []) if isinstance(home, dict) else None
-    documents: Any = home.get("documents", 0) if isinstance(home, dict) else 0
-    if not is_sketch(sketch) or isinstance(documents, bool) or not isinstance(documents, int) or documents < 0:
-        raise ConfigError(f"{path}: training.{MAXSIM_CHOICE}.home must hold the dev corpus's documents (a count) and "
-                          "sketch (ascending 16-digit hex hashes); restore the model directory or train it again")
+    sketch, documents = _home(chosen.get("home"), path, f"{MAXSIM_CHOICE}.home")
     weight = _blend(chosen["weight"], path, f"{MAXSIM_CHOICE}.weight")
     elsewhere = chosen.get("elsewhere")
     if elsewhere is not None:
@@ -157,8 +194,8 @@ def _maxsim_record(path: str, _mtime: int) -> MaxSimChoice | None:
         raise ConfigError(f"{path}: training.{MAXSIM_CHOICE}.dev_by_depth must list [depth, dev score, weight] "
                           "triples; restore the model directory or train it again")
     return MaxSimChoice(weight, tuple((float(a), float(m)) for a, m in curve), queries if isinstance(queries, int) else 0,
-                        rule if isinstance(rule, str) else "one_se", elsewhere, tuple(str(h) for h in sketch),
-                        documents, depth, tuple((int(d), float(m), float(w)) for d, m, w in by_depth))
+                        rule if isinstance(rule, str) else "one_se", elsewhere, sketch, documents, depth,
+                        tuple((int(d), float(m), float(w)) for d, m, w in by_depth))
 
 
 @dataclass(frozen=True)
@@ -201,11 +238,9 @@ def served_maxsim(late_model: str | Path | None, document_ids: Iterable[str] | N
     record = maxsim_record(late_model)
     if record is None:
         return None
-    if not record.home or record.elsewhere is None or document_ids is None:
+    shared = None if record.elsewhere is None else home_similarity(record.home, document_ids)
+    if shared is None or record.elsewhere is None:
         return ServedMaxSim(record.weight, record)
-    from twostage.indexer.corpus_sketch import corpus_sketch, similarity
-
-    shared = similarity(record.home, corpus_sketch(document_ids, len(record.home)))
     return ServedMaxSim(record.weight if shared >= HOME_SIMILARITY else record.elsewhere, record, shared)
 
 
@@ -270,6 +305,13 @@ def second_stage(settings: EngineSettings, name: str | None, reranker: Any = Non
         return f"reranker {name} (top {settings.rerank_depth}, the blend it chose on dev)"
     alpha = blend_of(settings, reranker, settings.first_stage)
     if not reorders(alpha):
+        chose = dev_choice(getattr(reranker, "path", None))
+        dev = chose.blend_for(settings.first_stage)
+        if chose.home and reorders(dev):  # dev chose a weight, on its own corpus: this engine serves another one
+            return (f"reranker {name}, switched off: its weight after {settings.first_stage} is 0.0 in this engine "
+                    f"(dev chose {dev:g} over the corpus of {chose.home_documents} documents its training searched; "
+                    "over another corpus a reranker is served off, as it showed no gain on another collection's "
+                    f"dev), so no pair is scored; --rerank-blend {dev:g} forces it on per search")
         return (f"reranker {name}, switched off: its weight after {settings.first_stage} is 0.0 (chosen on dev: "
                 f"{settings.first_stage} alone ranked at least as well), so no pair is scored; --rerank-blend 0.5 "
                 "forces it on per search")
@@ -277,17 +319,26 @@ def second_stage(settings: EngineSettings, name: str | None, reranker: Any = Non
     return f"reranker {name} (top {settings.rerank_depth}, {weight})"
 
 
-def resolved_blends(settings: EngineSettings, reranker: Any) -> EngineSettings:
+def resolved_blends(settings: EngineSettings, reranker: Any,
+                    document_ids: Iterable[str] | None = None) -> EngineSettings:
     """``settings`` with ``rerank_blend="auto"`` replaced by the numbers training chose on dev for ``reranker``
     (:func:`dev_choice` of the directory it was loaded from; for the engine's first stage, and for each first
-    stage), and the calibration fitted with it when the settings have none; as they are with no reranker."""
+    stage), and the calibration fitted with it when the settings have none; as they are with no reranker.
+
+    Over an engine holding ``document_ids`` (read only when the record names the corpus its dev queries searched)
+    that is not that corpus (:func:`reranker_elsewhere`), every blend is
+    :data:`~twostage.engine.fusion.RERANK_ELSEWHERE` instead: the reranker is off there unless a search asks."""
     if reranker is None:
         return settings
-    choice = dev_choice(getattr(reranker, "path", None))
+    path = getattr(reranker, "path", None)
+    choice = dev_choice(path)
     if settings.rerank_calibration is None and choice.calibration is not None:
         settings = replace(settings, rerank_calibration=choice.calibration)
     if settings.rerank_blend != "auto":
         return settings
+    if reranker_elsewhere(path, document_ids) is not None:
+        return replace(settings, rerank_blend=RERANK_ELSEWHERE,
+                       rerank_blend_by_first_stage=dict.fromkeys(FIRST_STAGES, RERANK_ELSEWHERE))
     return replace(settings, rerank_blend=choice.blend_for(settings.first_stage),
                    rerank_blend_by_first_stage={fs: choice.blend_for(fs) for fs in FIRST_STAGES})
 

@@ -244,13 +244,16 @@ def maxsim_curve(engine: SearchMethods, queries: Sequence[Query], qrels: Qrels, 
 
 
 def choose_blend(result: FitResult, engine: SearchMethods, queries: Sequence[Query], qrels: Qrels, depth: int,
-                 metric: DevMetric, first_stages: Sequence[str] = FIRST_STAGES, *,
+                 metric: DevMetric, first_stages: Sequence[str] = FIRST_STAGES, *, home: Corpus,
                  show_progress: bool = False) -> FitResult:
     """Choose the trained reranker's blends (:func:`select_blend`), then fit the calibration of its score on the
     same dev queries' reranked top ``depth`` at the chosen blend (:mod:`twostage.engine.calibration`), and record
-    both with the model in ``result.model_dir`` (an engine built with it writes them into its manifest); the
-    returned result's training record holds them."""
+    both with the model in ``result.model_dir`` (an engine built with it writes them into its manifest), with a
+    sketch of the ``home`` corpus ``engine`` holds (an engine over another corpus serves the reranker off:
+    :func:`twostage.engine.knobs.resolved_blends`); the returned result's training record holds them."""
     from twostage.engine.calibration import fit_calibration
+    from twostage.engine.knobs import RERANK_HOME
+    from twostage.indexer.corpus_sketch import home_record
 
     trained = CrossEncoder.load(result.model_dir)
     choice = select_blend(engine, trained, queries, qrels, depth, metric, first_stages, show_progress=show_progress)
@@ -258,7 +261,8 @@ def choose_blend(result: FitResult, engine: SearchMethods, queries: Sequence[Que
     view = engine.with_reranker(trained).with_settings(first_stage=first, rerank_depth=depth,
                                                         rerank_blend=choice.alpha,
                                                         rerank_blend_by_first_stage=choice.alphas())
-    training = {**result.training, "interpolation": asdict(choice)}
+    training = {**result.training, "interpolation": asdict(choice),
+                RERANK_HOME: home_record(home.ids)}
     if not reorders(choice.alphas().get(first, choice.alpha)):  # switched off: no pair is scored to calibrate
         logger.info("the reranker is switched off (weight 0.0 after %s): its score is not calibrated", first)
         result = replace(result, training=training)
@@ -321,4 +325,5 @@ def train_reranker_on(data: str | Path | BeirDataset, split: str, base: str, out
         dev = dev_scorer(engine, dev_queries, qrels, rerank_depth, dev_metric)
         result = train_reranker(model, groups, config, out, dev=dev, resume=resume, show_progress=show_progress,
                                 info=info)
-        return choose_blend(result, engine, dev_queries, qrels, rerank_depth, dev_metric, show_progress=show_progress)
+        return choose_blend(result, engine, dev_queries, qrels, rerank_depth, dev_metric, home=corpus,
+                            show_progress=show_progress)

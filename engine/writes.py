@@ -20,7 +20,14 @@ from twostage.engine.models import Models, NoRetriever
 from twostage.engine.on_disk import WHAT, EngineManifest, ModelRef, counts, engine_files, format_of
 from twostage.engine.search import ids_to_delete
 from twostage.engine.settings import INDEX_SHAPE, EngineSettings, with_changes
-from twostage.indexer.build import check_out_dir, chunk_documents, encode_chunks, start_build, streamed_change
+from twostage.indexer.build import (
+    check_out_dir,
+    chunk_document_ids,
+    chunk_documents,
+    encode_chunks,
+    start_build,
+    streamed_change,
+)
 from twostage.indexer.corpus import CorpusSource, iter_documents
 from twostage.indexer.errors import ConfigError, DataError
 from twostage.indexer.index import Index, IndexChange, link_or_copy, write_index_files
@@ -130,7 +137,8 @@ def encode_for_build(corpus: CorpusSource, out: Path, settings: EngineSettings, 
         raise ConfigError(f"chunk_size must be positive, got {chunk_size}")
     prepared = encode_corpus(corpus, out, settings, retriever, reranker, chunk_size, resume, show_progress,
                              resolve_device(device), trust_remote_code, late_interaction, ray_actors, ray_address)
-    return with_model_languages(resolved_blends(settings, prepared.models.reranker), prepared.retriever,
+    built_ids = chunk_document_ids(prepared.work, prepared.done, settings.passages.enabled)  # read only if needed
+    return with_model_languages(resolved_blends(settings, prepared.models.reranker, built_ids), prepared.retriever,
                                 prepared.reranker), prepared
 
 
@@ -316,7 +324,11 @@ class EngineWriter:
         engine.check_writable()
         new = with_changes(settings or engine.settings, changes, "configure")
         if new.rerank_blend == "auto" and engine.manifest.reranker is not None:  # the reranker's dev choice
-            new = resolved_blends(new, engine.reranker)
+
+            def live_ids() -> Iterator[str]:  # read only when the reranker's record names the corpus its dev searched
+                yield from engine.document_ids()
+
+            new = resolved_blends(new, engine.reranker, live_ids())
         for fixed in INDEX_SHAPE:  # what the build made (settings.INDEX_SHAPE): a change needs a rebuild
             was = getattr(engine.index.manifest if fixed in ("backend", "metric") else engine.settings, fixed)
             if getattr(new, fixed) != was:

@@ -19,6 +19,7 @@ from twostage.engine.fusion import ELSEWHERE_MAX
 from twostage.engine.train_models import TrainSettings
 from twostage.engine.train_models import train as train_model
 from twostage.eval.metrics import ndcg10_by_query
+from twostage.indexer.errors import ConfigError
 
 if TYPE_CHECKING:
     from twostage.engine.settings import EngineSettings
@@ -153,7 +154,7 @@ def record_maxsim_choice(model_dir: str | Path, choice: StageChoice, home: Corpu
     --late-interaction``, ``bench --late-model``) serves the same weight over that corpus (0.0: MaxSim off) and the
     ``elsewhere`` weight over another."""
     from twostage.engine.knobs import MAXSIM_CHOICE
-    from twostage.indexer.corpus_sketch import corpus_sketch
+    from twostage.indexer.corpus_sketch import home_record
     from twostage.models.model_meta import record_training
 
     depth = {} if choice.depth is None else {"depth": choice.depth,
@@ -162,7 +163,22 @@ def record_maxsim_choice(model_dir: str | Path, choice: StageChoice, home: Corpu
         "weight": choice.weight, "first_stage": first_stage, "dev_queries": choice.dev_queries, "rule": choice.rule,
         "dev_by_weight": [list(p) for p in choice.dev_by_weight], **depth,
         "elsewhere": choice.weight if choice.elsewhere is None else choice.elsewhere,
-        "home": {"documents": len(home), "sketch": list(corpus_sketch(home.ids))}})
+        "home": home_record(home.ids)})
+
+
+def record_reranker_home(model_dir: str | Path, home: Corpus) -> None:
+    """Name ``home``, the corpus the held-out queries of the reranker in ``model_dir`` searched when its blends were
+    chosen, in its training record, as its training now does (:func:`twostage.engine.training.choose_blend`): for a
+    reranker trained before the record kept it, so that an engine over another corpus serves it off
+    (:func:`twostage.engine.knobs.resolved_blends`). Its blends must have been chosen on dev."""
+    from twostage.engine.knobs import RERANK_HOME, dev_choice
+    from twostage.indexer.corpus_sketch import home_record
+    from twostage.models.model_meta import record_training
+
+    if not dev_choice(model_dir).by_first_stage:
+        raise ConfigError(f"{model_dir}: no blend chosen on dev is recorded with this reranker; nothing holds for a "
+                          "corpus (train it with --dev-fraction)")
+    record_training(Path(model_dir), RERANK_HOME, home_record(home.ids))
 
 
 def recorded_maxsim_choice(model_dir: str | Path | None, corpus: Corpus | None = None) -> StageChoice | None:
@@ -180,9 +196,14 @@ def recorded_maxsim_choice(model_dir: str | Path | None, corpus: Corpus | None =
                        depth=served.depth, dev_by_depth=record.dev_by_depth if served.home else ())
 
 
-def reranker_choice(model_dir: str | Path, first_stage: str = "hybrid") -> StageChoice | None:
+def reranker_choice(model_dir: str | Path, first_stage: str = "hybrid",
+                    corpus: Corpus | None = None) -> StageChoice | None:
     """What the reranker's training chose on dev after ``first_stage`` (its training record beside the weights), as
-    a :class:`StageChoice`; None for a model trained without dev queries."""
+    a :class:`StageChoice`, saying that a run over ``corpus`` serves it off where that is not the corpus its dev
+    queries searched (:func:`twostage.engine.knobs.reranker_elsewhere`); None for a model trained without dev
+    queries."""
+    from twostage.engine.fusion import RERANK_ELSEWHERE
+    from twostage.engine.knobs import dev_choice, reranker_elsewhere
     from twostage.models.model_meta import read_model_meta
 
     meta = read_model_meta(Path(model_dir))
@@ -190,8 +211,13 @@ def reranker_choice(model_dir: str | Path, first_stage: str = "hybrid") -> Stage
     chosen = training.get("interpolation")
     if not isinstance(chosen, dict):
         return None
+    shared = reranker_elsewhere(model_dir, None if corpus is None else corpus.ids)
+    here = None if shared is None else (
+        f"weight {RERANK_ELSEWHERE:g} (off): this corpus shares {shared:.0%} of the "
+        f"{dev_choice(model_dir).home_documents} documents the dev queries searched, and a reranker is off over "
+        "another corpus")
     for stage, weight, curve in chosen.get("by_first_stage") or []:
         if stage == first_stage:
             return StageChoice("the reranker", float(weight), tuple((float(a), float(m)) for a, m in curve),
-                               len(training.get("dev_queries") or []))
+                               len(training.get("dev_queries") or []), served_here=here)
     return None

@@ -252,6 +252,18 @@ def chunk_documents(work: Path, done: list[dict[str, Any]]) -> Iterator[list[Doc
         yield [row_document(columns, r) for r in range(table.num_rows)]
 
 
+def chunk_document_ids(work: Path, done: list[dict[str, Any]], passages: bool) -> Iterator[str]:
+    """The document ids of the encoded chunks, in corpus order (a document cut into ``passages`` once a passage),
+    reading their id column only."""
+    import pyarrow.parquet as pq
+
+    from twostage.indexer.passages import doc_id_of
+
+    for c in done:
+        ids = pq.read_table(work / "segments" / f"{c['name']}.parquet", columns=["id"]).column("id").to_pylist()
+        yield from (doc_id_of(str(i)) for i in ids) if passages else (str(i) for i in ids)
+
+
 def finish_build(work: Path, done: list[dict[str, Any]], out: Path, backend: BackendConfig, info: EncoderInfo,
                  encoder: Any = None) -> Index:
     """Commit the chunks as the version's segments (:func:`streamed_change`), atomically."""

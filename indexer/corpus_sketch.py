@@ -1,6 +1,6 @@
 """Which corpus a choice was made on: a bottom-k sketch of a corpus's document ids, and how much two corpora share.
 
-A stage weight chosen on dev (MaxSim's, :mod:`twostage.engine.knobs`) holds for the corpus its dev queries searched.
+A stage weight chosen on dev (MaxSim's and the reranker's, :mod:`twostage.engine.knobs`) holds for the corpus its dev queries searched.
 To tell later whether an engine serves that corpus or another one, the choice keeps a sketch of the corpus's ids:
 the ``k`` smallest 64-bit hashes of them (Broder's bottom-k sketch, a few kB whatever the corpus's size). Two
 sketches estimate the Jaccard similarity of the two id sets: of the ``k`` smallest hashes of their union, the share
@@ -29,6 +29,12 @@ def corpus_sketch(ids: Iterable[str], k: int = SKETCH_SIZE) -> tuple[str, ...]:
         raise ValueError(f"a sketch keeps a positive number of hashes, got {k}")
     smallest = heapq.nsmallest(k, {_hash(str(i)) for i in ids})
     return tuple(f"{h:016x}" for h in smallest)
+
+
+def home_record(ids: Sequence[str]) -> dict[str, Any]:
+    """How a model's training record names the corpus its dev queries searched: its number of documents and the
+    sketch of their ids (JSON)."""
+    return {"documents": len(ids), "sketch": list(corpus_sketch(ids))}
 
 
 def is_sketch(value: object) -> bool:

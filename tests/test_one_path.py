@@ -14,6 +14,7 @@ from twostage.engine.training import select_blend
 from twostage.eval.metrics import ndcg10_by_query
 from twostage.eval.workflows import train
 from twostage.indexer.beir import BeirDataset
+from twostage.indexer.corpus_sketch import corpus_sketch
 from twostage.indexer.errors import ConfigError
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
@@ -83,6 +84,8 @@ def test_trained_reranker_blend_is_resolved_into_the_manifest_and_served(sample_
                    retriever=tiny_bert_dir, settings=EngineSettings(precision="fp32"))  # nDCG@10 by default
     choice = result.training["interpolation"]
     chosen = {name: alpha for name, alpha, _ in choice["by_first_stage"]}
+    home = BeirDataset(sample_dir).corpus  # the corpus the dev queries searched, kept with the choice
+    assert result.training["home"] == {"documents": len(home), "sketch": list(corpus_sketch(home.ids))}
     built = SearchEngine.build(sample_dir, tmp_path / "e", retriever=tiny_bert_dir, reranker=tmp_path / "ce",
                                settings=EngineSettings(precision="fp32"))
     saved = json.loads((built.version_dir / "manifest.json").read_text())

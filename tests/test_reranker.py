@@ -301,6 +301,61 @@ def test_search_policy_is_the_engines_not_the_models(tmp_path, tiny_bert_dir, sa
         with pytest.raises(ConfigError, match=message):
             dev_choice(tmp_path / "old")
 
+def test_a_reranker_is_served_off_over_a_corpus_its_dev_queries_did_not_search(tmp_path, tiny_bert_dir, sample_dir):
+    """#83: a reranker whose training record names the corpus its dev queries searched serves its dev choice over
+    that corpus and weight 0.0 (off) over another one: built, configured again with "auto", and in the bench's words;
+    a search may still ask for it. A bad record of that corpus is one line naming the key."""
+    import json
+
+    from twostage.engine.knobs import dev_choice, reranker_elsewhere, second_stage
+    from twostage.engine.search_engine import SearchEngine
+    from twostage.eval.workflows import record_reranker_home, reranker_choice
+    from twostage.indexer.beir import BeirDataset
+    from twostage.indexer.corpus import load_corpus
+    from twostage.indexer.corpus_sketch import corpus_sketch
+
+    rows = [json.loads(line) for line in (sample_dir / "corpus.jsonl").read_text().splitlines()]
+    ce = CrossEncoder.load(tiny_bert_dir, allow_untrained_head=True)
+    ce.head_trained = True
+    curve = [[0.0, 0.5], [0.4, 0.6]]
+    record = {"interpolation": {"alpha": 0.4, "dev_by_alpha": curve, "by_first_stage": [["hybrid", 0.4, curve]]},
+              "dev_queries": ["q1", "q2"]}
+    ce.save(tmp_path / "ce", training=record)  # as trained before the record named its corpus: served everywhere
+    assert dev_choice(tmp_path / "ce").home == () and reranker_elsewhere(tmp_path / "ce", ["x-1", "x-2"]) is None
+    record_reranker_home(tmp_path / "ce", BeirDataset(sample_dir).corpus)  # as training now records it
+    assert dev_choice(tmp_path / "ce").home == corpus_sketch(r["_id"] for r in rows)
+    assert dev_choice(tmp_path / "ce").home_documents == len(rows)
+    ce.save(tmp_path / "no-dev")
+    with pytest.raises(ConfigError, match="no blend chosen on dev"):
+        record_reranker_home(tmp_path / "no-dev", BeirDataset(sample_dir).corpus)
+    other = tmp_path / "other.jsonl"  # the same texts under other ids: another corpus
+    other.write_text("".join(json.dumps({**r, "_id": f"x-{r['_id']}"}) + "\n" for r in rows))
+    home = SearchEngine.build(sample_dir, tmp_path / "home", retriever=str(tiny_bert_dir), reranker=str(tmp_path / "ce"),
+                              backend="flat")
+    away = SearchEngine.build(other, tmp_path / "away", retriever=str(tiny_bert_dir), reranker=str(tmp_path / "ce"),
+                              backend="flat")
+    assert home.settings.rerank_blend == 0.4 and "weight 0.4 against hybrid" in second_stage(home.settings, "ce",
+                                                                                            home.reranker)
+    assert away.settings.rerank_blend == 0.0 and set(away.settings.rerank_blend_by_first_stage.values()) == {0.0}
+    said = second_stage(away.settings, "ce", away.reranker)
+    assert "over another corpus a reranker is served off" in said and "--rerank-blend 0.4 forces it on" in said
+    query = rows[0]["title"]
+    plain, asked = away.search(query, k=5), away.search(query, k=5, rerank_blend=0.4)
+    assert [h.score for h in plain.hits] != pytest.approx([h.score for h in asked.hits])  # reranked when asked
+    again = away.configure(rerank_blend="auto")
+    assert again.settings.rerank_blend == 0.0  # still not its dev corpus
+    assert "Here: weight 0 (off): this corpus shares 0% of the" in reranker_choice(tmp_path / "ce",
+                                                                                   corpus=load_corpus(other)).line
+    assert "Here:" not in reranker_choice(tmp_path / "ce", corpus=BeirDataset(sample_dir).corpus).line
+    for e in (home, away, again):
+        e.close()
+    meta = json.loads((tmp_path / "ce" / "twostage.json").read_text())
+    meta["training"]["home"] = {"documents": 3, "sketch": ["not-a-hash"]}
+    (tmp_path / "ce" / "twostage.json").write_text(json.dumps(meta))
+    with pytest.raises(ConfigError, match=r"training\.home must hold the dev corpus's documents"):
+        dev_choice(tmp_path / "ce")
+
+
 def test_rerank_lists_scores_a_document_read_by_several_texts_by_the_best():
     """A reader may give several texts for a document (a long one by each first stage's best passage): the document
     scores the highest of them, with a CrossEncoder-like ``predict`` and with a plain ``score``."""

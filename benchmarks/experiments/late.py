@@ -4,6 +4,8 @@
         [--retriever all-MiniLM-L6-v2] [--engine DIR] [--reranker DIR] [--also-model MODEL] [--also-engine DIR]
         [--work runs/late] [--choose] [--codecs DIM:BITS,...] [--out PATH]
     python benchmarks/experiments/late.py --collection scifact --record-choice runs/models/NAME
+    python benchmarks/experiments/late.py --collection nfcorpus --retriever DIR --model DIR --reranker DIR \
+        --work DIR --rerank-elsewhere [--out PATH]
 
 An engine of the collection is built with the default settings (``--retriever``, no reranker) under ``--work``
 (reused when there; the steering study's engines are found there too), and a copy gets token vectors by ``--model``
@@ -19,6 +21,9 @@ dense part's).
    zero-shot model next to a trained one) and the hybrid of each ``--also-engine`` (the zero-shot retriever's);
    nDCG@10, Recall@100 of the list, and one query at a time p50 / p95, the systems interleaved query by query in
    random order (a warm-up pass first). Paired t-test of each system against hybrid.
+3. **a reranker elsewhere** (``--rerank-elsewhere``, on dev): the ``--reranker``'s curve after hybrid over every
+   weight, on a collection its own dev queries never searched (the evidence for
+   :data:`twostage.engine.fusion.RERANK_ELSEWHERE`); nothing else is run.
 
 Writes ``--out``.md and .json.
 """
@@ -333,6 +338,39 @@ def report(result: dict[str, Any], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def rerank_curve(engine: Any, split: Any, reranker: Any) -> dict[str, Any]:
+    """The reranker's dev curve after hybrid over this collection (what the one command measures on its own dev
+    corpus, :func:`twostage.engine.training.dev_lists`): nDCG@10 at every weight of the library's grid over the
+    engine's top ``rerank_depth``, MaxSim off; each weight's gain over hybrid alone with its standard error, and the
+    weight each rule of :data:`twostage.engine.fusion.BLEND_RULES` chooses."""
+    from twostage.engine.fusion import BLEND_RULES, GRID
+    from twostage.engine.training import ScoreMemo, dev_lists
+    from twostage.eval.metrics import ndcg10_by_query
+
+    plain, memo, queries = engine.with_settings(maxsim=False), ScoreMemo(reranker), list(split.queries)
+    curve = [(float(a), np.asarray(ndcg10_by_query(split.qrels, dev_lists(plain, memo, queries, "hybrid",
+                                                                           plain.settings.rerank_depth, float(a))),
+                                   dtype=np.float64)) for a in GRID]
+    first = curve[0][1]
+    rows = {f"{a:g}": {"ndcg@10": float(v.mean()), "gain": float((v - first).mean()),
+                       "se": float((v - first).std(ddof=1) / np.sqrt(len(v)))} for a, v in curve}
+    return {"queries": len(queries), "depth": plain.settings.rerank_depth, "curve": rows,
+            "chosen": {name: rule(curve) for name, rule in BLEND_RULES.items()}}
+
+
+def rerank_report(result: dict[str, Any], command: str) -> str:
+    r = result["rerank_elsewhere"]
+    lines = [f"# A reranker over a corpus its dev queries did not search ({result['collection']})", "",
+             f"Command: `{command}`", "",
+             f"Reranker `{result['reranker']}` after the hybrid of an engine with retriever `{result['retriever']}` "
+             f"(its top {r['depth']}, MaxSim off); dev: {result['dev_split']}, {r['queries']} queries. Weight 0 is the "
+             "hybrid alone; the gain and its standard error are per query against it.", "",
+             "| weight | nDCG@10 | gain | standard error |", "|---|---|---|---|"]
+    lines += [f"| {w} | {v['ndcg@10']:.4f} | {v['gain']:+.4f} | {v['se']:.4f} |" for w, v in r["curve"].items()]
+    lines += ["", "Weight each rule chooses here: " + ", ".join(f"{k} {v:g}" for k, v in r["chosen"].items()) + "."]
+    return "\n".join(lines) + "\n"
+
+
 def rules_report(result: dict[str, Any], command: str) -> str:
     r = result["rules"]
     lines = [f"# MaxSim's weight: which rule holds up on unseen dev queries ({result['collection']})", "",
@@ -399,6 +437,9 @@ def main() -> int:
     ap.add_argument("--rules", type=int, default=0, metavar="REPEATS",
                     help="compare the rules for MaxSim's weight on dev by REPEATS random halves (choose on one, score "
                          "on the other), then stop")
+    ap.add_argument("--rerank-elsewhere", action="store_true",
+                    help="the --reranker's dev curve after hybrid on --collection's dev split (a reranker trained on "
+                         "another collection: whether it earns its place off its own corpus), then stop")
     ap.add_argument("--no-frontier", action="store_true", help="build and choose only (the timed part needs the "
                     "machine to itself)")
     ap.add_argument("--record-choice", type=Path, default=None, metavar="MODELS",
@@ -437,6 +478,16 @@ def main() -> int:
                               f"{__import__('os').cpu_count()} cores"}
     knobs: dict[str, Any] = {}
     dev = dev_split(ds, args.collection, args.model, result["model_training"])
+    if args.rerank_elsewhere:
+        if dev is None or reranker is None:
+            raise SystemExit(f"{args.collection}: --rerank-elsewhere needs a dev split and --reranker")
+        result["dev_split"], result["rerank_elsewhere"] = dev[1], rerank_curve(engine, dev[0], reranker)
+        out = args.out or ROOT / "benchmarks" / "results" / f"rerank-elsewhere-{args.collection}"
+        out.with_suffix(".json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+        text = rerank_report(result, "python benchmarks/experiments/late.py " + " ".join(sys.argv[1:]))
+        out.with_suffix(".md").write_text(text)
+        print(text)
+        return 0
     if args.rules:
         if dev is None:
             raise SystemExit(f"{args.collection}: no dev queries to compare the rules on; leave out --rules")
