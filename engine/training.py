@@ -189,6 +189,21 @@ def dev_scorer(engine: SearchMethods, queries: Sequence[Query], qrels: Qrels, de
     return dev
 
 
+def blend_curve(engine: SearchMethods, reranker: Any, queries: Sequence[Query], qrels: Qrels, first_stage: str,
+                depth: int, metric: DevMetric, grid: Sequence[float] = GRID, *,
+                on_weight: Callable[[], Any] | None = None) -> list[tuple[float, np.ndarray]]:
+    """Each weight of ``grid`` with ``metric``'s value for every one of ``queries`` (in their order): ``engine``'s
+    lists with ``reranker`` reading the top ``depth`` of ``first_stage`` at that weight (:func:`dev_lists`);
+    ``on_weight`` is called after each weight."""
+    curve: list[tuple[float, np.ndarray]] = []
+    for a in grid:
+        lists = dev_lists(engine, reranker, queries, first_stage, depth, float(a))
+        curve.append((float(a), np.asarray(metric(qrels, lists), dtype=np.float64)))
+        if on_weight is not None:
+            on_weight()
+    return curve
+
+
 def select_blend(engine: SearchMethods, model: Any, queries: Sequence[Query], qrels: Qrels, depth: int,
                  metric: DevMetric, first_stages: Sequence[str] = FIRST_STAGES,
                  grid: Sequence[float] = GRID, *, show_progress: bool = False) -> InterpolationChoice:
@@ -200,15 +215,10 @@ def select_blend(engine: SearchMethods, model: Any, queries: Sequence[Query], qr
     from tqdm.auto import tqdm
 
     memo = ScoreMemo(model)
-    curves: dict[str, list[tuple[float, np.ndarray]]] = {}
     with tqdm(total=len(first_stages) * len(grid), desc="choose blend", unit="blend",
               disable=not show_progress) as bar:  # every weight searches every dev query again
-        for fs in first_stages:
-            curves[fs] = []
-            for a in grid:
-                lists = dev_lists(engine, memo, queries, fs, depth, float(a))
-                curves[fs].append((float(a), np.asarray(metric(qrels, lists), dtype=np.float64)))
-                bar.update()
+        curves = {fs: blend_curve(engine, memo, queries, qrels, fs, depth, metric, grid, on_weight=bar.update)
+                  for fs in first_stages}
     mean = [(float(a), np.mean([curve[i][1] for curve in curves.values()], axis=0)) for i, a in enumerate(grid)]
 
     def means(curve: list[tuple[float, np.ndarray]]) -> tuple[tuple[float, float], ...]:

@@ -340,17 +340,16 @@ def report(result: dict[str, Any], command: str) -> str:
 
 def rerank_curve(engine: Any, split: Any, reranker: Any) -> dict[str, Any]:
     """The reranker's dev curve after hybrid over this collection (what the one command measures on its own dev
-    corpus, :func:`twostage.engine.training.dev_lists`): nDCG@10 at every weight of the library's grid over the
+    corpus, :func:`twostage.engine.training.blend_curve`): nDCG@10 at every weight of the library's grid over the
     engine's top ``rerank_depth``, MaxSim off; each weight's gain over hybrid alone with its standard error, and the
     weight each rule of :data:`twostage.engine.fusion.BLEND_RULES` chooses."""
-    from twostage.engine.fusion import BLEND_RULES, GRID
-    from twostage.engine.training import ScoreMemo, dev_lists
+    from twostage.engine.fusion import BLEND_RULES
+    from twostage.engine.training import ScoreMemo, blend_curve
     from twostage.eval.metrics import ndcg10_by_query
 
-    plain, memo, queries = engine.with_settings(maxsim=False), ScoreMemo(reranker), list(split.queries)
-    curve = [(float(a), np.asarray(ndcg10_by_query(split.qrels, dev_lists(plain, memo, queries, "hybrid",
-                                                                           plain.settings.rerank_depth, float(a))),
-                                   dtype=np.float64)) for a in GRID]
+    plain, queries = engine.with_settings(maxsim=False), list(split.queries)
+    curve = blend_curve(plain, ScoreMemo(reranker), queries, split.qrels, "hybrid", plain.settings.rerank_depth,
+                        ndcg10_by_query)
     first = curve[0][1]
     rows = {f"{a:g}": {"ndcg@10": float(v.mean()), "gain": float((v - first).mean()),
                        "se": float((v - first).std(ddof=1) / np.sqrt(len(v)))} for a, v in curve}
@@ -385,6 +384,16 @@ def rules_report(result: dict[str, Any], command: str) -> str:
         lines.append(f"| {name} | {r['full_dev_choice'][name]:g} | {h['mean']:.4f} | {h['vs_one_se']:+.4f} | "
                      f"{h['wins']:.0%} / {h['losses']:.0%} | {h['mean_weight']:.2f} | {h['off']:.0%} |")
     return "\n".join(lines) + "\n"
+
+
+def write_result(out: Path, result: dict[str, Any], render: Any) -> int:
+    """``out``.json (the result) and ``out``.md (``render(result, command)``, also printed), naming this run's
+    command."""
+    text = render(result, "python benchmarks/experiments/late.py " + " ".join(sys.argv[1:]))
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    out.with_suffix(".md").write_text(text)
+    print(text)
+    return 0
 
 
 def model_training(model: str) -> dict[str, Any] | None:
@@ -482,22 +491,14 @@ def main() -> int:
         if dev is None or reranker is None:
             raise SystemExit(f"{args.collection}: --rerank-elsewhere needs a dev split and --reranker")
         result["dev_split"], result["rerank_elsewhere"] = dev[1], rerank_curve(engine, dev[0], reranker)
-        out = args.out or ROOT / "benchmarks" / "results" / f"rerank-elsewhere-{args.collection}"
-        out.with_suffix(".json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-        text = rerank_report(result, "python benchmarks/experiments/late.py " + " ".join(sys.argv[1:]))
-        out.with_suffix(".md").write_text(text)
-        print(text)
-        return 0
+        return write_result(args.out or ROOT / "benchmarks" / "results" / f"rerank-elsewhere-{args.collection}",
+                            result, rerank_report)
     if args.rules:
         if dev is None:
             raise SystemExit(f"{args.collection}: no dev queries to compare the rules on; leave out --rules")
         result["dev_split"], result["rules"] = dev[1], rules(engine, dev[0], args.rules)
-        out = args.out or ROOT / "benchmarks" / "results" / f"late-rules-{args.collection}"
-        out.with_suffix(".json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-        text = rules_report(result, "python benchmarks/experiments/late.py " + " ".join(sys.argv[1:]))
-        out.with_suffix(".md").write_text(text)
-        print(text)
-        return 0
+        return write_result(args.out or ROOT / "benchmarks" / "results" / f"late-rules-{args.collection}", result,
+                            rules_report)
     if args.choose:
         if dev is None:
             raise SystemExit(f"{args.collection}: no dev queries to choose on (no dev split, or {args.model} trained on "
@@ -542,12 +543,7 @@ def main() -> int:
             result["codecs"][f"{dim or variant.tokens.model_dim} dims, {bits} bits"] = row
             print(f"codec {spec}: {row['test']['ndcg@10']:.4f}, {row['storage']['late_over_dense']:.2f}x",
                   file=sys.stderr)
-    out = args.out or ROOT / "benchmarks" / "results" / f"late-{args.collection}"
-    command = "python benchmarks/experiments/late.py " + " ".join(sys.argv[1:])
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-    out.with_suffix(".md").write_text(report(result, command))
-    print(report(result, command))
-    return 0
+    return write_result(args.out or ROOT / "benchmarks" / "results" / f"late-{args.collection}", result, report)
 
 
 if __name__ == "__main__":
