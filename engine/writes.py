@@ -111,7 +111,7 @@ def corpus_languages_of(corpus: CorpusSource, settings: EngineSettings) -> tuple
     source = corpus.source if isinstance(corpus, CorpusFields) else corpus
     if settings.language is None or not isinstance(source, readable):
         return ("en",)
-    return corpus_languages(d.full_text for d in itertools.islice(iter_documents(corpus), sample))
+    return corpus_languages(d.full_text for d in itertools.islice(iter_documents(corpus, warn_empty=False), sample))
 
 
 def encode_for_build(corpus: CorpusSource, out: Path, settings: EngineSettings, overrides: dict[str, Any], *,
@@ -572,7 +572,7 @@ def encode_corpus(corpus: CorpusSource, out: Path, settings: EngineSettings, ret
         first = (lambda rows: sum(1 for r in rows if r.id.endswith(SEP + "0"))) if settings.passages.enabled else None
         encode_chunks(rows, encoder, work, plan, done, metric=settings.metric, dim=info.dim,
                       chunk_size=chunk_size, batch_size=settings.batch_size, show_progress=show_progress,
-                      total=_count_of(corpus), counted=first)
+                      total=_count_of(corpus), counted=first, warn_empty=not settings.passages.enabled)
     finally:
         if encoder is not models.encoder:
             encoder.close()
@@ -639,7 +639,7 @@ def calibration_texts(corpus: CorpusSource, int8: bool) -> list[str] | None:
 
     if not int8 or not isinstance(corpus, (str, Path, pd.DataFrame, Sequence)):
         return None
-    return spread([d.full_text for d in itertools.islice(iter_documents(corpus), 3000)]) or None
+    return spread([d.full_text for d in itertools.islice(iter_documents(corpus, warn_empty=False), 3000)]) or None
 
 
 def write_streamed(out: Path, enc: _Encoded, settings: EngineSettings, stats: CorpusStats | None = None,

@@ -36,9 +36,9 @@ from twostage.indexer.versions import commit, writer_lock
 logger = logging.getLogger(__name__)
 
 
-def _chunks(source: CorpusSource, size: int) -> Iterator[list[Document]]:
+def _chunks(source: CorpusSource, size: int, warn_empty: bool) -> Iterator[list[Document]]:
     chunk: list[Document] = []
-    for doc in iter_documents(source):
+    for doc in iter_documents(source, warn_empty=warn_empty):
         chunk.append(doc)
         if len(chunk) == size:
             yield chunk
@@ -104,15 +104,17 @@ def check_out_dir(out: Path, what: str = "an index directory") -> None:
 def encode_chunks(corpus: CorpusSource, encoder: Any, work: Path, plan: dict[str, Any], done: list[dict[str, Any]], *,
                   metric: str, dim: int | None, chunk_size: int, batch_size: int, show_progress: bool,
                   unit: str = "doc", total: int | None = None,
-                  counted: Callable[[Sequence[Document]], int] | None = None) -> None:
+                  counted: Callable[[Sequence[Document]], int] | None = None, warn_empty: bool = True) -> None:
     """Encode the corpus ``chunk_size`` rows (documents, or ``unit``) at a time into ``work``, skipping chunks
     already done. The progress bar counts ``unit`` against ``total`` (default: the corpus's length, where it has
-    one); ``counted`` says how many units some rows are (default: one each; a passage engine counts documents)."""
+    one); ``counted`` says how many units some rows are (default: one each; a passage engine counts documents).
+    ``warn_empty=False``: the rows were read and checked before (a passage engine's passages), so empty ones are not
+    counted in a second warning."""
     from tqdm.auto import tqdm
 
     bar = None
     try:
-        for i, docs in enumerate(_chunks(corpus, chunk_size)):
+        for i, docs in enumerate(_chunks(corpus, chunk_size, warn_empty)):
             if bar is None:  # created after the first read, so that a bad file shows only its error
                 if total is None and counted is None and hasattr(corpus, "__len__") \
                         and not isinstance(corpus, (str, Path)):

@@ -131,11 +131,13 @@ def _iter_source(source: CorpusSource) -> Iterator[tuple[str, Any]]:
         yield f"document #{number}", item
 
 
-def iter_documents(source: CorpusSource) -> Iterator[Document]:
+def iter_documents(source: CorpusSource, *, warn_empty: bool = True) -> Iterator[Document]:
     """Stream the documents of a corpus, checking each one, without holding the corpus in memory.
 
     Raises :class:`DataError` on a malformed record or a duplicate id (naming both places), and on an
-    empty corpus. Documents with neither title nor text are kept and counted in a warning.
+    empty corpus. Documents with neither title nor text are kept and counted in a warning once the source is read
+    to its end; ``warn_empty=False`` leaves the warning to another read of the same documents (a build reads its
+    corpus several times: a sample for its languages, then every document once, and its passages after that).
     """
     seen: dict[str, str] = {}
     empty: list[str] = []
@@ -159,7 +161,7 @@ def iter_documents(source: CorpusSource) -> Iterator[Document]:
         yield doc
     if not seen:
         raise DataError(f"corpus {source if isinstance(source, (str, Path)) else type(source).__name__} has no documents")
-    if empty:
+    if empty and warn_empty:
         logger.warning("%d documents have neither title nor text (kept; first: %s)", len(empty), ", ".join(empty[:5]))
 
 

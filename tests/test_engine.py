@@ -127,6 +127,24 @@ def test_build_with_progress_bars(built, tmp_path, capsys):
     assert len(engine) == 50 and "encode corpus" in capsys.readouterr().err
 
 
+def test_a_build_warns_about_empty_documents_once_naming_the_documents(built, tmp_path, caplog):
+    """A build reads its corpus several times (a sample for its languages and int8 scales, every document, then a
+    passage engine's passages); the empty documents are counted once, by document id, not once per read."""
+    import logging
+
+    rows = [{"_id": f"d{i}", "text": f"document number {i} about topic {i % 3}. " * 30} for i in range(12)]
+    rows += [{"_id": "e1", "title": "", "text": ""}, {"_id": "e2", "title": " ", "text": " "}]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("\n".join(json.dumps(r) for r in rows))
+    for name, overrides in (("documents", {"passage_words": 0}), ("passages", {})):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="twostage.indexer.corpus"):
+            engine = SearchEngine.build(corpus, tmp_path / name, retriever=built.manifest.retriever.path, **overrides)
+        said = [r.getMessage() for r in caplog.records if "neither title nor text" in r.getMessage()]
+        assert said == ["2 documents have neither title nor text (kept; first: e1, e2)"], (name, said)
+        assert engine.shape.enabled == (name == "passages") and {"e1", "e2"} <= set(engine.document_ids())
+
+
 def test_colliding_ids_on_add_change_nothing(built, tmp_path):
     engine = SearchEngine.build([Document(f"d{i}", f"text {i}") for i in range(10)], tmp_path / "e",
                                 retriever=built.manifest.retriever.path)
