@@ -64,6 +64,18 @@ def temporary_engine(corpus: CorpusSource, retriever: str | Path, settings: Engi
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def dev_pool(corpus: Corpus, queries: Sequence[Query], qrels: Qrels, bm25: BM25Retriever | None,
+             pool_depth: int) -> list[str]:
+    """The documents a checkpoint's dev score ranks, sorted by id: the union of each dev query's BM25 top
+    ``pool_depth`` (``bm25``, or one built over ``corpus``) and its relevant documents in ``corpus``."""
+    lexical = bm25 if bm25 is not None else BM25Retriever.build(corpus)
+    pool: set[str] = set()
+    for q in queries:
+        pool.update(lexical.search(q.text, pool_depth).ids)
+        pool.update(d for d in qrels.relevant(q.id) if d in corpus)
+    return sorted(pool)
+
+
 def retriever_dev(corpus: Corpus, metric: DevMetric, pool_depth: int, settings: EngineSettings | None = None, *,
                   device: str = "auto", show_progress: bool = False) -> DevFactory:
     """The score a retriever's checkpoint is chosen by: ``metric`` (its mean over the queries) of the dense lists
@@ -71,12 +83,7 @@ def retriever_dev(corpus: Corpus, metric: DevMetric, pool_depth: int, settings: 
     and its relevant documents, built with ``settings`` (the engine defaults) in fp32."""
 
     def factory(queries: Sequence[Query], qrels: Qrels, bm25: BM25Retriever | None) -> Callable[[Any], float]:
-        lexical = bm25 if bm25 is not None else BM25Retriever.build(corpus)
-        pool: set[str] = set()
-        for q in queries:
-            pool.update(lexical.search(q.text, pool_depth).ids)
-            pool.update(d for d in qrels.relevant(q.id) if d in corpus)
-        documents = [corpus.get(d) for d in sorted(pool)]
+        documents = [corpus.get(d) for d in dev_pool(corpus, queries, qrels, bm25, pool_depth)]
         served = replace(settings or EngineSettings(), precision="fp32", first_stage="dense", rerank=False)
 
         def dev(model: Any) -> float:
@@ -99,12 +106,7 @@ def late_dev(corpus: Corpus, metric: DevMetric, pool_depth: int) -> DevFactory:
     from twostage.indexer.tokens import maxsim
 
     def factory(queries: Sequence[Query], qrels: Qrels, bm25: BM25Retriever | None) -> Callable[[Any], float]:
-        lexical = bm25 if bm25 is not None else BM25Retriever.build(corpus)
-        pool: set[str] = set()
-        for q in queries:
-            pool.update(lexical.search(q.text, pool_depth).ids)
-            pool.update(d for d in qrels.relevant(q.id) if d in corpus)
-        ids = np.array(sorted(pool), dtype=object)
+        ids = np.array(dev_pool(corpus, queries, qrels, bm25, pool_depth), dtype=object)
         texts = [corpus.get(d).full_text for d in ids]
 
         def dev(model: Any) -> float:
