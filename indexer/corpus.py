@@ -137,8 +137,10 @@ def iter_documents(source: CorpusSource, *, warn_empty: bool = True) -> Iterator
     Raises :class:`DataError` on a malformed record or a duplicate id (naming both places), and on an
     empty corpus. Documents with neither title nor text are kept and counted in a warning once the source is read
     to its end; ``warn_empty=False`` leaves the warning to another read of the same documents (a build reads its
-    corpus several times: a sample for its languages, then every document once, and its passages after that).
+    corpus several times: a sample for its languages, then every document once, and its passages after that), as
+    does a :class:`Corpus`, which said it when it was loaded.
     """
+    warn_empty = warn_empty and not isinstance(source, Corpus)
     seen: dict[str, str] = {}
     empty: list[str] = []
     fields = source if isinstance(source, CorpusFields) else None

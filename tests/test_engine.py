@@ -132,6 +132,8 @@ def test_a_build_warns_about_empty_documents_once_naming_the_documents(built, tm
     passage engine's passages); the empty documents are counted once, by document id, not once per read."""
     import logging
 
+    from twostage.indexer.corpus import load_corpus
+
     rows = [{"_id": f"d{i}", "text": f"document number {i} about topic {i % 3}. " * 30} for i in range(12)]
     rows += [{"_id": "e1", "title": "", "text": ""}, {"_id": "e2", "title": " ", "text": " "}]
     corpus = tmp_path / "corpus.jsonl"
@@ -143,6 +145,11 @@ def test_a_build_warns_about_empty_documents_once_naming_the_documents(built, tm
         said = [r.getMessage() for r in caplog.records if "neither title nor text" in r.getMessage()]
         assert said == ["2 documents have neither title nor text (kept; first: e1, e2)"], (name, said)
         assert engine.shape.enabled == (name == "passages") and {"e1", "e2"} <= set(engine.document_ids())
+    caplog.clear()  # a Corpus said it when it was loaded; a build from it does not say it again
+    with caplog.at_level(logging.WARNING, logger="twostage.indexer.corpus"):
+        loaded = load_corpus(corpus)
+        SearchEngine.build(loaded, tmp_path / "loaded", retriever=built.manifest.retriever.path)
+    assert sum("neither title nor text" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_colliding_ids_on_add_change_nothing(built, tmp_path):
