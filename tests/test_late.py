@@ -206,6 +206,42 @@ def test_int8_codes_keep_scores_close():
     assert np.abs(dequantise(codes, scales) - v).max() < 0.01
 
 
+def test_one_blas_thread_limits_within_the_block_and_gives_the_limit_back():
+    """Inside the block every BLAS runs on one thread, nested blocks too; after it, the process's own limit is
+    back. A block in another thread meanwhile changes nothing, and leaves nothing changed (a search in a server's
+    worker thread never strands numpy on one thread)."""
+    import threading
+
+    from threadpoolctl import threadpool_info
+
+    from twostage.indexer.blas import one_blas_thread
+
+    def blas_threads() -> list[int]:
+        return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+
+    before = blas_threads()
+    seen: list[list[int]] = []
+
+    def other() -> None:
+        with one_blas_thread():
+            seen.append(blas_threads())
+
+    with one_blas_thread():
+        assert blas_threads() and set(blas_threads()) == {1}
+        with one_blas_thread():
+            assert set(blas_threads()) == {1}
+        assert set(blas_threads()) == {1}
+        worker = threading.Thread(target=other)
+        worker.start()
+        worker.join(10)
+        assert set(blas_threads()) == {1} and seen == [[1] * len(before)]
+    assert blas_threads() == before
+    worker = threading.Thread(target=other)  # with the main thread's block over, a worker holds the limit in turn
+    worker.start()
+    worker.join(10)
+    assert seen[-1] == [1] * len(before) and blas_threads() == before
+
+
 @pytest.mark.parametrize("bits", [8, 4])
 def test_token_part_scores_equal_maxsim_over_the_decoded_vectors(tmp_path, bits):
     """MaxSim over codes, scaled after the product, equals MaxSim over the dequantised vectors, within one segment
