@@ -2,7 +2,7 @@
 
     python benchmarks/experiments/engine_latency.py --retriever MODEL_DIR --reranker MODEL_DIR \
         [--modes fp32:20 auto:10,20,50] [--rerank-whole-up-to N] [--out benchmarks/results/engine_latency]
-    python benchmarks/experiments/engine_latency.py --engine ENGINE_DIR [--rounds 3]
+    python benchmarks/experiments/engine_latency.py --engine ENGINE_DIR [--rounds 3] [--reranker DIR --rerank-blend W]
 
 For each precision an engine is built over the SciFact corpus (hybrid first stage, the default settings; the
 openvino-int8 models calibrated on the corpus by the build), then every test query is searched once with
@@ -14,8 +14,9 @@ reranker reading every candidate of at most N words whole (the default reads one
 ``rerank_whole_up_to`` words by its best passage in each first stage): what the passage reads cost. The engine
 directories are removed afterwards.
 
-``--engine ENGINE_DIR`` times the default search (``engine.search(query, k=10)``) of an engine already built, every
-test query ``--rounds`` times after the warm-up, and prints one JSON line (p50, p95, each stage's p50 from the
+``--engine ENGINE_DIR`` times the default search (``engine.search(query, k=10)``) of an engine already built (with
+``--reranker DIR``: that cross-encoder in openvino-int8 at ``--rerank-blend``), every test query ``--rounds`` times
+after the warm-up, and prints one JSON line (p50, p95, each stage's p50 from the
 search's timings, nDCG@10, the library's path):
 run alternately with two versions of the library on the same engine (one through ``PYTHONPATH``), it compares
 them interleaved on one machine.
@@ -42,6 +43,8 @@ def main() -> None:
     ap.add_argument("--reranker")
     ap.add_argument("--engine", type=Path, help="time this engine's default search instead of building engines")
     ap.add_argument("--rounds", type=int, default=3, help="--engine: passes over the test queries (default 3)")
+    ap.add_argument("--rerank-blend", type=float, default=None,
+                    help="--engine with --reranker: the reranker's weight against the first stage")
     ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "scifact")
     ap.add_argument("--modes", nargs="+", default=["fp32:20", "auto:10,20,50"],
                     help="PRECISION:DEPTH[,DEPTH...] (default: fp32:20 auto:10,20,50; auto is shown resolved)")
@@ -50,7 +53,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "engine_latency")
     args = ap.parse_args()
     if args.engine is not None:
-        return time_existing(args.engine, args.data, args.rounds)
+        return time_existing(args.engine, args.data, args.rounds, args.reranker, args.rerank_blend)
     if not args.retriever or not args.reranker:
         ap.error("give --retriever and --reranker (the engines built), or --engine DIR")
 
@@ -104,16 +107,22 @@ def main() -> None:
     print("\n".join(lines))
 
 
-def time_existing(path: Path, data: Path, rounds: int) -> None:
-    """The default search of the engine at ``path``, every test query ``rounds`` times after a warm-up: one JSON line."""
+def time_existing(path: Path, data: Path, rounds: int, reranker: str | None = None,
+                  rerank_blend: float | None = None) -> None:
+    """The default search of the engine at ``path`` (with ``reranker`` in openvino-int8 at ``rerank_blend``, when
+    given), every test query ``rounds`` times after a warm-up: one JSON line."""
     import twostage
     from twostage import BeirDataset, SearchEngine
     from twostage.eval.metrics import mean_ndcg10
     from twostage.indexer.records import RankedList
+    from twostage.reranker.cross_encoder import CrossEncoder
 
     split = BeirDataset(data).split("test")
     queries = list(split.queries)
     engine = SearchEngine.load(path)
+    if reranker:
+        engine = engine.with_reranker(CrossEncoder.load(reranker, precision="openvino-int8"))
+        engine = engine.with_settings(rerank_blend=rerank_blend) if rerank_blend is not None else engine
     for q in queries[:20]:
         engine.search(q.text, k=10)
     total, run, stages = [], {}, {}
