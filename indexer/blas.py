@@ -3,7 +3,7 @@
 OpenBLAS (numpy's BLAS) splits a large enough product over its worker threads, and those threads keep spinning for
 a while after it returns. On a 2-core machine they then take the cores from whatever runs next: in a search, the
 next model's forward pass in OpenVINO's own threads. Measured on SciFact's MaxSim stage
-(``benchmarks/results/maxsim_speed.md``): a query encoding that takes 6-7 ms took 10-11 ms after MaxSim's product
+(``benchmarks/results/maxsim_blas_thread.md``): a query encoding that takes 6-7 ms took 10-11 ms after MaxSim's product
 ran on two BLAS threads, and the product itself gained under 1 ms from the second thread.
 
 :func:`one_blas_thread` is threadpoolctl's limit as a ``with`` block. OpenBLAS's limit is process-wide, so

@@ -206,6 +206,27 @@ def test_int8_codes_keep_scores_close():
     assert np.abs(dequantise(codes, scales) - v).max() < 0.01
 
 
+def test_maxsim_multiplies_on_one_blas_thread(monkeypatch):
+    """The product runs inside :func:`one_blas_thread` (on two, OpenBLAS's spinning workers slowed the next model's
+    forward pass); an empty candidate list does not enter it."""
+    from contextlib import contextmanager
+
+    from twostage.indexer import tokens
+
+    entered: list[int] = []
+
+    @contextmanager
+    def recording():
+        entered.append(1)
+        yield
+
+    monkeypatch.setattr(tokens, "one_blas_thread", recording)
+    q = np.ones((2, 3), dtype=np.float32)
+    assert maxsim(q, np.ones((4, 3), dtype=np.float32), np.array([0, 1, 4]))[1] == 6.0 and entered == [1]
+    maxsim(q, np.zeros((0, 3), dtype=np.float32), np.array([0, 0]))
+    assert entered == [1]
+
+
 def test_one_blas_thread_limits_within_the_block_and_gives_the_limit_back():
     """Inside the block every BLAS runs on one thread, nested blocks too; after it, the process's own limit is
     back. A block in another thread meanwhile changes nothing, and leaves nothing changed (a search in a server's
