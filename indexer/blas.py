@@ -14,18 +14,12 @@ the user's numpy on one thread.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
-
-_LOCK = threading.Lock()
-_CONTROLLER: list[Any] = []  # threadpoolctl's controller of the BLAS loaded here, made on first use
 
 
 def one_blas_thread() -> Any:
-    """A context manager: every loaded BLAS on one thread within the block, the limit found given back after."""
-    with _LOCK:
-        if not _CONTROLLER:
-            from threadpoolctl import ThreadpoolController
+    """A context manager: every loaded BLAS on one thread within the block, the limit found given back after
+    (threadpoolctl's cached controller, made again only when new modules were imported)."""
+    from threadpoolctl import get_cached_controller
 
-            _CONTROLLER.append(ThreadpoolController())
-    return _CONTROLLER[0].limit(limits=1, user_api="blas")
+    return get_cached_controller().limit(limits=1, user_api="blas")
