@@ -313,6 +313,13 @@ class LateEncoder(HFModel):
             keep &= ~np.isin(ids, np.fromiter(self.skip_ids, dtype=np.int64))
         return keep
 
+    def train_tokens(self, texts: Sequence[str], kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """What training scores: ``texts``' token vectors (n, L, d), with graph, and the mask of those that count
+        (n, L), both on the model's device."""
+        features = self.features(list(texts), kind, "np")
+        keep = torch.from_numpy(self.kept(features, kind)).to(self.device)
+        return self({k: torch.from_numpy(v).to(self.device) for k, v in features.items()}), keep
+
     # ---- the forward pass --------------------------------------------------------------------------------------
     def forward(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
         """Inputs -> (batch, length, dim) token vectors, projected and L2-normalised (every position)."""

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import torch
 
 from twostage.retriever.examples import PairExample, ScoredPair
-from twostage.retriever.gradcache import CachedMultipleNegativesRankingLoss
+from twostage.retriever.gradcache import CachedMaxSimLoss, CachedMultipleNegativesRankingLoss
 from twostage.retriever.losses import (
     ContrastiveLoss,
     CosineSimilarityLoss,
@@ -98,24 +98,30 @@ def _first(examples: Sequence[Any], bad: Callable[[Any], bool], problem: str) ->
     return None if i is None else f"example #{i} {problem}"
 
 
-def _tokens(model: Any, texts: Sequence[str], kind: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """A late-interaction model's token vectors (n, L, d) of ``texts`` and the mask of those that count (n, L)."""
-    features = model.features(list(texts), kind, "np")
-    keep = torch.from_numpy(model.kept(features, kind)).to(model.device)
-    return model({k: torch.from_numpy(v).to(model.device) for k, v in features.items()}), keep
+def _maxsim_inputs(loss: torch.nn.Module, model: Any, batch: Sequence[PairExample],
+                   extra: Sequence[torch.Tensor]) -> torch.Tensor:
+    queries = [e.anchor for e in batch]
+    documents = [e.positive for e in batch] + [t for e in batch for t in e.negatives]
+    if isinstance(loss, CachedMaxSimLoss):  # GradCache embeds the texts itself
+        return loss(queries, documents, *extra)
+    q, q_keep = model.train_tokens(queries, "query")
+    d, d_keep = model.train_tokens(documents, "document")
+    return loss(q, q_keep, d, d_keep, *extra)
 
 
 def _maxsim(loss: torch.nn.Module, model: Any, batch: Sequence[PairExample], params: LossParams) -> torch.Tensor:
-    q, q_keep = _tokens(model, [e.anchor for e in batch], "query")
-    d, d_keep = _tokens(model, [e.positive for e in batch] + [t for e in batch for t in e.negatives], "document")
-    return loss(q, q_keep, d, d_keep)
+    return _maxsim_inputs(loss, model, batch, ())
 
 
 def _maxsim_margin_mse(loss: torch.nn.Module, model: Any, batch: Sequence[PairExample],
                        params: LossParams) -> torch.Tensor:
-    q, q_keep = _tokens(model, [e.anchor for e in batch], "query")
-    d, d_keep = _tokens(model, [e.positive for e in batch] + [t for e in batch for t in e.negatives], "document")
-    return loss(q, q_keep, d, d_keep, torch.tensor([e.margins for e in batch], device=q.device))
+    return _maxsim_inputs(loss, model, batch, (torch.tensor([e.margins for e in batch], device=model.device),))
+
+
+def _late(inner: Callable[[LossParams], MaxSimLoss | MaxSimMarginMSELoss]) -> Build:
+    """A late-interaction loss, through GradCache (:class:`CachedMaxSimLoss`) when the run sets ``mini_batch_size``."""
+    return lambda model, labels, c: CachedMaxSimLoss(model, inner(c), c.mini_batch_size) if c.mini_batch_size \
+        else inner(c)
 
 
 def _margins_check(name: str) -> Callable[[Sequence[Any]], str | None]:
@@ -140,9 +146,9 @@ OBJECTIVES: dict[str, Objective] = {
     "contrastive": Objective(ScoredPair, lambda model, labels, c: ContrastiveLoss(), _pairs),
     "softmax": Objective(ScoredPair, lambda model, labels, c: SoftmaxLoss(model.dim, labels), _pairs),
     # a late-interaction model (retriever.late.LateEncoder): in-batch and hard negatives scored by MaxSim
-    "maxsim": Objective(PairExample, lambda model, labels, c: MaxSimLoss(), _maxsim),
+    "maxsim": Objective(PairExample, _late(lambda c: MaxSimLoss()), _maxsim),
     # the same, distilling a teacher's margins (losses.MaxSimMarginMSELoss; in-batch MaxSim by margin_rank_weight)
     "maxsim_margin_mse": Objective(
-        PairExample, lambda model, labels, c: MaxSimMarginMSELoss(c.margin_rank_weight), _maxsim_margin_mse,
+        PairExample, _late(lambda c: MaxSimMarginMSELoss(c.margin_rank_weight)), _maxsim_margin_mse,
         _margins_check("maxsim_margin_mse")),
 }

@@ -74,9 +74,9 @@ class RetrieverRecipe:
             raise ConfigError("dev_fraction must be in [0, 1)")
         if self.mine_with and self.mine_from != "dense":
             raise ConfigError("mine_with names a bi-encoder to mine with: it needs mine_from='dense'")
-        if self.late and (self.title_pairs or self.nli or self.train.mini_batch_size):
-            raise ConfigError("a late-interaction model trains on query-document pairs only: leave out title_pairs, "
-                              "nli and mini_batch_size (GradCache)")
+        if self.late and (self.title_pairs or self.nli):
+            raise ConfigError("a late-interaction model trains on query-document pairs only: leave out title_pairs "
+                              "and nli")
         if self.query_augmentation and (not self.late or self.query_augmentation < 3):
             raise ConfigError(f"query_augmentation {self.query_augmentation}: pads a late-interaction model's queries "
                               "to that many tokens; give a length of at least 3 with late=True, or 0 for none")

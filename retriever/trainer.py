@@ -33,7 +33,7 @@ class TrainConfig(LoopConfig):
     lr: float = 3e-5
     scale: float = 20.0
     symmetric: bool = False
-    mini_batch_size: int = 0  # > 0: GradCache for the mnrl objective, this many texts per forward pass
+    mini_batch_size: int = 0  # > 0: GradCache (mnrl and the MaxSim objectives), this many texts per forward pass
     triplet_margin: float = 5.0
     margin_rank_weight: float = 1.0  # margin_mse sets also train MNRL on the same batch, weighted by this
 

@@ -925,3 +925,56 @@ def test_the_maxsim_weight_chosen_on_dev_travels_with_the_model(tmp_path, tiny_b
     capsys.readouterr()
     assert main([*build, "--out", str(tmp_path / "bad")]) == 2
     assert f"{MAXSIM_CHOICE}.weight" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("dropout,distil", [(False, False), (True, False), (True, True)])
+def test_gradcache_maxsim_equals_the_plain_loss(tiny_bert_dir, dropout, distil):
+    """#83: GradCache for a late-interaction model gives the plain loss's value and parameter gradients, though its
+    mini-batches come out padded to lengths of their own. With dropout the reference embeds the same mini-batches in
+    the same order from the same seed, so each mask must be replayed exactly; the distilled loss reads the margins."""
+    from twostage.retriever.gradcache import CachedMaxSimLoss
+    from twostage.retriever.losses import MaxSimLoss, MaxSimMarginMSELoss
+    from twostage.retriever.objectives import OBJECTIVES
+    from twostage.retriever.trainer import TrainConfig
+
+    queries = ["why do cats purr", "rain", "dogs panting in the summer heat", "six arms of ice"]
+    documents = ["cats purr when content and calm", "rain forms from vapour", "dogs pant", "snowflakes have arms",
+                 "dogs bark at the mail carrier every morning", "snow", "cats sleep", "rain drops on a roof"]
+    margins = torch.tensor([[1.5], [0.2], [-0.3], [2.0]])
+    extra = (margins,) if distil else ()
+
+    def inner():
+        return MaxSimMarginMSELoss(rank_weight=0.5) if distil else MaxSimLoss()
+
+    def in_chunks(model, texts, kind):
+        parts = [model.train_tokens(texts[i:i + 3], kind) for i in range(0, len(texts), 3)]
+        longest = max(v.shape[1] for v, _ in parts)
+        assert len({v.shape[1] for v, _ in parts}) > 1  # the mini-batches' own lengths differ: padding is exercised
+        pad = longest - np.array([v.shape[1] for v, _ in parts])
+        vectors = torch.cat([torch.nn.functional.pad(v, (0, 0, 0, int(n))) for (v, _), n in zip(parts, pad)])
+        keep = torch.cat([torch.nn.functional.pad(k, (0, int(n))) for (_, k), n in zip(parts, pad)])
+        return vectors, keep
+
+    def grads(cached: bool):
+        model = LateEncoder.load(tiny_bert_dir)
+        model.train(dropout)
+        torch.manual_seed(0)
+        if cached:
+            loss = CachedMaxSimLoss(model, inner(), mini_batch_size=3)(queries, documents, *extra)
+        else:
+            q, q_keep = in_chunks(model, queries, "query")
+            d, d_keep = in_chunks(model, documents, "document")
+            loss = inner()(q, q_keep, d, d_keep, *extra)
+        loss.backward()
+        return loss.item(), {k: v.grad.clone() for k, v in model.named_parameters() if v.grad is not None}
+
+    plain_loss, plain = grads(False)
+    cached_loss, cached = grads(True)
+    assert cached_loss == pytest.approx(plain_loss, abs=1e-5)
+    assert plain.keys() == cached.keys() and len(plain) > 10
+    for k in plain:
+        torch.testing.assert_close(cached[k], plain[k], atol=1e-5, rtol=1e-4)
+    model = LateEncoder.load(tiny_bert_dir)
+    objective = OBJECTIVES["maxsim_margin_mse" if distil else "maxsim"]
+    assert isinstance(objective.build(model, 0, TrainConfig(mini_batch_size=3)), CachedMaxSimLoss)
+    assert isinstance(objective.build(model, 0, TrainConfig()), type(inner()))
