@@ -80,9 +80,10 @@ class _Column:
             offset += shape[0]
 
 
-def _cached(columns: Sequence[_Column], loss_of: Callable[[], torch.Tensor], device: str,
-            autocast: tuple[bool, torch.dtype]) -> torch.Tensor:
-    """The loss over the columns' cached embeddings, whose backward pass replays the columns into the model."""
+def _cached(columns: Sequence[_Column], loss_of: Callable[[], torch.Tensor], device: str) -> torch.Tensor:
+    """The loss over the columns' cached embeddings, whose backward pass replays the columns into the model under
+    the autocast of this forward pass."""
+    autocast = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
     with torch.enable_grad():
         loss = loss_of()
         loss.backward()
@@ -95,10 +96,6 @@ def _cached(columns: Sequence[_Column], loss_of: Callable[[], torch.Tensor], dev
 
     out.register_hook(replay)
     return out
-
-
-def _autocast(device: str) -> tuple[bool, torch.dtype]:
-    return torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)
 
 
 def _check_size(mini_batch_size: int) -> int:
@@ -129,8 +126,6 @@ class CachedMultipleNegativesRankingLoss(torch.nn.Module):
         m = len(negatives[0]) if negatives else 0
         if negatives and any(len(n) != m for n in negatives):
             raise ConfigError("every example needs the same number of hard negatives")
-        device = self.model.device.type
-        autocast = _autocast(device)
         texts = [(list(anchors), "query"), (list(positives), "document")]
         texts += [([n[j] for n in negatives], "document") for j in range(m)] if negatives else []
         columns = [_Column(self._embed, t, kind, self.mini_batch_size) for t, kind in texts]
@@ -139,7 +134,7 @@ class CachedMultipleNegativesRankingLoss(torch.nn.Module):
             negs = torch.stack([c.leaf for c in columns[2:]], dim=1) if m else None
             return self.inner(columns[0].leaf, columns[1].leaf, negs)
 
-        return _cached(columns, loss_of, device, autocast)
+        return _cached(columns, loss_of, self.model.device.type)
 
 
 class CachedMaxSimLoss(torch.nn.Module):
@@ -157,13 +152,7 @@ class CachedMaxSimLoss(torch.nn.Module):
         self.model, self.inner = model, inner
         self.mini_batch_size = _check_size(mini_batch_size)
 
-    def _embed(self, texts: list[str], kind: str) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.model.train_tokens(texts, kind)
-
     def forward(self, queries: Sequence[str], documents: Sequence[str], *extra: torch.Tensor) -> torch.Tensor:
-        device = self.model.device.type
-        autocast = _autocast(device)
-        columns = [_Column(self._embed, list(queries), "query", self.mini_batch_size),
-                   _Column(self._embed, list(documents), "document", self.mini_batch_size)]
-        q, d = columns
-        return _cached(columns, lambda: self.inner(q.leaf, q.mask, d.leaf, d.mask, *extra), device, autocast)
+        q, d = (_Column(self.model.train_tokens, list(texts), kind, self.mini_batch_size)
+                for texts, kind in ((queries, "query"), (documents, "document")))
+        return _cached((q, d), lambda: self.inner(q.leaf, q.mask, d.leaf, d.mask, *extra), self.model.device.type)
