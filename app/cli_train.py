@@ -57,6 +57,8 @@ RETRIEVER = COMMON + _flags(
      "instead of a bi-encoder: the same pairs, negatives and loop"),
     ("--query-augmentation", "retriever.query_augmentation", "with --late: pad queries to this many tokens with mask "
      "tokens whose vectors MaxSim keeps (ColBERT's query augmentation; 0: off)"),
+    ("--maxsim-temperature", "retriever.train.maxsim_temperature", "with --late: the softmax over MaxSim scores "
+     "divided by this (a score sums up to one cosine a query token)"),
     ("--dev-fraction", "dev_fraction", "train queries held out to pick the best epoch"),
     ("--max-length", "retriever.max_length", "token limit (none: the model's)", int),
     ("--bf16", "retriever.train.bf16", BF16_HELP, bool),

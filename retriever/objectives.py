@@ -39,6 +39,8 @@ class LossParams(Protocol):
     def triplet_margin(self) -> float: ...
     @property
     def margin_rank_weight(self) -> float: ...
+    @property
+    def maxsim_temperature(self) -> float: ...
 
 
 Build = Callable[[Any, int, LossParams], torch.nn.Module]  # (model, num_labels, params) -> loss module
@@ -146,9 +148,10 @@ OBJECTIVES: dict[str, Objective] = {
     "contrastive": Objective(ScoredPair, lambda model, labels, c: ContrastiveLoss(), _pairs),
     "softmax": Objective(ScoredPair, lambda model, labels, c: SoftmaxLoss(model.dim, labels), _pairs),
     # a late-interaction model (retriever.late.LateEncoder): in-batch and hard negatives scored by MaxSim
-    "maxsim": Objective(PairExample, _late(lambda c: MaxSimLoss()), _maxsim),
+    "maxsim": Objective(PairExample, _late(lambda c: MaxSimLoss(c.maxsim_temperature)), _maxsim),
     # the same, distilling a teacher's margins (losses.MaxSimMarginMSELoss; in-batch MaxSim by margin_rank_weight)
     "maxsim_margin_mse": Objective(
-        PairExample, _late(lambda c: MaxSimMarginMSELoss(c.margin_rank_weight)), _maxsim_margin_mse,
+        PairExample, _late(lambda c: MaxSimMarginMSELoss(c.margin_rank_weight, c.maxsim_temperature)),
+        _maxsim_margin_mse,
         _margins_check("maxsim_margin_mse")),
 }

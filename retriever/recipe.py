@@ -80,6 +80,9 @@ class RetrieverRecipe:
         if self.query_augmentation and (not self.late or self.query_augmentation < 3):
             raise ConfigError(f"query_augmentation {self.query_augmentation}: pads a late-interaction model's queries "
                               "to that many tokens; give a length of at least 3 with late=True, or 0 for none")
+        if self.train.maxsim_temperature != 1.0 and not self.late:
+            raise ConfigError(f"maxsim_temperature {self.train.maxsim_temperature}: divides a late-interaction "
+                              "model's MaxSim scores in its loss; give it with late=True, or leave it at 1")
 
 
 def _sample(training_set: TrainingSet, n: int, seed: int) -> TrainingSet:

@@ -36,10 +36,13 @@ class TrainConfig(LoopConfig):
     mini_batch_size: int = 0  # > 0: GradCache (mnrl and the MaxSim objectives), this many texts per forward pass
     triplet_margin: float = 5.0
     margin_rank_weight: float = 1.0  # margin_mse sets also train MNRL on the same batch, weighted by this
+    maxsim_temperature: float = 1.0  # the MaxSim objectives' softmax over scores / T (1: ColBERT's and PyLate's)
 
     def __post_init__(self) -> None:
         if self.epochs <= 0 or self.batch_size <= 0 or self.lr <= 0:
             raise ConfigError("epochs, batch_size and lr must be positive")
+        if not self.maxsim_temperature > 0:
+            raise ConfigError(f"maxsim_temperature must be positive, got {self.maxsim_temperature}")
 
 
 class RetrieverTask:

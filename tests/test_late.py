@@ -685,6 +685,28 @@ def test_query_augmentation_trains_and_is_saved_with_the_model(tmp_path, tiny_be
         RetrieverRecipe(late=True, query_augmentation=2)
 
 
+def test_maxsim_temperature_reaches_both_maxsim_losses_and_only_a_late_recipe_takes_it():
+    """#83: TrainConfig.maxsim_temperature (``--maxsim-temperature``) divides the MaxSim scores of the objective the
+    run builds, plain, distilled or through GradCache; a bi-encoder recipe or a temperature of 0 is one clear error."""
+    from twostage.retriever.gradcache import CachedMaxSimLoss
+    from twostage.retriever.objectives import OBJECTIVES
+    from twostage.retriever.recipe import RetrieverRecipe
+    from twostage.retriever.trainer import TrainConfig
+
+    for mini in (0, 4):
+        config = TrainConfig(maxsim_temperature=0.5, mini_batch_size=mini)
+        for name in ("maxsim", "maxsim_margin_mse"):
+            loss = OBJECTIVES[name].build(object(), 0, config)
+            assert isinstance(loss, CachedMaxSimLoss) == bool(mini)
+            assert getattr(loss, "inner", loss).temperature == 0.5
+    assert OBJECTIVES["maxsim"].build(object(), 0, TrainConfig()).temperature == 1.0
+    RetrieverRecipe(train=TrainConfig(maxsim_temperature=0.5), late=True)
+    with pytest.raises(ConfigError, match="maxsim_temperature 0.5: .*late=True"):
+        RetrieverRecipe(train=TrainConfig(maxsim_temperature=0.5))
+    with pytest.raises(ConfigError, match="maxsim_temperature must be positive"):
+        TrainConfig(maxsim_temperature=0.0)
+
+
 def test_maxsim_margin_mse_matches_its_formula():
     """#83: (s(q, p) - s(q, n) - margin)^2 over MaxSim scores, plus in-batch MaxSim contrast by its weight."""
     from twostage.retriever.losses import MaxSimLoss, MaxSimMarginMSELoss, maxsim_matrix
