@@ -6,6 +6,8 @@
     python benchmarks/experiments/late.py --collection scifact --record-choice runs/models/NAME
     python benchmarks/experiments/late.py --collection nfcorpus --retriever DIR --model DIR --reranker DIR \
         --work DIR --rerank-elsewhere [--out PATH]
+    python benchmarks/experiments/late.py --collection scifact --engine DIR --model DIR --reranker DIR --work DIR \
+        --rerank-after-maxsim [--out PATH]
 
 An engine of the collection is built with the default settings (``--retriever``, no reranker) under ``--work``
 (reused when there; the steering study's engines are found there too), and a copy gets token vectors by ``--model``
@@ -24,6 +26,10 @@ dense part's).
 3. **a reranker elsewhere** (``--rerank-elsewhere``, on dev): the ``--reranker``'s curve after hybrid over every
    weight, on a collection its own dev queries never searched (the evidence for
    :data:`twostage.engine.fusion.RERANK_ELSEWHERE`); nothing else is run.
+4. **the reranker after MaxSim** (``--rerank-after-maxsim``): the ``--reranker``'s dev curve after hybrid -> MaxSim
+   (the engine's MaxSim settings) at each depth of ``AFTER_MAXSIM_DEPTHS`` and every weight; the depth and weight
+   the reranker's dev rule (one standard error) would choose there, then on ``--split`` the cascade as the engine
+   serves it (its ``rerank_depth``, the blend chosen after hybrid) against that choice; nothing else is run.
 
 Writes ``--out``.md and .json.
 """
@@ -45,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DEV = {"scifact": "train", "nfcorpus": "dev"}
 BLENDS: tuple[float | str, ...] = ("none", 0.3, 0.5, 0.7)
 DEPTHS = (50, 100)
+AFTER_MAXSIM_DEPTHS = (20, 10, 30, 50)  # the reranker's depths tried after MaxSim (the engine's own first)
 IGNORE_IDENTICAL = [False]
 
 
@@ -357,6 +364,79 @@ def rerank_curve(engine: Any, split: Any, reranker: Any) -> dict[str, Any]:
             "chosen": {name: rule(curve) for name, rule in BLEND_RULES.items()}}
 
 
+def after_maxsim(engine: Any, dev: Any, test: Any, reranker: Any) -> dict[str, Any]:
+    """The reranker after hybrid -> MaxSim (``engine``'s MaxSim settings): its dev curve at each of
+    :data:`AFTER_MAXSIM_DEPTHS` over every weight (:func:`twostage.engine.training.blend_curve`), the weight the
+    reranker's rule
+    (:func:`~twostage.engine.fusion.one_se_blend`) chooses at each depth and the depth whose choice scores highest
+    (the engine's own unless another is strictly higher); then ``test``'s nDCG@10 of hybrid -> MaxSim, of the
+    cascade as the engine serves it (its ``rerank_depth``, the blend chosen after hybrid) and of dev's choice, with
+    paired t-tests."""
+    from twostage.engine.fusion import one_se_blend
+    from twostage.engine.knobs import blend_of
+    from twostage.engine.training import ScoreMemo, blend_curve
+    from twostage.eval.metrics import ndcg10_by_query
+    from twostage.eval.significance import p_value
+
+    view, memo = engine.with_settings(maxsim=True), ScoreMemo(reranker)
+    curves = {d: blend_curve(view, memo, list(dev.queries), dev.qrels, "hybrid", d, ndcg10_by_query)
+              for d in AFTER_MAXSIM_DEPTHS}
+    chosen = {d: one_se_blend(c) for d, c in curves.items()}
+    picked = AFTER_MAXSIM_DEPTHS[0]
+    for d in AFTER_MAXSIM_DEPTHS:
+        if float(np.mean(dict(curves[d])[chosen[d]])) > float(np.mean(dict(curves[picked])[chosen[picked]])) + 1e-12:
+            picked = d
+    served_depth = view.settings.rerank_depth
+    served_blend = blend_of(engine.with_reranker(reranker).settings, reranker, "hybrid")
+    served_weight = 1.0 if served_blend is None else served_blend  # None: the reranker's score alone
+    memo = ScoreMemo(reranker)  # test's pairs
+
+    def on_test(depth: int, weight: float) -> np.ndarray:
+        return blend_curve(view, memo, list(test.queries), test.qrels, "hybrid", depth, ndcg10_by_query,
+                           grid=(weight,))[0][1]
+
+    maxsim, served, pick = on_test(served_depth, 0.0), on_test(served_depth, served_weight), on_test(picked,
+                                                                                                     chosen[picked])
+    return {"dev_queries": len(dev.queries), "test_queries": len(test.queries),
+            "dev": {str(d): {f"{a:g}": float(v.mean()) for a, v in c} for d, c in curves.items()},
+            "chosen_by_depth": {str(d): w for d, w in chosen.items()}, "picked_depth": picked,
+            "picked_weight": chosen[picked], "served_depth": served_depth, "served_weight": served_weight,
+            "dev_served": float(dict(curves[served_depth])[served_weight].mean())
+            if served_depth in curves and served_weight in dict(curves[served_depth]) else None,
+            "test": {"hybrid -> MaxSim": float(maxsim.mean()), "served": float(served.mean()),
+                     "dev_choice": float(pick.mean()), "p_choice_vs_served": float(p_value(pick, served, "t")),
+                     "p_served_vs_maxsim": float(p_value(served, maxsim, "t"))}}
+
+
+def after_maxsim_report(result: dict[str, Any], command: str) -> str:
+    r = result["after_maxsim"]
+    weights = list(next(iter(r["dev"].values())))
+    t = r["test"]
+    lines = [f"# The reranker after MaxSim: its depth and weight on dev ({result['collection']})", "",
+             f"Command: `{command}`", "",
+             f"Reranker `{result['reranker']}` after hybrid -> MaxSim (late model `{result['model']}`, "
+             f"{result['knobs']}) in an engine with retriever `{result['retriever']}`. Dev: {result['dev_split']}, {r['dev_queries']} "
+             f"queries; nDCG@10 by the reranker's depth (rows) and weight (columns; 0: hybrid -> MaxSim alone).", "",
+             "| depth | " + " | ".join(weights) + " | one-SE weight |", "|---" * (len(weights) + 2) + "|"]
+    lines += [f"| {d} | " + " | ".join(f"{v:.4f}" for v in row.values()) + f" | {r['chosen_by_depth'][d]:g} |"
+              for d, row in r["dev"].items()]
+    lines += ["", f"Dev's choice (the depth whose one-SE weight scores highest, the engine's own "
+                  f"{r['served_depth']} unless another is strictly higher): top {r['picked_depth']} at weight "
+                  f"{r['picked_weight']:g}. The engine serves top {r['served_depth']} at weight {r['served_weight']:g} "
+                  f"(the blend its training chose after hybrid)" + (
+                      f", {r['dev_served']:.4f} on dev." if r["dev_served"] is not None else "."), "",
+              f"## On {result['split']} ({r['test_queries']} queries)", "",
+              "| system | nDCG@10 |", "|---|---|",
+              f"| hybrid -> MaxSim | {t['hybrid -> MaxSim']:.4f} |",
+              f"| -> cross-encoder as served (top {r['served_depth']}, weight {r['served_weight']:g}) | "
+              f"{t['served']:.4f} |",
+              f"| -> cross-encoder as dev chooses (top {r['picked_depth']}, weight {r['picked_weight']:g}) | "
+              f"{t['dev_choice']:.4f} |", "",
+              f"Paired t-test: dev's choice against the served cascade p = {t['p_choice_vs_served']:.3g}; the served "
+              f"cascade against hybrid -> MaxSim p = {t['p_served_vs_maxsim']:.3g}."]
+    return "\n".join(lines) + "\n"
+
+
 def rerank_report(result: dict[str, Any], command: str) -> str:
     r = result["rerank_elsewhere"]
     lines = [f"# A reranker over a corpus its dev queries did not search ({result['collection']})", "",
@@ -449,6 +529,9 @@ def main() -> int:
     ap.add_argument("--rerank-elsewhere", action="store_true",
                     help="the --reranker's dev curve after hybrid on --collection's dev split (a reranker trained on "
                          "another collection: whether it earns its place off its own corpus), then stop")
+    ap.add_argument("--rerank-after-maxsim", action="store_true",
+                    help="the --reranker's depth and weight after hybrid -> MaxSim chosen on dev, then measured on "
+                         "--split against the cascade as the engine serves it, then stop")
     ap.add_argument("--no-frontier", action="store_true", help="build and choose only (the timed part needs the "
                     "machine to itself)")
     ap.add_argument("--record-choice", type=Path, default=None, metavar="MODELS",
@@ -493,6 +576,18 @@ def main() -> int:
         result["dev_split"], result["rerank_elsewhere"] = dev[1], rerank_curve(engine, dev[0], reranker)
         return write_result(args.out or ROOT / "benchmarks" / "results" / f"rerank-elsewhere-{args.collection}",
                             result, rerank_report)
+    if args.rerank_after_maxsim:
+        if dev is None or reranker is None:
+            raise SystemExit(f"{args.collection}: --rerank-after-maxsim needs a dev split and --reranker")
+        from twostage.engine.knobs import served_maxsim, with_maxsim
+
+        s = with_maxsim(engine.settings, served_maxsim(args.model, ds.corpus.ids))  # as `twostage build` serves it
+        result["knobs"] = f"MaxSim over the top {s.maxsim_depth} at weight {s.maxsim_blend:g}"
+        result["dev_split"] = dev[1]
+        view = engine.with_settings(maxsim=True, maxsim_blend=s.maxsim_blend, maxsim_depth=s.maxsim_depth)
+        result["after_maxsim"] = after_maxsim(view, dev[0], ds.split(args.split), reranker)
+        return write_result(args.out or ROOT / "benchmarks" / "results" / f"rerank-after-maxsim-{args.collection}",
+                            result, after_maxsim_report)
     if args.rules:
         if dev is None:
             raise SystemExit(f"{args.collection}: no dev queries to compare the rules on; leave out --rules")
