@@ -415,7 +415,8 @@ def after_maxsim_report(result: dict[str, Any], command: str) -> str:
     lines = [f"# The reranker after MaxSim: its depth and weight on dev ({result['collection']})", "",
              f"Command: `{command}`", "",
              f"Reranker `{result['reranker']}` after hybrid -> MaxSim (late model `{result['model']}`, "
-             f"{result['knobs']}) in an engine with retriever `{result['retriever']}`. Dev: {result['dev_split']}, {r['dev_queries']} "
+             f"{result['knobs']}) in an engine with retriever `{result['retriever']}`. Dev: {result['dev_split']}, "
+             f"{r['dev_queries']} "
              f"queries; nDCG@10 by the reranker's depth (rows) and weight (columns; 0: hybrid -> MaxSim alone).", "",
              "| depth | " + " | ".join(weights) + " | one-SE weight |", "|---" * (len(weights) + 2) + "|"]
     lines += [f"| {d} | " + " | ".join(f"{v:.4f}" for v in row.values()) + f" | {r['chosen_by_depth'][d]:g} |"
