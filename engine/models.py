@@ -41,6 +41,8 @@ class Models:
     requested_device: str = "cpu"  # where they run: cpu, cuda[:N], or auto (resolved on first use, with torch)
     weights: tuple[str, str | None, str | None] | None = None  # the sha256 of the retriever's, reranker's and
     # late-interaction model's weights they are
+    # the engine's own models, for a view's (with_reranker): a model the view loads is loaded there, once for every view
+    parent: Models | None = field(default=None, repr=False)
     _device: str | None = field(default=None, repr=False)
 
     @property
@@ -73,6 +75,8 @@ class Models:
         """The model in ``slot`` (``encoder``, ``reranker`` or ``late``; ``role`` retriever or reranker), loaded on
         first use (once, across threads) from the directory ``ref`` names, after its weights are checked against
         ``ref``'s sha256, in ``precision`` (an engine setting, ``auto`` resolved for the role and device)."""
+        if getattr(self, slot) is None and self.parent is not None:
+            setattr(self, slot, self.parent.loaded(slot, ref, role, loader, precision))
         if getattr(self, slot) is None:
             with self.lock:
                 if getattr(self, slot) is None:

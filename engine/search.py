@@ -80,7 +80,8 @@ class SearchMethods:
         being trained, scored through the engine's path."""
         view = copy.copy(self)
         view._models = Models(encoder=self.encoder, reranker=reranker, late=self._models.late,
-                              requested_device=self._models.device_as_known, weights=self._models.weights)
+                              requested_device=self._models.device_as_known, weights=self._models.weights,
+                              parent=self._models)  # the late encoder, loaded once for the engine and its views
         view.read_only = True
         return view
 

@@ -415,6 +415,24 @@ def test_maxsim_knobs(late_engines, models):
     assert "maxsim" in plain.search(query, 3).hits[0].stage_scores
 
 
+def test_views_with_another_reranker_load_the_late_encoder_once(late_engines, models):
+    """A with_reranker view (the blend's dev selection makes one a weight) shares the engine's late encoder: the
+    first view to search loads it into the engine, every later view finds it there."""
+    from twostage import SearchEngine
+    from twostage.reranker.cross_encoder import CrossEncoder
+
+    reranker = CrossEncoder.load(models[1])
+    engine = SearchEngine.load(late_engines[0].root, verify=False)  # nothing loaded yet
+    assert engine.loaded_models.late is None
+    first = engine.with_reranker(reranker)
+    first.search(sample_queries()[0], 3)
+    assert engine.loaded_models.late is not None
+    second = engine.with_reranker(reranker)
+    second.search(sample_queries()[1], 3)
+    assert second.late is first.late is engine.loaded_models.late
+    engine.close()
+
+
 def test_an_engine_without_token_vectors_refuses_maxsim(tmp_path, models):
     from twostage import SearchEngine
 
