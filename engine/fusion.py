@@ -190,16 +190,18 @@ def maxsim_rule(curve: Sequence[tuple[float, np.ndarray]]) -> float:
     return BLEND_RULES[MAXSIM_RULE](curve)
 
 
-def maxsim_depth_rule(curves: Sequence[tuple[int, Sequence[tuple[float, np.ndarray]]]]) -> int:
+def maxsim_depth_rule(curves: Sequence[tuple[int, Sequence[tuple[float, np.ndarray]]]],
+                      rule: Callable[[Sequence[tuple[float, np.ndarray]]], float] = maxsim_rule) -> int:
     """MaxSim's depth from its dev curve at each depth tried (the engine's own first): the depth whose weight by
-    :func:`maxsim_rule` scores the highest mean on dev, another depth only where that is strictly higher than the
-    first's (ties keep the first). On NFCorpus's dev, with the one command's 128-token models, reading the top 100
-    instead of 50 scored 0.393 against 0.391 at the same weight, 0.7 (benchmarks/results/one_command_nfcorpus.md)."""
+    ``rule`` (:func:`maxsim_rule`; a reranker's depth: its own rule) scores the highest mean on dev, another depth
+    only where that is strictly higher than the first's (ties keep the first). On NFCorpus's dev, with the one
+    command's 128-token models, reading the top 100 instead of 50 scored 0.393 against 0.391 at the same weight,
+    0.7 (benchmarks/results/one_command_nfcorpus.md)."""
     if not curves:
         raise ValueError("maxsim_depth_rule needs a curve at one depth at least")
     best, best_mean = curves[0][0], -np.inf
     for depth, curve in curves:
-        weight = maxsim_rule(curve)
+        weight = rule(curve)
         mean = float(np.mean(dict(curve)[weight]))
         if mean > best_mean + 1e-12:
             best, best_mean = depth, mean

@@ -367,12 +367,11 @@ def rerank_curve(engine: Any, split: Any, reranker: Any) -> dict[str, Any]:
 def after_maxsim(engine: Any, dev: Any, test: Any, reranker: Any) -> dict[str, Any]:
     """The reranker after hybrid -> MaxSim (``engine``'s MaxSim settings): its dev curve at each of
     :data:`AFTER_MAXSIM_DEPTHS` over every weight (:func:`twostage.engine.training.blend_curve`), the weight the
-    reranker's rule
-    (:func:`~twostage.engine.fusion.one_se_blend`) chooses at each depth and the depth whose choice scores highest
-    (the engine's own unless another is strictly higher); then ``test``'s nDCG@10 of hybrid -> MaxSim, of the
-    cascade as the engine serves it (its ``rerank_depth``, the blend chosen after hybrid) and of dev's choice, with
-    paired t-tests."""
-    from twostage.engine.fusion import one_se_blend
+    reranker's rule (:func:`~twostage.engine.fusion.one_se_blend`) chooses at each depth and the depth whose choice
+    scores highest (:func:`~twostage.engine.fusion.maxsim_depth_rule` with that rule); then ``test``'s nDCG@10 of
+    hybrid -> MaxSim, of the cascade as the engine serves it (its ``rerank_depth``, the blend chosen after hybrid)
+    and of dev's choice, with paired t-tests."""
+    from twostage.engine.fusion import maxsim_depth_rule, one_se_blend
     from twostage.engine.knobs import blend_of
     from twostage.engine.training import ScoreMemo, blend_curve
     from twostage.eval.metrics import ndcg10_by_query
@@ -382,14 +381,10 @@ def after_maxsim(engine: Any, dev: Any, test: Any, reranker: Any) -> dict[str, A
     curves = {d: blend_curve(view, memo, list(dev.queries), dev.qrels, "hybrid", d, ndcg10_by_query)
               for d in AFTER_MAXSIM_DEPTHS}
     chosen = {d: one_se_blend(c) for d, c in curves.items()}
-    picked = AFTER_MAXSIM_DEPTHS[0]
-    for d in AFTER_MAXSIM_DEPTHS:
-        if float(np.mean(dict(curves[d])[chosen[d]])) > float(np.mean(dict(curves[picked])[chosen[picked]])) + 1e-12:
-            picked = d
+    picked = maxsim_depth_rule(list(curves.items()), one_se_blend)
     served_depth = view.settings.rerank_depth
     served_blend = blend_of(engine.with_reranker(reranker).settings, reranker, "hybrid")
     served_weight = 1.0 if served_blend is None else served_blend  # None: the reranker's score alone
-    memo = ScoreMemo(reranker)  # test's pairs
 
     def on_test(depth: int, weight: float) -> np.ndarray:
         return blend_curve(view, memo, list(test.queries), test.qrels, "hybrid", depth, ndcg10_by_query,
@@ -416,8 +411,8 @@ def after_maxsim_report(result: dict[str, Any], command: str) -> str:
              f"Command: `{command}`", "",
              f"Reranker `{result['reranker']}` after hybrid -> MaxSim (late model `{result['model']}`, "
              f"{result['knobs']}) in an engine with retriever `{result['retriever']}`. Dev: {result['dev_split']}, "
-             f"{r['dev_queries']} "
-             f"queries; nDCG@10 by the reranker's depth (rows) and weight (columns; 0: hybrid -> MaxSim alone).", "",
+             f"{r['dev_queries']} queries; nDCG@10 by the reranker's depth (rows) and weight (columns; 0: hybrid -> "
+             "MaxSim alone).", "",
              "| depth | " + " | ".join(weights) + " | one-SE weight |", "|---" * (len(weights) + 2) + "|"]
     lines += [f"| {d} | " + " | ".join(f"{v:.4f}" for v in row.values()) + f" | {r['chosen_by_depth'][d]:g} |"
               for d, row in r["dev"].items()]
