@@ -320,6 +320,7 @@ def test_bench_trains_a_maxsim_model_for_the_maxsim_systems(tmp_path, sample_dir
     assert meta["training"]["train_queries"] + meta["training"]["dev_queries"] == len(train_ids)
     recipe = meta["training"]["recipe"]  # hard negatives from the bi-encoder just trained: 3 of its top 30
     assert (recipe["negatives"], recipe["mine_from"], recipe["mining"]["depth"]) == (3, "dense", 30)
+    assert recipe["train"]["maxsim_temperature"] == 0.5  # the recipe's, kept under a settings file that names epochs
     mined = pd.read_parquet(tmp_path / "o.models" / "late.negatives.parquet")
     assert len(mined) and mined["rank"].max() <= 30 and mined.groupby("query_id").size().max() <= 3
     data = BeirDataset(sample_dir)  # the mined scores are that bi-encoder's, not the base model's
